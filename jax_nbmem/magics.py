@@ -1,0 +1,145 @@
+"""IPython glue: the ``%jaxalloc`` and ``%jaxmem`` magics and the cell event callbacks.
+
+Thin by design: parse, hand over to `KernelSession`, print what it says. Callbacks never raise
+into a user's cell (IPython would print a traceback after every cell).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .allocator import ModeError, installed_jaxlib, usage
+from .reports import format_report
+from .session import KernelSession
+from .settings import JaxNbMem
+
+__all__ = ["JaxNbMemMagics", "load", "unload"]
+
+log = logging.getLogger("jax_nbmem")
+
+_CALLBACKS = ("pre_run_cell", "post_run_cell")
+_loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
+
+
+def _never_raise(callback):
+    """Log, never propagate: an exception here would follow every cell the user runs."""
+
+    @functools.wraps(callback)
+    def guarded(*args, **kwargs):
+        try:
+            callback(*args, **kwargs)
+        except Exception:
+            log.debug("jax_nbmem: %s failed", callback.__name__, exc_info=True)
+
+    return guarded
+
+
+@magics_class
+class JaxNbMemMagics(Magics):
+    """The magics of jax_nbmem; all state lives in `self.session`."""
+
+    def __init__(self, shell, session: KernelSession) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    @magic_arguments()
+    @argument(
+        "mode",
+        nargs="*",
+        help="on | off | fraction F | platform | bfc | cuda_async | default "
+        "(| vmm from jaxlib 0.10, | address from 0.11). Omit it for a report.",
+    )
+    @line_magic
+    def jaxalloc(self, line: str = "") -> None:
+        """%jaxalloc [MODE]: choose JAX's GPU allocator mode before the backend starts.
+
+        Put it in the first cell, right after ``%load_ext jax_nbmem``; JAX reads these settings
+        once, when it first uses the device.
+
+        Modes:
+          on           JAX's default: preallocate 75% of GPU memory at start
+          off          no preallocation: allocate on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false)
+          fraction F   preallocate F of total GPU memory, 0 < F <= 1
+          platform     allocate exactly what arrays need and free it again (slow)
+          bfc, cuda_async, default, vmm, address
+                       XLA_PYTHON_CLIENT_ALLOCATOR, as far as the installed jaxlib accepts it
+
+        With no mode: report the mode requested, the variables in effect, whether JAX's backend
+        has started and with which mode. Once it has started, a new mode cannot take effect in
+        this kernel; you are told how to get it (restart, or a kernel that starts in that mode:
+        ``jax-nbmem kernel install --allocator MODE``).
+        """
+        args = parse_argstring(self.jaxalloc, line)
+        if not args.mode:
+            print(format_report(self.session.control.report()))
+            return
+        try:
+            _, message = self.session.request(" ".join(args.mode))
+        except ModeError as exc:
+            raise UsageError(f"%jaxalloc: {exc}") from None
+        print(message)
+
+
+def _settings_for(shell) -> JaxNbMem:
+    # A fresh Configurable each load, so %reload_ext re-reads the shell's config.
+    return JaxNbMem(parent=shell, config=shell.config)
+
+
+def load(shell) -> None:
+    """Register the magics and the cell callbacks (a second load is a no-op)."""
+    if id(shell) in _loaded:
+        return
+    session = KernelSession(_settings_for(shell))
+    magics = JaxNbMemMagics(shell, session)
+    shell.register_magics(magics)
+
+    @_never_raise
+    def pre_run_cell(info=None):
+        session.cell_started(shell.execution_count, getattr(info, "raw_cell", "") or "")
+
+    @_never_raise
+    def post_run_cell(result=None):
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        session.cell_finished(bool(getattr(result, "success", error is None)), error)
+
+    callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
+    for event, callback in callbacks.items():
+        shell.events.register(event, callback)
+    _loaded[id(shell)] = (magics, callbacks)
+    session.apply_startup_mode()
+
+
+def unload(shell) -> None:
+    """Remove the callbacks and stop background work; the magics go with the extension."""
+    entry = _loaded.pop(id(shell), None)
+    if entry is None:
+        return
+    magics, callbacks = entry
+    for event, callback in callbacks.items():
+        try:
+            shell.events.unregister(event, callback)
+        except ValueError:
+            pass
+    magics.session.close()
+    # IPython keeps registered magics; point them at nothing stale.
+    for kind in ("line", "cell"):
+        for name in list(magics.magics.get(kind, {})):
+            shell.magics_manager.magics[kind].pop(name, None)
+    shell.magics_manager.registry.pop(type(magics).__name__, None)
+
+
+def session_of(shell) -> KernelSession | None:
+    """The loaded extension's session for ``shell``, or None when it is not loaded."""
+    entry = _loaded.get(id(shell))
+    return entry[0].session if entry else None
+
+
+# Kept for the help of %jaxalloc? and error messages elsewhere.
+def valid_modes() -> str:
+    """The valid modes for the installed jaxlib."""
+    return usage(installed_jaxlib())
