@@ -120,7 +120,7 @@ class Effective:
 
     @property
     def mode_name(self) -> str:
-        """The closest ``%jaxalloc`` mode, e.g. ``off`` or ``fraction 0.3`` or ``off, cuda_async``."""
+        """The closest ``%jaxalloc`` mode: ``off``, ``fraction 0.3``, ``off, cuda_async``..."""
         parts = []
         if self.allocator == "platform":
             return "platform"
@@ -222,7 +222,9 @@ def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:
         try:
             fraction = float(rest[0])
         except ValueError:
-            raise ModeError(f"fraction must be a number, got {rest[0]!r}; {usage(jaxlib)}") from None
+            raise ModeError(
+                f"fraction must be a number, got {rest[0]!r}; {usage(jaxlib)}"
+            ) from None
         if not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ModeError(f"fraction must be in (0, 1], got {rest[0]}; {usage(jaxlib)}")
         return AllocatorMode("fraction", fraction)

@@ -225,7 +225,9 @@ class AllocatorControl:
             self._record_start(now, cell=cell, exact=False)
         else:
             # Unchanged during the cell → these are exactly the values jaxlib read.
-            self._record_start(before, cell=self._cell if cell is None else cell, exact=before == now)
+            self._record_start(
+                before, cell=self._cell if cell is None else cell, exact=before == now
+            )
 
     def _record_start(self, variables: dict[str, str], *, cell: int | None, exact: bool) -> None:
         self.backend = BackendStart(

@@ -101,6 +101,6 @@ def too_late(mode: AllocatorMode, report: AllocatorReport) -> str:
             f'"{mode}"` in ipython_kernel_config.py), then restart the kernel; or',
             f"  2. install a kernel that starts in this mode: `jax-nbmem kernel install "
             f"--allocator {str(mode).replace(' ', '=')} --user`, and pick "
-            f"\"{kernel_display_name(mode)}\" as this notebook's kernel.",
+            f'"{kernel_display_name(mode)}" as this notebook\'s kernel.',
         ]
     )

@@ -42,10 +42,12 @@ class KernelSession:
             self._say(too_late(mode, self.control.report()))
 
     def request(self, text: str, source: str = "%jaxalloc") -> tuple[ApplyResult, str]:
-        """Apply a mode the user typed; raises ModeError (environment untouched) if it is invalid."""
+        """Apply a mode the user typed; ModeError (environment untouched) if it is invalid."""
         mode = parse_mode(text)
         result = self.control.apply(mode, source)
-        message = too_late(mode, self.control.report()) if result.too_late else format_applied(result)
+        message = (
+            too_late(mode, self.control.report()) if result.too_late else format_applied(result)
+        )
         return result, message
 
     def cell_started(self, execution_count: int | None, source: str) -> None:

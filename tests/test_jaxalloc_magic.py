@@ -1,0 +1,154 @@
+"""%jaxalloc in real IPython shells, each in a fresh process (JAX's backend starts only once)."""
+
+import json
+
+from tests.ipython_session import run_cells
+
+ENV_DUMP = (
+    "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith('XLA_')}))"
+)
+NOT_STARTED = (
+    "import sys; print('jax' in sys.modules, "
+    "'jax' in sys.modules and sys.modules['jax._src.xla_bridge'].backends_are_initialized())"
+)
+
+
+def _env_after(output):
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def test_every_form_sets_the_variables_and_reports_them():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxalloc off",
+            ENV_DUMP,
+            "%jaxalloc fraction 0.3",
+            ENV_DUMP,
+            "%jaxalloc platform",
+            ENV_DUMP,
+            "%jaxalloc on",
+            ENV_DUMP,
+            "%jaxalloc cuda_async",
+            "%jaxalloc",
+        ]
+    )
+    assert all(o.error is None for o in out), [o.error_text for o in out]
+    assert "allocator mode 'off'" in out[1].stdout
+    assert _env_after(out[2]) == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert _env_after(out[4]) == {"XLA_CLIENT_MEM_FRACTION": "0.3"}
+    assert _env_after(out[6]) == {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    assert _env_after(out[8]) == {}
+    report = out[10].stdout
+    assert "requested:   cuda_async" in report
+    assert "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async  (set by jax_nbmem)" in report
+    assert "backend:     not started" in report
+    assert "jaxlib 0.10" in report or "jaxlib " in report
+
+
+def test_bad_input_is_a_usage_error_and_leaves_the_environment_exactly_as_it_was():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxalloc fraction 0.5",
+            ENV_DUMP,
+            "%jaxalloc fraction 1.7",
+            "%jaxalloc bogus",
+            "%jaxalloc off extra",
+            "%jaxalloc --frobnicate",
+            ENV_DUMP,
+        ]
+    )
+    before, after = _env_after(out[2]), _env_after(out[7])
+    assert before == after == {"XLA_CLIENT_MEM_FRACTION": "0.5"}
+    for bad in out[3:7]:
+        # UsageError is shown as a one-line message, not a traceback.
+        assert "UsageError" in bad.text
+        assert "Traceback" not in bad.text
+    assert "on | off | fraction F" in out[3].text
+    assert "unknown mode 'bogus'" in out[4].text
+    assert "unexpected arguments" in out[5].text
+
+
+def test_variables_set_by_hand_are_reported_and_replaced_visibly():
+    out = run_cells(
+        ["%load_ext jax_nbmem", "%jaxalloc", "%jaxalloc fraction 0.2", ENV_DUMP],
+        env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    )
+    line = next(x for x in out[1].stdout.splitlines() if "XLA_PYTHON_CLIENT_MEM_FRACTION" in x)
+    assert line.endswith("(set outside jax_nbmem)")
+    assert "next start:  off" in out[1].stdout
+    assert "replaced XLA_PYTHON_CLIENT_MEM_FRACTION=0.9" in out[2].stdout
+    # Never both fraction names: jaxlib raises ValueError when it sees both.
+    assert _env_after(out[3]) == {"XLA_CLIENT_MEM_FRACTION": "0.2"}
+
+
+def test_loading_and_every_magic_leave_jax_unimported_and_its_backend_down():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxalloc",
+            "%jaxalloc off",
+            "%jaxalloc?",
+            NOT_STARTED,
+            "import jax",
+            "%jaxalloc platform",
+            "%jaxalloc",
+            NOT_STARTED,
+        ]
+    )
+    assert out[4].stdout.split() == ["False", "False"]
+    assert "%jaxalloc [MODE]" in out[3].text
+    assert out[8].stdout.split() == ["True", "False"]
+    assert "backend:     not started" in out[7].stdout
+
+
+def test_too_late_says_what_is_in_effect_and_how_to_get_the_mode():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxalloc fraction 0.4",
+            "import jax.numpy as jnp; x = jnp.ones(3)",
+            "%jaxalloc off",
+            ENV_DUMP,
+            "%jaxalloc",
+        ]
+    )
+    late = out[3].stdout
+    assert "'off' cannot take effect in this kernel" in late
+    assert "started in cell [3] on cpu with: fraction 0.4" in late
+    assert "restart the kernel" in late
+    assert "jax-nbmem kernel install --allocator off" in late
+    assert "Nothing was changed" in late
+    assert _env_after(out[4]) == {"XLA_CLIENT_MEM_FRACTION": "0.4"}
+    assert "started in cell [3] on cpu with: fraction 0.4" in out[5].stdout
+    assert "allocator settings do not apply to the CPU" in out[5].stdout
+
+
+def test_a_change_inside_the_cell_that_starts_jax_is_reported_as_inexact():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "import os, jax.numpy as jnp; os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']='false'; "
+            "jnp.ones(1); os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']='true'",
+            "%jaxalloc",
+        ]
+    )
+    assert "may have changed since" in out[2].stdout
+
+
+def test_extension_loaded_after_jax_started_says_so():
+    out = run_cells(["import jax.numpy as jnp; jnp.zeros(2)", "%load_ext jax_nbmem", "%jaxalloc"])
+    assert "before jax_nbmem loaded" in out[2].stdout
+
+
+def test_syntax_errors_and_failing_cells_do_not_disturb_the_extension():
+    out = run_cells(
+        ["%load_ext jax_nbmem", "def broken(:", "1/0", "%jaxalloc off", "print('still fine')"]
+    )
+    assert out[1].error == "SyntaxError"
+    assert out[2].error == "ZeroDivisionError"
+    assert out[3].error is None and out[4].stdout.strip() == "still fine"
+    # A callback that raises would print a traceback after every cell; none here.
+    assert "jax_nbmem" not in out[4].stderr
