@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the product: notebooks/quickstart.ipynb in JupyterLab, with jax_nbmem loaded by its first cell.
+#   bash scripts/quickstart.sh                  # your real GPU (or, without one, an honest "no GPU")
+#   bash scripts/quickstart.sh --simulated-gpu  # a simulated GPU, clearly labelled as such
+# Other arguments go to `jupyter lab` (e.g. --no-browser --port 8899).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet --disable-pip-version-check -e ".[lab]"
+args=()
+for arg in "$@"; do
+  if [ "$arg" = "--simulated-gpu" ]; then
+    sim_dir="${TMPDIR:-/tmp}/jax_nbmem-simgpu"
+    eval "$(python -m jax_nbmem.simgpu shell-env "$sim_dir")"
+    echo "Simulated GPU: NVML stand-in from $sim_dir, state file $JAX_NBMEM_SIMGPU_STATE"
+  else
+    args+=("$arg")
+  fi
+done
+exec python -m jupyter lab notebooks/quickstart.ipynb ${args[@]+"${args[@]}"}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the whole test suite on a fresh machine: install the package with its test extras,
+# Debian's chromium for the browser tests, then pytest (its "no tests ran" exit 5 fails too).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+bash .ci/browser-deps.sh
+exec python -m pytest "$@"
