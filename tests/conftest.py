@@ -1,0 +1,59 @@
+"""Shared fixtures. Keep each fixture small, documented, and grouped by what it serves."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from jax_nbmem import nvml, simgpu
+
+# --- The simulated GPU (jax_nbmem.simgpu) ------------------------------------------------------
+#
+# Subprocess tests put the stand-in libnvidia-ml.so.1 on LD_LIBRARY_PATH through `simgpu_env`.
+# In-process tests use `simgpu_in_process`, which loads the stub into pytest itself: once loaded
+# it stays for the rest of the session, so "no NVML library" can only be tested in a subprocess
+# started without it.
+
+
+def _build_or_skip(tmp_path_factory: pytest.TempPathFactory, old_driver: bool):
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the simulated GPU library")
+    return simgpu.build(tmp_path_factory.getbasetemp() / "simgpu", old_driver=old_driver)
+
+
+@pytest.fixture(scope="session")
+def simgpu_lib(tmp_path_factory):
+    """Path of the stand-in libnvidia-ml.so.1 (current driver), built once per session."""
+    return _build_or_skip(tmp_path_factory, old_driver=False)
+
+
+@pytest.fixture(scope="session")
+def simgpu_old_driver_lib(tmp_path_factory):
+    """Path of a stand-in library without the newer NVML functions, like an old driver."""
+    return _build_or_skip(tmp_path_factory, old_driver=True)
+
+
+@pytest.fixture
+def sim_state(tmp_path):
+    """An empty simulated-GPU state; add GPUs and processes, then `.write()` it."""
+    return simgpu.SimState(tmp_path / "simgpu.state")
+
+
+@pytest.fixture
+def simgpu_env(simgpu_lib, sim_state):
+    """Environment for a subprocess that should see the simulated GPU described by sim_state."""
+    return simgpu.env_for_subprocess(simgpu_lib.parent, sim_state.path)
+
+
+@pytest.fixture
+def simgpu_in_process(simgpu_lib, sim_state, monkeypatch):
+    """Make this process's NVML the simulated GPU of `sim_state`; yields the state.
+
+    jax_nbmem.nvml starts fresh (no cached handles, no retry pause) and is reset afterwards.
+    """
+    simgpu.preload(simgpu_lib)
+    monkeypatch.setenv(simgpu.STATE_ENV_VAR, str(sim_state.path))
+    nvml._reset_for_tests(retry_first_s=0.0)
+    yield sim_state
+    nvml._reset_for_tests()
