@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -237,6 +238,22 @@ def demo_state(path: str | os.PathLike[str]) -> SimState:
     return SimState(Path(path)).gpu(0, total=150_000_000_000)
 
 
+def _print_shell_env(folder: Path) -> int:
+    """For `eval "$(python -m jax_nbmem.simgpu shell-env DIR)"` in the demo script."""
+    try:
+        lib = build(folder)
+    except RuntimeError as error:
+        print(f"echo {shlex.quote(str(error))} >&2; false")
+        return 1
+    state = folder / "gpu.state"
+    if not state.exists():
+        demo_state(state).write()
+    env = env_for_subprocess(lib.parent, state, base=os.environ)
+    for name in ("LD_LIBRARY_PATH", STATE_ENV_VAR):
+        print(f"export {name}={shlex.quote(env[name])}")
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jax_nbmem.simgpu", description="Simulated NVIDIA GPU for demos and tests."
@@ -247,7 +264,14 @@ def _main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--old-driver", action="store_true", help="leave out newer functions")
     state_cmd = commands.add_parser("demo-state", help="write a one-GPU state file")
     state_cmd.add_argument("file")
+    shell_cmd = commands.add_parser(
+        "shell-env",
+        help="build into DIR, write DIR/gpu.state (demo) if missing, print `export` lines",
+    )
+    shell_cmd.add_argument("dir")
     args = parser.parse_args(argv)
+    if args.command == "shell-env":
+        return _print_shell_env(Path(args.dir))
     if args.command == "build":
         try:
             print(build(args.dir, old_driver=args.old_driver).parent)

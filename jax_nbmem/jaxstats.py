@@ -1,0 +1,209 @@
+"""JAX's own view of memory: allocator stats, live arrays, host RSS, out-of-memory errors.
+
+Everything here reads JAX only through ``sys.modules``: if the user has not imported JAX, we
+do not import it, and if the user has not started the JAX backend, we do not start it
+(``jax.devices()``, ``jax.live_arrays()`` and any array operation would). JAX's private
+``jax._src.xla_bridge`` tells us whether the backend is up; it may move between releases, so
+every attribute is looked up defensively and a miss means "not initialized".
+
+No function here raises: a value that cannot be read is ``None`` and a list that cannot be
+read is empty.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DeviceStats",
+    "backend_initialized",
+    "device_stats",
+    "host_rss_bytes",
+    "is_resource_exhausted",
+    "live_array_bytes",
+]
+
+# How long backend_initialized() waits for JAX's backend lock. The lock is held for the whole
+# of backend start-up (seconds on a GPU); a background sampler must not stall that long.
+_BACKEND_LOCK_TIMEOUT_S = 0.05
+
+# Exception classes JAX raises for a failed XLA operation: JaxRuntimeError in recent
+# releases, XlaRuntimeError in older ones. Matched by name so this module needs no jax import.
+_RUNTIME_ERROR_NAMES = frozenset({"JaxRuntimeError", "XlaRuntimeError"})
+_OOM_MARKER = "RESOURCE_EXHAUSTED"
+
+_process_handle: Any = None
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One local JAX device and its allocator counters.
+
+    The byte counts come from ``Device.memory_stats()`` and are ``None`` where the backend
+    does not report them (the CPU backend reports none). ``peak_bytes_in_use`` is the
+    highest ``bytes_in_use`` since the backend started.
+    """
+
+    id: int | None
+    platform: str | None
+    kind: str | None
+    bytes_in_use: int | None
+    peak_bytes_in_use: int | None
+    bytes_reserved: int | None
+    bytes_limit: int | None
+    largest_free_block_bytes: int | None
+
+
+def backend_initialized() -> bool:
+    """Say whether the user's code has started JAX's backend, without starting or importing it.
+
+    ``False`` when JAX is not imported, when JAX's internals cannot be found, or while the
+    backend is still starting up (its lock is held by another thread).
+    """
+    try:
+        if "jax" not in sys.modules:
+            return False
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        if bridge is None:
+            return False
+        lock = getattr(bridge, "_backend_lock", None)
+        backends = getattr(bridge, "_backends", None)
+        if lock is not None and isinstance(backends, dict):
+            if not lock.acquire(timeout=_BACKEND_LOCK_TIMEOUT_S):
+                return False
+            try:
+                return len(backends) != 0
+            finally:
+                lock.release()
+        public_check = getattr(bridge, "backends_are_initialized", None)
+        return bool(public_check()) if callable(public_check) else False
+    except Exception:
+        return False
+
+
+def device_stats() -> list[DeviceStats]:
+    """List the local JAX devices with their allocator counters, in device-id order.
+
+    Empty when the backend is not initialized (we never start it) or cannot be read.
+    """
+    jax = _jax_if_initialized()
+    if jax is None:
+        return []
+    try:
+        devices = list(jax.local_devices())
+    except Exception:
+        return []
+    stats = []
+    for device in devices:
+        try:
+            stats.append(_stats_of(device))
+        except Exception:
+            continue
+    return sorted(stats, key=lambda s: (s.id is None, s.id if s.id is not None else 0))
+
+
+def live_array_bytes() -> int | None:
+    """Sum ``nbytes`` over ``jax.live_arrays()``; ``None`` when the backend is not up.
+
+    Costs time in proportion to the number of live arrays; call it seldom.
+    """
+    jax = _jax_if_initialized()
+    if jax is None:
+        return None
+    try:
+        arrays = jax.live_arrays()
+    except Exception:
+        return None
+    total = 0
+    for array in arrays:
+        try:
+            total += int(array.nbytes)
+        except Exception:
+            # An array deleted between listing and reading is no longer live: skip it.
+            continue
+    return total
+
+
+def host_rss_bytes() -> int | None:
+    """Resident set size of this process in bytes (via psutil); ``None`` if unreadable."""
+    global _process_handle
+    try:
+        if _process_handle is None:
+            import psutil
+
+            _process_handle = psutil.Process()
+        return int(_process_handle.memory_info().rss)
+    except Exception:
+        return None
+
+
+def is_resource_exhausted(exc: BaseException | None) -> bool:
+    """Say whether *exc*, or an exception it was raised from, is JAX's RESOURCE_EXHAUSTED.
+
+    Matches JAX's runtime errors (``JaxRuntimeError``/``XlaRuntimeError``) whose message
+    mentions ``RESOURCE_EXHAUSTED``, and any exception whose message starts with it (XLA's
+    status format, kept when a library re-raises it as another type).
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        try:
+            message = str(current)
+        except Exception:
+            message = ""
+        class_names = {cls.__name__ for cls in type(current).__mro__}
+        if message.lstrip().startswith(_OOM_MARKER):
+            return True
+        if class_names & _RUNTIME_ERROR_NAMES and _OOM_MARKER in message:
+            return True
+        pending.append(current.__cause__)
+        pending.append(current.__context__)
+    return False
+
+
+def _jax_if_initialized() -> Any:
+    """Return the already-imported ``jax`` module if its backend is up, else ``None``."""
+    if not backend_initialized():
+        return None
+    return sys.modules.get("jax")
+
+
+def _stats_of(device: Any) -> DeviceStats:
+    """Read one device's identity and allocator counters, leaving unknowns as ``None``."""
+    try:
+        memory = device.memory_stats()
+    except Exception:
+        memory = None
+    if not isinstance(memory, dict):
+        memory = {}
+    return DeviceStats(
+        id=_int_or_none(getattr(device, "id", None)),
+        platform=_str_or_none(getattr(device, "platform", None)),
+        kind=_str_or_none(getattr(device, "device_kind", None)),
+        bytes_in_use=_int_or_none(memory.get("bytes_in_use")),
+        peak_bytes_in_use=_int_or_none(memory.get("peak_bytes_in_use")),
+        bytes_reserved=_int_or_none(memory.get("bytes_reserved")),
+        bytes_limit=_int_or_none(memory.get("bytes_limit")),
+        largest_free_block_bytes=_int_or_none(memory.get("largest_free_block_bytes")),
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    """Convert a counter to ``int``; anything that is not a number becomes ``None``."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    """Convert an identity attribute to ``str``, keeping ``None`` as ``None``."""
+    return None if value is None else str(value)
