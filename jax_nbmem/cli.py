@@ -71,7 +71,7 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .status import collect, format_status
+    from .gpu_status import collect, format_status
 
     report = collect()
     if args.json:

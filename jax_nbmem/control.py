@@ -8,7 +8,6 @@ the settings it started with. No IPython here: the magics module only forwards e
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from .allocator import (
     installed_jaxlib,
     mode_variables,
 )
+from .jaxstats import backend_initialized, initialized_platforms
 
 __all__ = [
     "AllocatorControl",
@@ -28,35 +28,7 @@ __all__ = [
     "ApplyResult",
     "BackendStart",
     "Variable",
-    "backend_initialized",
-    "initialized_platforms",
 ]
-
-
-def backend_initialized() -> bool:
-    """Whether JAX's backend has started, found without importing jax or starting it."""
-    if "jax" not in sys.modules:
-        return False
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    probe = getattr(bridge, "backends_are_initialized", None)
-    if probe is None:
-        return False
-    try:
-        return bool(probe())
-    except Exception:  # a private API: if it changes, say "not started" rather than break a cell
-        return False
-
-
-def initialized_platforms() -> tuple[str, ...]:
-    """The platforms of the started backends (``('cpu',)``, ``('cuda', 'cpu')``...), or ()."""
-    if not backend_initialized():
-        return ()
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    backends = getattr(bridge, "_backends", None)
-    try:
-        return tuple(sorted(backends)) if backends else ()
-    except Exception:
-        return ()
 
 
 @dataclass(frozen=True)

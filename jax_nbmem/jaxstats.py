@@ -21,6 +21,7 @@ __all__ = [
     "backend_initialized",
     "device_stats",
     "host_rss_bytes",
+    "initialized_platforms",
     "is_resource_exhausted",
     "live_array_bytes",
 ]
@@ -81,6 +82,16 @@ def backend_initialized() -> bool:
         return bool(public_check()) if callable(public_check) else False
     except Exception:
         return False
+
+
+def initialized_platforms() -> tuple[str, ...]:
+    """The platforms of the started backends (``('cpu',)``, ``('cpu', 'cuda')``...), or ()."""
+    if not backend_initialized():
+        return ()
+    try:
+        return tuple(sorted(sys.modules["jax._src.xla_bridge"]._backends))
+    except Exception:  # private API: if it moves, the platforms are simply not known
+        return ()
 
 
 def device_stats() -> list[DeviceStats]:

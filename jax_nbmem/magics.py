@@ -7,13 +7,17 @@ into a user's cell (IPython would print a traceback after every cell).
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .allocator import ModeError, installed_jaxlib, usage
+from .allocator import ModeError
+from .gpu_status import collect_status, format_status
+from .ledger import format_table
 from .reports import format_report
 from .session import KernelSession
 from .settings import JaxNbMem
@@ -84,6 +88,46 @@ class JaxNbMemMagics(Magics):
             raise UsageError(f"%jaxalloc: {exc}") from None
         print(message)
 
+    @magic_arguments()
+    @argument(
+        "command",
+        nargs="?",
+        default="panel",
+        help="panel (default) | status | cells",
+    )
+    @argument("rest", nargs="*", help="arguments of the command")
+    @argument("--json", action="store_true", help="status/cells: print JSON instead of a table")
+    @line_magic
+    def jaxmem(self, line: str = "") -> None:
+        """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
+
+        Commands:
+          (none), panel   a live panel under the cell: this kernel's GPU memory, JAX's bytes in
+                          use and reserved, other processes, one marker per cell
+          status          GPUs, who holds their memory, warnings (same as `jax-nbmem status`)
+          cells           one row per cell run since the extension loaded: GPU memory before,
+                          at the peak and after, JAX bytes in use, duration, errors
+        """
+        args = parse_argstring(self.jaxmem, line)
+        command = args.command
+        if command not in ("panel", "status", "cells"):
+            raise UsageError(f"%jaxmem: unknown command {command!r}; use panel | status | cells")
+        if args.rest:
+            raise UsageError(f"%jaxmem {command}: unexpected arguments: {' '.join(args.rest)}")
+        if command == "cells":
+            records = self.session.ledger.records()
+            if args.json:
+                print(json.dumps([record.to_dict() for record in records], indent=1))
+            else:
+                print(format_table(records))
+        elif command == "status":
+            report = collect_status(self.session)
+            print(json.dumps(report, indent=1) if args.json else format_status(report))
+        else:
+            from .panel import show_panel
+
+            show_panel(self.session)
+
 
 def _settings_for(shell) -> JaxNbMem:
     # A fresh Configurable each load, so %reload_ext re-reads the shell's config.
@@ -112,6 +156,7 @@ def load(shell) -> None:
         shell.events.register(event, callback)
     _loaded[id(shell)] = (magics, callbacks)
     session.apply_startup_mode()
+    session.start()
 
 
 def unload(shell) -> None:
@@ -125,6 +170,9 @@ def unload(shell) -> None:
             shell.events.unregister(event, callback)
         except ValueError:
             pass
+    panel = sys.modules.get("jax_nbmem.panel")
+    if panel is not None:
+        _never_raise(panel.close_panels)(magics.session)
     magics.session.close()
     # IPython keeps registered magics; point them at nothing stale.
     for kind in ("line", "cell"):
@@ -137,9 +185,3 @@ def session_of(shell) -> KernelSession | None:
     """The loaded extension's session for ``shell``, or None when it is not loaded."""
     entry = _loaded.get(id(shell))
     return entry[0].session if entry else None
-
-
-# Kept for the help of %jaxalloc? and error messages elsewhere.
-def valid_modes() -> str:
-    """The valid modes for the installed jaxlib."""
-    return usage(installed_jaxlib())

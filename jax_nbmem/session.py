@@ -1,7 +1,7 @@
-"""One kernel's jax_nbmem state: allocator control now, measuring parts as they are attached.
+"""One kernel's jax_nbmem state: allocator control, the sampler, and the per-cell ledger.
 
 Plain Python: the magics module builds one `KernelSession` per loaded extension and forwards
-IPython's events to it. Everything here is safe to call from event callbacks.
+IPython's events to it. Everything called from event callbacks is safe there: it never raises.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 from .allocator import ModeError, parse_mode
 from .control import AllocatorControl, ApplyResult
+from .ledger import CellRecord, Ledger
 from .reports import format_applied, too_late
+from .sampler import Sampler, SamplerSource
 from .settings import JaxNbMem, startup_mode
 
 __all__ = ["KernelSession"]
@@ -22,10 +24,30 @@ log = logging.getLogger("jax_nbmem")
 class KernelSession:
     """The extension's state for one IPython shell."""
 
-    def __init__(self, settings: JaxNbMem, *, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        settings: JaxNbMem,
+        *,
+        say: Callable[[str], None] = print,
+        source: SamplerSource | None = None,
+    ) -> None:
         self.settings = settings
         self.control = AllocatorControl()
+        self.sampler: Sampler | None = None
+        if settings.sampling != "off":
+            self.sampler = Sampler(
+                source,
+                interval=settings.sample_interval,
+                process_interval=settings.process_interval,
+            )
+        self.ledger = Ledger(self.sampler)
         self._say = say
+        self._cell_listeners: list[Callable[[CellRecord | None], None]] = []
+
+    def start(self) -> None:
+        """Start background sampling (a no-op when sampling is off or already running)."""
+        if self.sampler is not None:
+            self.sampler.start()
 
     def apply_startup_mode(self) -> None:
         """Apply the mode from $JAX_NBMEM_ALLOCATOR or the config, telling the user if it fails."""
@@ -45,18 +67,61 @@ class KernelSession:
         """Apply a mode the user typed; ModeError (environment untouched) if it is invalid."""
         mode = parse_mode(text)
         result = self.control.apply(mode, source)
-        message = (
-            too_late(mode, self.control.report()) if result.too_late else format_applied(result)
-        )
-        return result, message
+        if result.too_late:
+            return result, too_late(mode, self.control.report())
+        return result, format_applied(result)
+
+    def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
+        """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
+        if listener not in self._cell_listeners:
+            self._cell_listeners.append(listener)
+
+    def remove_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        if listener in self._cell_listeners:
+            self._cell_listeners.remove(listener)
 
     def cell_started(self, execution_count: int | None, source: str) -> None:
         """Called before every user cell."""
         self.control.observe_cell_start(execution_count)
+        self.ledger.cell_started(execution_count, source)
 
-    def cell_finished(self, success: bool, error: BaseException | None) -> None:
-        """Called after every user cell, also after a syntax error."""
+    def cell_finished(self, success: bool, error: BaseException | None) -> CellRecord | None:
+        """Called after every user cell, also after a syntax error; returns the cell's record."""
         self.control.observe_cell_end(None)
+        self.ledger.cell_finished(success, error)
+        record = self.ledger.last()
+        for listener in list(self._cell_listeners):
+            try:
+                listener(record)
+            except Exception:
+                log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
+        return record
+
+    def banner_messages(self) -> list[str]:
+        """One-line status messages worth showing above the panel (NVML, sampler, JAX)."""
+        messages = []
+        latest = self.sampler.latest() if self.sampler else None
+        from . import nvml  # lazily: loading the extension must not load NVML
+
+        state = nvml.status()
+        if not state.available:
+            messages.append(f"NVML unavailable: {state.reason}. Showing host memory only.")
+        elif state.reason:
+            messages.append(f"NVML: {state.reason}")
+        if self.sampler is None:
+            messages.append("Sampling is off (c.JaxNbMem.sampling = 'off').")
+        elif self.sampler.last_error:
+            messages.append(f"Sampler: {self.sampler.last_error}")
+        if latest is not None:
+            messages.extend(f"GPU {g.index}: {g.problem}" for g in latest.gpus if g.problem)
+        if not self.control.backend_started():
+            pending = self.control.report().pending
+            messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
+        return messages
 
     def close(self) -> None:
         """Stop whatever runs in the background; the session is not used after this."""
+        self._cell_listeners.clear()
+        if self.sampler is not None:
+            self.sampler.stop()
