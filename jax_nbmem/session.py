@@ -40,7 +40,7 @@ class KernelSession:
                 interval=settings.sample_interval,
                 process_interval=settings.process_interval,
             )
-        self.ledger = Ledger(self.sampler)
+        self.ledger = Ledger(self.sampler, max_records=settings.max_cells)
         self._say = say
         self._cell_listeners: list[Callable[[CellRecord | None], None]] = []
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from traitlets import Enum, Float, Unicode
+from traitlets import Enum, Float, Integer, Unicode
 from traitlets.config import Configurable
 
 __all__ = ["ENV_ALLOCATOR", "JaxNbMem", "startup_mode"]
@@ -40,6 +40,10 @@ class JaxNbMem(Configurable):
         min=0.05,
         help="Seconds between two reads of the GPU process list when no cell runs "
         "(it costs milliseconds in NVML; a running cell is watched more closely).",
+    ).tag(config=True)
+
+    max_cells = Integer(
+        10_000, min=1, help="How many cell records %jaxmem cells keeps; older ones are dropped."
     ).tag(config=True)
 
     sampling = Enum(
