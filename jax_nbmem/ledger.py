@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jax_nbmem import jaxstats
 from jax_nbmem.units import MISSING, format_bytes, format_bytes_delta, format_duration
@@ -26,6 +26,8 @@ __all__ = ["CellRecord", "Ledger", "format_table"]
 
 _FIRST_LINE_CHARS = 60
 _TABLE_CELL_CHARS = 28
+# A sample this recent (seconds) stands for "before" a cell instead of taking a new one.
+_FRESH_BEFORE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,15 @@ class _OpenCell:
     tracker: Any = None
 
 
+class _Unbuilt(NamedTuple):
+    cell: _OpenCell
+    ended_mono: float
+    success: bool | None
+    error: BaseException | None
+    after: Any
+    peaks: Any
+
+
 class Ledger:
     """Keeps a :class:`CellRecord` per executed cell, the last ``max_records`` of them.
 
@@ -120,7 +131,7 @@ class Ledger:
         self._sampler = sampler
         self._clock = clock
         self._monotonic = monotonic
-        self._records: deque[CellRecord] = deque(maxlen=max_records)
+        self._records: deque[CellRecord | _Unbuilt] = deque(maxlen=max_records)
         self._open: _OpenCell | None = None
         self.last_error: str | None = None
 
@@ -142,7 +153,10 @@ class Ledger:
             return
         self._call_sampler("set_busy", True)
         self._open.tracker = self._call_sampler("track")
-        self._open.before = self._call_sampler("sample_now")
+        # Between cells nothing of ours changes, so a sample taken since the last cell ended is
+        # as good as a new one, and costs nothing on the cell's critical path.
+        before = self._call_sampler("recent", _FRESH_BEFORE_S)
+        self._open.before = before if before is not None else self._call_sampler("sample_now")
 
     def cell_finished(self, success: bool | None, error: BaseException | None = None) -> None:
         """Close the open record (from ``post_run_cell``). Harmless without a start; never raises.
@@ -160,20 +174,28 @@ class Ledger:
             except Exception as exc:
                 self._remember(exc)
         self._call_sampler("set_busy", False)
-        try:
-            self._records.append(
-                _build_record(cell, self._monotonic(), success, error, after, peaks)
-            )
-        except Exception as exc:
-            self._remember(exc)
+        # Built when first read: most records are never looked at one by one.
+        self._records.append(_Unbuilt(cell, self._monotonic(), success, error, after, peaks))
+
+    def _built(self, index: int) -> CellRecord | None:
+        entry = self._records[index]
+        if isinstance(entry, _Unbuilt):
+            try:
+                entry = _build_record(*entry)
+            except Exception as exc:
+                self._remember(exc)
+                return None
+            self._records[index] = entry
+        return entry
 
     def records(self) -> list[CellRecord]:
         """The kept records, oldest first."""
-        return list(self._records)
+        built = (self._built(i) for i in range(len(self._records)))
+        return [record for record in built if record is not None]
 
     def last(self) -> CellRecord | None:
         """The most recent record, or ``None``."""
-        return self._records[-1] if self._records else None
+        return self._built(-1) if self._records else None
 
     def clear(self) -> None:
         """Forget every record (a cell now running is still recorded when it ends)."""

@@ -415,6 +415,13 @@ class Sampler:
         """The most recent sample, or ``None`` before the first."""
         return self._latest
 
+    def recent(self, max_age_s: float) -> Sample | None:
+        """The latest sample if the thread is running and took it at most ``max_age_s`` ago."""
+        latest = self._latest
+        if latest is None or not self.running or self._clock() - latest.t > max_age_s:
+            return None
+        return latest
+
     def history(self) -> list[Sample]:
         """All kept points, oldest first (see :class:`SampleHistory`)."""
         with self._lock:

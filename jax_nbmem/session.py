@@ -87,9 +87,15 @@ class KernelSession:
         self.ledger.cell_started(execution_count, source)
 
     def cell_finished(self, success: bool, error: BaseException | None) -> CellRecord | None:
-        """Called after every user cell, also after a syntax error; returns the cell's record."""
+        """Called after every user cell, also after a syntax error.
+
+        Returns the cell's record when a listener wants it (building one costs time on every
+        cell), else None.
+        """
         self.control.observe_cell_end(None)
         self.ledger.cell_finished(success, error)
+        if not self._cell_listeners:
+            return None
         record = self.ledger.last()
         for listener in list(self._cell_listeners):
             try:
