@@ -1,0 +1,569 @@
+"""Who else is on the GPU: NVML's processes attributed to kernels, notebooks and preallocation.
+
+NVML gives PIDs and bytes; psutil tells what each PID is (its command line, environment and
+memory maps, readable for our own user's processes only) and the Jupyter servers tell which
+notebook a kernel serves. What cannot be found out stays None, with a ``reason``.
+From these records come the warnings: whose preallocation blocks whom, and what to do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import psutil
+
+from jax_nbmem.allocator import DEFAULT_FRACTION, MANAGED_VARIABLES, effective
+from jax_nbmem.servers import ServerKernel, current_user, kernel_sessions
+from jax_nbmem.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from jax_nbmem.nvml import GpuMemory, GpuProcess
+
+__all__ = [
+    "PID_NAMESPACE_REASON",
+    "PREALLOCATION_ABOVE_BYTES",
+    "PREALLOCATION_BELOW_BYTES",
+    "MemoryWarning",
+    "ProcessInfo",
+    "Tenant",
+    "attribute",
+    "inspect_process",
+    "oom_diagnosis",
+    "warnings_for",
+]
+
+# A preallocating process holds its fraction of the GPU's total plus its CUDA context, cuBLAS
+# and cuDNN workspaces (a few hundred MiB, more with NCCL): up to 1.5 GiB above. NVML's total
+# counts memory the driver reserves, which CUDA's total (what XLA multiplies) leaves out:
+# up to 512 MiB below.
+PREALLOCATION_ABOVE_BYTES = 1536 << 20
+PREALLOCATION_BELOW_BYTES = 512 << 20
+# Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
+PID_NAMESPACE_REASON = "pid-namespace"
+
+_CONNECTION_FILE = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
+# Paths that only a process running jaxlib maps (checked against jaxlib 0.10.2 and the CUDA
+# plugin package): the jaxlib package's shared objects and the PJRT plugins.
+_JAXLIB_MARKERS = ("/jaxlib/", "xla_extension", "/jax_plugins/", "/jax_cuda")
+_GPU_DEVICE_MARKER = "/dev/nvidia"
+_CMDLINE_CHARS = 120
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What one PID is. ``kind`` is "self", "kernel", "process" or "unknown" (see ``reason``).
+
+    ``allocator_env`` is None when the process's environment could not be read;
+    ``gpu_device_open`` tells whether its memory maps show an NVIDIA device file (None: unread).
+    """
+
+    pid: int
+    kind: str
+    user: str | None = None
+    cmdline: str | None = None
+    kernel_id: str | None = None
+    notebook: str | None = None
+    idle_s: float | None = None
+    runs_jax: bool | None = None
+    allocator_env: dict | None = None
+    started_at: float | None = None
+    reason: str | None = None
+    server_url: str | None = None
+    gpu_device_open: bool | None = None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell."""
+
+    pid: int
+    gpu: int
+    used_bytes: int | None
+    kind: str
+    notebook: str | None
+    preallocated: bool | None
+    user: str | None = None
+    cmdline: str | None = None
+    kernel_id: str | None = None
+    idle_s: float | None = None
+    runs_jax: bool | None = None
+    allocator_env: dict | None = None
+    started_at: float | None = None
+    reason: str | None = None
+    server_url: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: the fields above under the same names."""
+        return asdict(self)
+
+
+def inspect_process(
+    pid: int,
+    *,
+    own_pid: int,
+    server_sessions=None,
+    own_environ: Mapping[str, str] | None = None,
+) -> ProcessInfo:
+    """Find out what ``pid`` is; never raises.
+
+    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.servers.ServerKernel` (anything
+    with ``.get``); a server's notebook path wins over ``JPY_SESSION_NAME``, which keeps the
+    name the notebook had when its kernel started. ``own_environ`` stands for our own
+    environment, which ``%jaxalloc`` may have changed since the process started.
+    """
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return ProcessInfo(pid, "unknown", reason="zombie: exited, not yet reaped")
+            user, started_at, args = proc.username(), proc.create_time(), proc.cmdline()
+    except psutil.ZombieProcess:
+        return ProcessInfo(pid, "unknown", reason="zombie: exited, not yet reaped")
+    except psutil.NoSuchProcess:
+        return ProcessInfo(pid, "unknown", reason="exited, or not in this PID namespace")
+    except (psutil.AccessDenied, KeyError):  # KeyError: a uid without a name
+        return ProcessInfo(pid, "unknown", reason="access denied (another user's process)")
+    kernel_id = _kernel_id(args)
+    is_kernel = kernel_id is not None or _runs_ipykernel(args)
+    kind = "self" if pid == own_pid else "kernel" if is_kernel else "process"
+    problems = []
+    if kind == "self" and own_environ is not None:
+        environ = own_environ
+    else:
+        environ = _read(proc.environ, "environment", problems)
+    maps = _read(lambda: _memory_map_paths(proc), "memory maps", problems)
+    runs_jax = maps is not None and any(m in maps for m in _JAXLIB_MARKERS)
+    if kind == "self":  # our own modules tell it without reading the maps
+        runs_jax = "jaxlib" in sys.modules
+    elif maps is None:
+        runs_jax = None
+    session: ServerKernel | None = None
+    if kernel_id is not None and server_sessions is not None:
+        session = server_sessions.get(kernel_id)
+    notebook = session.notebook if session is not None else None
+    if notebook is None and environ is not None:
+        notebook = environ.get("JPY_SESSION_NAME") or None
+    return ProcessInfo(
+        pid=pid,
+        kind=kind,
+        user=user,
+        cmdline=_short_cmdline(args),
+        kernel_id=kernel_id,
+        notebook=notebook,
+        idle_s=session.idle_s() if session is not None else None,
+        runs_jax=runs_jax,
+        allocator_env=None
+        if environ is None
+        else {k: environ[k] for k in MANAGED_VARIABLES if k in environ},
+        started_at=started_at,
+        reason="; ".join(problems) or None,
+        server_url=session.server_url if session is not None else None,
+        gpu_device_open=None if maps is None else _GPU_DEVICE_MARKER in maps,
+    )
+
+
+def _read(getter, what: str, problems: list[str]):
+    try:
+        return getter()
+    except psutil.AccessDenied:
+        problems.append(f"{what} not readable (another user's process)")
+    except psutil.Error as exc:
+        problems.append(f"{what} not readable ({type(exc).__name__})")
+    except OSError as exc:
+        problems.append(f"{what} not readable ({exc.strerror or type(exc).__name__})")
+    return None
+
+
+def _memory_map_paths(proc: psutil.Process) -> str:
+    # /proc/PID/maps is read in microseconds; psutil's memory_maps() parses the much larger
+    # smaps file, so it serves only where /proc is missing.
+    try:
+        with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        if os.path.isdir(f"/proc/{os.getpid()}"):
+            raise psutil.NoSuchProcess(proc.pid) from None
+        return "\n".join(m.path for m in proc.memory_maps(grouped=True))
+    except PermissionError:
+        raise psutil.AccessDenied(proc.pid) from None
+
+
+def _kernel_id(args: Sequence[str]) -> str | None:
+    for arg in args:
+        match = _CONNECTION_FILE.search(arg)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _runs_ipykernel(args: Sequence[str]) -> bool:
+    # `python -m ipykernel_launcher`, `-m ipykernel` or the launcher's path: not `pip install
+    # ipykernel`, nor a script in a folder named so.
+    for before, arg in zip(["", *args], args, strict=False):
+        if before == "-m" and arg in ("ipykernel", "ipykernel_launcher"):
+            return True
+        if arg.endswith("/ipykernel_launcher.py"):
+            return True
+    return False
+
+
+def _short_cmdline(args: Sequence[str]) -> str:
+    if not args:
+        return ""
+    # Newlines and runs of spaces (a `python -c` script) would break a one-line display.
+    text = " ".join(" ".join([os.path.basename(args[0]), *args[1:]]).split())
+    return text if len(text) <= _CMDLINE_CHARS else text[: _CMDLINE_CHARS - 1] + "…"
+
+
+def _preallocated_fraction(allocator_env: Mapping[str, str]) -> float | None:
+    """Fraction of the GPU JAX preallocates under these variables; 0.0 if none; None if invalid."""
+    settings = effective(allocator_env)
+    if settings.error:
+        return None
+    if settings.allocator == "platform" or not settings.preallocate:
+        return 0.0
+    return settings.fraction
+
+
+def _judge_preallocation(
+    info: ProcessInfo, used_bytes: int | None, total_bytes: int | None
+) -> bool | None:
+    if info.kind == "unknown" or info.runs_jax is None:
+        return None
+    if not info.runs_jax:
+        return False
+    if info.allocator_env is None:
+        return None
+    fraction = _preallocated_fraction(info.allocator_env)
+    if fraction == 0.0:
+        return False
+    if fraction is None or used_bytes is None or total_bytes is None:
+        return None
+    expected = fraction * total_bytes
+    low, high = expected - PREALLOCATION_BELOW_BYTES, expected + PREALLOCATION_ABOVE_BYTES
+    return low <= used_bytes <= high
+
+
+class _SessionsOnDemand:
+    """Asks the Jupyter servers only when a kernel is actually found on the GPU."""
+
+    def __init__(self) -> None:
+        self._index = None
+
+    def get(self, kernel_id: str) -> ServerKernel | None:
+        if self._index is None:
+            self._index = kernel_sessions()
+        return self._index.get(kernel_id)
+
+
+def attribute(
+    processes: Iterable[GpuProcess],
+    gpus: Iterable[GpuMemory],
+    *,
+    own_pid: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    sessions=None,
+    own_on_gpu: bool | None = None,
+    check_device_files: bool | None = None,
+) -> list[Tenant]:
+    """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
+
+    ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
+    → :class:`~jax_nbmem.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
+    the running Jupyter servers, once, if a kernel is found. When NVML's PIDs evidently come
+    from another PID namespace (see :func:`_foreign_namespace`), every tenant is "unknown" with
+    a reason starting with ``PID_NAMESPACE_REASON`` rather than attributed to the wrong process.
+    ``own_on_gpu`` says this kernel holds GPU memory itself (None: unknown);
+    ``check_device_files`` (default: when ``/dev/nvidiactl`` exists here) checks that listed
+    processes have an NVIDIA device file mapped.
+    """
+    own_pid = os.getpid() if own_pid is None else own_pid
+    environ = os.environ if environ is None else environ
+    sessions = _SessionsOnDemand() if sessions is None else sessions
+    if check_device_files is None:
+        check_device_files = os.path.exists("/dev/nvidiactl")
+    processes = list(processes)
+    totals = {gpu.index: gpu.total_bytes for gpu in gpus}
+    infos: dict[int, ProcessInfo] = {}
+    for process in processes:
+        if process.pid not in infos:
+            try:
+                infos[process.pid] = inspect_process(
+                    process.pid, own_pid=own_pid, server_sessions=sessions, own_environ=environ
+                )
+            except Exception as exc:  # the sampler calls this: a surprise becomes a reason
+                reason = f"inspection failed: {type(exc).__name__}"
+                infos[process.pid] = ProcessInfo(process.pid, "unknown", reason=reason)
+    foreign = _foreign_namespace(infos, own_pid, own_on_gpu, check_device_files)
+    if foreign is not None:
+        reason = f"{PID_NAMESPACE_REASON}: {foreign}"
+        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) for pid in infos}
+    tenants = []
+    for process in processes:
+        info = infos[process.pid]
+        fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
+        tenants.append(
+            Tenant(
+                gpu=process.gpu,
+                used_bytes=process.used_bytes,
+                preallocated=_judge_preallocation(
+                    info, process.used_bytes, totals.get(process.gpu)
+                ),
+                **fields,
+            )
+        )
+    return tenants
+
+
+def _foreign_namespace(
+    infos: Mapping[int, ProcessInfo],
+    own_pid: int,
+    own_on_gpu: bool | None,
+    check_device_files: bool,
+) -> str | None:
+    """Why NVML's PIDs cannot be ours, or None when nothing says so.
+
+    NVML reports host PIDs. In a container without the host's PID namespace they either do not
+    exist here, or name unrelated processes: we then see none of them exist, or miss our own
+    PID while we hold GPU memory, or find that none of them has an NVIDIA device file mapped
+    (which every CUDA process has).
+    """
+    if not infos:
+        return None
+    if not any(psutil.pid_exists(pid) for pid in infos):
+        pids = ", ".join(str(pid) for pid in sorted(infos))
+        return f"none of NVML's PIDs ({pids}) exists in this PID namespace"
+    if own_on_gpu and own_pid not in infos:
+        return f"this kernel uses the GPU but NVML does not list its PID {own_pid}"
+    inspected = [info for info in infos.values() if info.gpu_device_open is not None]
+    if check_device_files and inspected and not any(i.gpu_device_open for i in inspected):
+        return f"PID {inspected[0].pid} ({inspected[0].cmdline}) has no NVIDIA device open"
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryWarning:
+    """Something on the GPU worth telling the user, with what to do about it.
+
+    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail" or
+    "pid-namespace". ``gpu``/``pid`` are None when it concerns no single GPU or process.
+    """
+
+    kind: str
+    gpu: int | None
+    pid: int | None
+    message: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: ``kind``, ``gpu``, ``pid``, ``message``."""
+        return asdict(self)
+
+
+def warnings_for(
+    tenants: Iterable[Tenant],
+    gpus: Iterable[GpuMemory],
+    *,
+    own_backend_started: bool,
+    own_requested_fraction: float | None = None,
+    own_needs_bytes: int | None = None,
+    own_jax_in_use: int | None = None,
+    own_reserved: int | None = None,
+) -> list[MemoryWarning]:
+    """Warnings about the GPU's tenants; an empty list when everybody fits.
+
+    ``own_requested_fraction``: what this kernel's mode will preallocate when its backend
+    starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
+    needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
+    A GPU whose free memory is unknown raises no warning about it.
+    """
+    tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
+    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
+    found = []
+    if foreign is not None:
+        found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
+    else:
+        found += _blocking(tenants, by_index, own_needs_bytes)
+        found += _self_preallocation(tenants, own_jax_in_use, own_reserved)
+    if not own_backend_started and own_requested_fraction:
+        found += _will_fail(tenants, by_index.values(), own_requested_fraction)
+    return found
+
+
+# This kernel's arrays using under a quarter of what it reserved makes its reserve mostly idle.
+_SMALL_USE = 0.25
+# Room left for the CUDA context when suggesting a fraction that fits.
+_CONTEXT_RESERVE_BYTES = 512 << 20
+
+
+def _in_foreign_namespace(tenant: Tenant) -> bool:
+    return (tenant.reason or "").startswith(PID_NAMESPACE_REASON)
+
+
+def _namespace_message(tenant: Tenant) -> str:
+    detail = (tenant.reason or "").removeprefix(f"{PID_NAMESPACE_REASON}: ")
+    return (
+        "NVML reports process IDs from the host's PID namespace and they do not match the "
+        f"processes here ({detail}), so the GPU's other users cannot be named. Run the container "
+        "in the host's PID namespace (e.g. `docker run --pid=host`, or `hostPID: true` in a "
+        "Kubernetes pod) to see who holds the memory."
+    )
+
+
+def _label(tenant: Tenant, *, start: bool = True) -> str:
+    noun = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(tenant.kind)
+    details = [f"notebook {tenant.notebook}"] if tenant.notebook else []
+    if tenant.kind == "process" and tenant.cmdline:
+        details.append(f"`{tenant.cmdline}`")
+    if tenant.user and tenant.user != current_user():
+        details.append(f"user {tenant.user}")
+    text = f"{noun or 'unidentified process'} PID {tenant.pid}"
+    text += f" ({', '.join(details)})" if details else ""
+    return text[0].upper() + text[1:] if start else text
+
+
+def _idle_clause(tenant: Tenant) -> str:
+    if tenant.idle_s is None:
+        return ""
+    if tenant.idle_s == 0:
+        return " It is busy right now."
+    return f" It has been idle for {format_duration(tenant.idle_s)}."
+
+
+def _fix(tenant: Tenant) -> str:
+    restart = "restart it with `%jaxalloc off` in its first cell"
+    me = current_user()
+    if tenant.user and me and tenant.user != me:
+        return f"Ask its owner ({tenant.user}) to shut it down or to {restart}."
+    if tenant.kind == "kernel":
+        return f"Shut it down (`%jaxmem shutdown {tenant.pid}`) or {restart}."
+    return (
+        "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
+        "memory only as its arrays need it."
+    )
+
+
+def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
+    found = []
+    for tenant in tenants:
+        gpu = by_index.get(tenant.gpu)
+        if tenant.kind == "self" or not tenant.preallocated or gpu is None:
+            continue
+        if gpu.free_bytes is None or gpu.total_bytes is None:
+            continue
+        default_bytes = DEFAULT_FRACTION * gpu.total_bytes
+        if own_needs_bytes is not None and gpu.free_bytes < own_needs_bytes:
+            short = f"less than the {format_bytes(own_needs_bytes)} this kernel needs"
+        elif gpu.free_bytes < default_bytes:
+            short = (
+                "too little for another kernel to start JAX in its default mode "
+                f"({format_bytes(default_bytes)}, {DEFAULT_FRACTION:.0%} of the GPU)"
+            )
+        else:
+            continue
+        message = (
+            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: JAX "
+            f"preallocated it when that process started.{_idle_clause(tenant)} Only "
+            f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
+        )
+        found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
+    return found
+
+
+def _self_preallocation(tenants, own_jax_in_use, own_reserved) -> list[MemoryWarning]:
+    found = []
+    for own in (t for t in tenants if t.kind == "self" and t.preallocated):
+        others = [t for t in tenants if t.gpu == own.gpu and t.kind != "self"]
+        reserved = own_reserved if own_reserved is not None else own.used_bytes
+        if others:
+            many = len(others) > 1
+            why = f"while {len(others)} other process{'es share' if many else ' shares'} it"
+        elif own_jax_in_use is not None and reserved and own_jax_in_use < _SMALL_USE * reserved:
+            why = f"while its arrays use only {format_bytes(own_jax_in_use)}"
+        else:
+            continue
+        message = (
+            f"This kernel (PID {own.pid}) preallocated {format_bytes(own.used_bytes)} of GPU "
+            f"{own.gpu} {why}. Restart it with `%jaxalloc off` in its first cell so that it holds "
+            "only what its arrays need (the mode applies only before JAX starts)."
+        )
+        found.append(MemoryWarning("self-preallocation", own.gpu, own.pid, message))
+    return found
+
+
+def _will_fail(tenants, gpus, fraction: float) -> list[MemoryWarning]:
+    found = []
+    for gpu in gpus:
+        if gpu.free_bytes is None or gpu.total_bytes is None:
+            continue
+        wanted = fraction * gpu.total_bytes
+        if gpu.free_bytes >= wanted:
+            continue
+        room = max(0, gpu.free_bytes - _CONTEXT_RESERVE_BYTES) / gpu.total_bytes
+        fits = math.floor(room * 20) / 20  # in steps of 5%, rounded down
+        option = f"`%jaxalloc fraction {fits:g}`, which fits, or " if fits >= 0.05 else ""
+        message = (
+            f"When JAX starts, this kernel will preallocate {fraction:.0%} of GPU {gpu.index} "
+            f"({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is free"
+            f"{_holders(tenants, gpu.index)}: its GPU backend would fail to start for lack of "
+            f"memory. Before any JAX code runs, choose {option}`%jaxalloc off` (memory taken "
+            "as arrays need it)."
+        )
+        found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
+    return found
+
+
+def _holders(tenants, gpu_index: int, limit: int = 3) -> str:
+    on_gpu = [t for t in tenants if t.gpu == gpu_index and t.used_bytes and t.kind != "unknown"]
+    on_gpu.sort(key=lambda t: -t.used_bytes)
+    if not on_gpu:
+        return ""
+    parts = [f"{_label(t, start=False)}: {format_bytes(t.used_bytes)}" for t in on_gpu[:limit]]
+    return f" (held by {'; '.join(parts)})"
+
+
+def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
+    """Plain text for under a RESOURCE_EXHAUSTED traceback: who holds each GPU, what to do."""
+    tenants = list(tenants)
+    lines = ["JAX ran out of GPU memory. Who holds it:"]
+    for gpu in gpus:
+        lines.append(
+            f"GPU {gpu.index} ({gpu.name or 'name unknown'}): {format_bytes(gpu.used_bytes)} "
+            f"used of {format_bytes(gpu.total_bytes)}, {format_bytes(gpu.free_bytes)} free"
+        )
+        on_gpu = sorted((t for t in tenants if t.gpu == gpu.index), key=_bytes_first)
+        for tenant in on_gpu:
+            notes = ", preallocated" if tenant.preallocated else ""
+            if tenant.kind == "unknown" and tenant.reason:
+                notes += f", not identified: {tenant.reason}"
+            lines.append(f"  - {_label(tenant)}: {format_bytes(tenant.used_bytes)}{notes}")
+        if not on_gpu:
+            lines.append("  - no process listed by NVML")
+    lines.append("What to do:")
+    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
+    if foreign is not None:
+        lines.append(f"  - {_namespace_message(foreign)}")
+    for tenant in tenants:
+        if tenant.kind in ("kernel", "process") and tenant.preallocated:
+            lines.append(f"  - {_label(tenant)} preallocated its memory. {_fix(tenant)}")
+    if any(t.kind == "self" and t.preallocated for t in tenants):
+        lines.append(
+            "  - This kernel's arrays filled its own preallocated share: free arrays you no "
+            "longer need (`del x`), use smaller batches, or restart it with a larger "
+            "`%jaxalloc fraction F`."
+        )
+    if len(lines) == next(i for i, line in enumerate(lines) if line == "What to do:") + 1:
+        lines.append(
+            "  - Nothing else preallocated this GPU: this kernel's arrays need more than is "
+            "free. Free arrays you no longer need (`del x`) or use smaller batches."
+        )
+    return "\n".join(lines)
+
+
+def _bytes_first(tenant: Tenant) -> int:
+    return -(tenant.used_bytes or 0)
