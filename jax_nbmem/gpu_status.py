@@ -30,6 +30,17 @@ class StatusReport(dict):
         except KeyError:
             raise AttributeError(name) from None
 
+    _tenants: list = []
+    _gpu_memory: list = []
+
+    def tenants(self) -> list:
+        """The attributed `Tenant` records behind ``processes``."""
+        return list(self._tenants)
+
+    def gpu_memory(self) -> list:
+        """The NVML `GpuMemory` readings behind ``gpus``."""
+        return list(self._gpu_memory)
+
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(format_status(self))
 
@@ -55,6 +66,7 @@ def collect(
 
     ``control`` (an `AllocatorControl`) adds this kernel's allocator report; ``in_kernel``
     makes warnings about *this* process (its preallocation, whether its mode will fit).
+    The attributed `Tenant` records stay available as ``report.tenants()`` (not in the JSON).
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -63,10 +75,13 @@ def collect(
     visible = visible_gpus(gpus, environ)
     ours = set(visible.indices)
     processes = nvml.processes(None)
-    tenants = attribute(processes, gpus, own_pid=own_pid, environ=environ)
+    started = jaxstats.backend_initialized()
+    on_gpu = started and any(p in ("cuda", "gpu", "rocm") for p in jaxstats.initialized_platforms())
+    tenants = attribute(
+        processes, gpus, own_pid=own_pid, environ=environ, own_on_gpu=on_gpu if in_kernel else None
+    )
     notes = [visible.note] if visible.note else []
 
-    started = jaxstats.backend_initialized()
     fraction = None
     if in_kernel and not started:
         pending = effective(environ)
@@ -106,6 +121,8 @@ def collect(
         notes=notes,
         pid=own_pid,
     )
+    report._tenants = tenants
+    report._gpu_memory = gpus
     if control is not None:
         report["allocator"] = control.report().to_dict()
     if not gpus:

@@ -16,9 +16,10 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .allocator import ModeError
-from .gpu_status import collect_status, format_status
+from .gpu_status import format_status
 from .ledger import format_table
 from .reports import format_report
+from .servers import shutdown_kernel
 from .session import KernelSession
 from .settings import JaxNbMem
 
@@ -93,40 +94,74 @@ class JaxNbMemMagics(Magics):
         "command",
         nargs="?",
         default="panel",
-        help="panel (default) | status | cells",
+        help="panel (default) | status | cells | shutdown PID",
     )
     @argument("rest", nargs="*", help="arguments of the command")
     @argument("--json", action="store_true", help="status/cells: print JSON instead of a table")
+    @argument("--yes", action="store_true", help="shutdown: confirm, do it")
     @line_magic
     def jaxmem(self, line: str = "") -> None:
         """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
 
         Commands:
-          (none), panel   a live panel under the cell: this kernel's GPU memory, JAX's bytes in
-                          use and reserved, other processes, one marker per cell
-          status          GPUs, who holds their memory, warnings (same as `jax-nbmem status`)
-          cells           one row per cell run since the extension loaded: GPU memory before,
-                          at the peak and after, JAX bytes in use, duration, errors
+          (none), panel     a live panel under the cell: this kernel's GPU memory, JAX's bytes
+                            in use and reserved, other processes, one marker per cell
+          status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
+          cells [--json]    one row per cell run since the extension loaded: GPU memory before,
+                            at the peak and after, JAX bytes in use, duration, errors
+          shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory
+                            (through its Jupyter server when known, else by signal); shows
+                            what it would do — add --yes to do it. Refuses other users'
+                            processes and processes that are not kernels.
         """
         args = parse_argstring(self.jaxmem, line)
-        command = args.command
-        if command not in ("panel", "status", "cells"):
-            raise UsageError(f"%jaxmem: unknown command {command!r}; use panel | status | cells")
-        if args.rest:
-            raise UsageError(f"%jaxmem {command}: unexpected arguments: {' '.join(args.rest)}")
-        if command == "cells":
-            records = self.session.ledger.records()
-            if args.json:
-                print(json.dumps([record.to_dict() for record in records], indent=1))
-            else:
-                print(format_table(records))
-        elif command == "status":
-            report = collect_status(self.session)
-            print(json.dumps(report, indent=1) if args.json else format_status(report))
-        else:
-            from .panel import show_panel
+        run = {
+            "panel": self._panel,
+            "status": self._status,
+            "cells": self._cells,
+            "shutdown": self._shutdown,
+        }.get(args.command)
+        if run is None:
+            raise UsageError(
+                f"%jaxmem: unknown command {args.command!r}; use {' | '.join(_JAXMEM_COMMANDS)}"
+            )
+        run(args)
 
-            show_panel(self.session)
+    def _no_more(self, args) -> None:
+        if args.rest:
+            raise UsageError(f"%jaxmem {args.command}: unexpected arguments: {' '.join(args.rest)}")
+
+    def _panel(self, args) -> None:
+        self._no_more(args)
+        from .panel import show_panel
+
+        show_panel(self.session)
+
+    def _status(self, args) -> None:
+        self._no_more(args)
+        report = self.session.status()
+        print(json.dumps(report, indent=1) if args.json else format_status(report))
+
+    def _cells(self, args) -> None:
+        self._no_more(args)
+        records = self.session.ledger.records()
+        if args.json:
+            print(json.dumps([record.to_dict() for record in records], indent=1))
+        else:
+            print(format_table(records))
+
+    def _shutdown(self, args) -> None:
+        if len(args.rest) != 1 or not args.rest[0].isdigit():
+            raise UsageError("%jaxmem shutdown: give one PID, e.g. %jaxmem shutdown 4242 [--yes]")
+        pid = int(args.rest[0])
+        tenants = self.session.status().tenants()
+        result = shutdown_kernel(pid, tenants, confirm=args.yes)
+        print(result.message)
+        if not args.yes and result.how is not None:
+            print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
+
+
+_JAXMEM_COMMANDS = ("panel", "status", "cells", "shutdown PID")
 
 
 def _settings_for(shell) -> JaxNbMem:

@@ -11,10 +11,14 @@ from collections.abc import Callable
 
 from .allocator import ModeError, parse_mode
 from .control import AllocatorControl, ApplyResult
+from .gpu_status import StatusReport, collect
+from .jaxstats import is_resource_exhausted
 from .ledger import CellRecord, Ledger
 from .reports import format_applied, too_late
 from .sampler import Sampler, SamplerSource
 from .settings import JaxNbMem, startup_mode
+from .tenants import oom_diagnosis
+from .watch import StatusWatcher
 
 __all__ = ["KernelSession"]
 
@@ -41,6 +45,7 @@ class KernelSession:
                 process_interval=settings.process_interval,
             )
         self.ledger = Ledger(self.sampler, max_records=settings.max_cells)
+        self.watcher = StatusWatcher(self.status, interval=settings.status_interval)
         self._say = say
         self._cell_listeners: list[Callable[[CellRecord | None], None]] = []
 
@@ -48,6 +53,11 @@ class KernelSession:
         """Start background sampling (a no-op when sampling is off or already running)."""
         if self.sampler is not None:
             self.sampler.start()
+            self.watcher.start()
+
+    def status(self) -> StatusReport:
+        """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
+        return collect(control=self.control, in_kernel=True)
 
     def apply_startup_mode(self) -> None:
         """Apply the mode from $JAX_NBMEM_ALLOCATOR or the config, telling the user if it fails."""
@@ -69,7 +79,11 @@ class KernelSession:
         result = self.control.apply(mode, source)
         if result.too_late:
             return result, too_late(mode, self.control.report())
-        return result, format_applied(result)
+        message = format_applied(result)
+        # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
+        report = self.watcher.refresh()
+        fits = [w for w in (report or {}).get("warnings", []) if w["kind"] == "prealloc-will-fail"]
+        return result, "\n".join([message, *(f"WARNING: {w['message']}" for w in fits)])
 
     def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
         """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
@@ -94,6 +108,8 @@ class KernelSession:
         """
         self.control.observe_cell_end(None)
         self.ledger.cell_finished(success, error)
+        if error is not None and is_resource_exhausted(error):
+            self._explain_oom()
         if not self._cell_listeners:
             return None
         record = self.ledger.last()
@@ -103,6 +119,29 @@ class KernelSession:
             except Exception:
                 log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
         return record
+
+    def _explain_oom(self) -> None:
+        """Under a RESOURCE_EXHAUSTED traceback: who holds the GPU and what to do (once)."""
+        report = self.watcher.refresh()
+        if report is None:
+            return
+        gpus = [
+            g
+            for g in report.gpu_memory()
+            if g.index in {x["index"] for x in report["gpus"] if x["ours"]}
+        ]
+        if not gpus:
+            self._say(
+                "jax_nbmem: JAX ran out of memory; NVML cannot show who holds the GPU "
+                f"({report['nvml']['reason'] or 'no GPU visible'})."
+            )
+            return
+        self._say(oom_diagnosis(report.tenants(), gpus))
+
+    def warnings(self) -> list[dict]:
+        """The latest warnings about our GPUs (from the background watch; may be a few s old)."""
+        report = self.watcher.latest()
+        return list(report["warnings"]) if report is not None else []
 
     def banner_messages(self) -> list[str]:
         """One-line status messages worth showing above the panel (NVML, sampler, JAX)."""
@@ -121,6 +160,7 @@ class KernelSession:
             messages.append(f"Sampler: {self.sampler.last_error}")
         if latest is not None:
             messages.extend(f"GPU {g.index}: {g.problem}" for g in latest.gpus if g.problem)
+        messages.extend(f"WARNING [{w['kind']}]: {w['message']}" for w in self.warnings())
         if not self.control.backend_started():
             pending = self.control.report().pending
             messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
@@ -129,5 +169,6 @@ class KernelSession:
     def close(self) -> None:
         """Stop whatever runs in the background; the session is not used after this."""
         self._cell_listeners.clear()
+        self.watcher.stop()
         if self.sampler is not None:
             self.sampler.stop()

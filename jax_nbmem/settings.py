@@ -42,6 +42,13 @@ class JaxNbMem(Configurable):
         "(it costs milliseconds in NVML; a running cell is watched more closely).",
     ).tag(config=True)
 
+    status_interval = Float(
+        5.0,
+        min=0.5,
+        help="Seconds between two looks at who else is on the GPU (reads /proc and may ask "
+        "Jupyter servers; the warnings in the panel come from it).",
+    ).tag(config=True)
+
     max_cells = Integer(
         10_000, min=1, help="How many cell records %jaxmem cells keeps; older ones are dropped."
     ).tag(config=True)
