@@ -306,17 +306,34 @@ def _terminate(pid: int, started_at: float | None, grace_s: float, label: str) -
         if started_at is not None and abs(proc.create_time() - started_at) > 0.5:
             return ShutdownResult(False, None, f"PID {pid} is now another process; nothing done.")
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
+        if _ended(proc, grace_s):
             return ShutdownResult(True, "signal", f"Stopped {label} with SIGTERM.")
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace_s)
+        proc.kill()
+        if _ended(proc, grace_s):
             return ShutdownResult(True, "signal", f"Killed {label} (SIGTERM was ignored).")
+        return ShutdownResult(False, "signal", f"Could not stop {label}: still running.")
     except psutil.NoSuchProcess:
         return ShutdownResult(True, "signal", f"{label} had already exited.")
-    except (psutil.AccessDenied, psutil.TimeoutExpired) as exc:
+    except psutil.AccessDenied as exc:
         return ShutdownResult(False, "signal", f"Could not stop {label}: {type(exc).__name__}.")
+
+
+def _ended(proc: psutil.Process, timeout: float) -> bool:
+    """Whether ``proc`` exits within ``timeout``.
+
+    A zombie counts as ended: only its parent (usually the Jupyter server, not us) can reap
+    it, so waiting for its PID to vanish would wait for someone else.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def current_user() -> str | None:

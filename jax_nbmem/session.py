@@ -83,7 +83,9 @@ class KernelSession:
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
         report = self.watcher.refresh()
         fits = [w for w in (report or {}).get("warnings", []) if w["kind"] == "prealloc-will-fail"]
-        return result, "\n".join([message, *(f"WARNING: {w['message']}" for w in fits)])
+        return result, "\n".join(
+            [message, *(f"WARNING [{w['kind']}]: {w['message']}" for w in fits)]
+        )
 
     def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
         """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
