@@ -1,0 +1,123 @@
+"""Bytes per live-panel update and update rate after simulated 1 h and 24 h sessions.
+
+Feeds a SampleHistory with 10 Hz samples whose values change at every sample (the worst case
+for the panel: nothing repeats, so nothing is dropped), one cell a minute, then measures what
+the FigureWidget would send over its comm for each update and how long an update takes.
+
+    python benchmarks/panel_payload.py [--hours 1 24] [--updates 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from types import SimpleNamespace
+
+from jax_nbmem import panel
+from jax_nbmem.ledger import CellRecord
+from jax_nbmem.sampler import GpuSample, HostSample, Sample, SampleHistory
+
+GIB = 1024**3
+MIB = 1024**2
+RATE_HZ = 10
+
+
+def noisy_sample(t: float, i: int) -> Sample:
+    wobble = (i * 7919) % 4096 * MIB
+    gpu = GpuSample(0, "GPU-0", "NVIDIA H200 (simulated)", 141 * GIB, 30 * GIB + wobble,
+                    111 * GIB - wobble, 10 * GIB + wobble, 20 * GIB + wobble // 3,
+                    4 * GIB + wobble, 8 * GIB, 6 * GIB + wobble, 100 * GIB)  # fmt: skip
+    return Sample(t=t, gpus=(gpu,), host=HostSample(2 * GIB + wobble, 4 * GIB))
+
+
+def record(n: int, t: float) -> CellRecord:
+    return CellRecord(n, f"step({n})", t, 2.0, n % 17 != 0, None, n % 53 == 0, 1,
+                      10 * GIB, 14 * GIB, 11 * GIB, 4 * GIB, 9 * GIB, 5 * GIB, False, None,
+                      None, None, None, None, None, None)  # fmt: skip
+
+
+class FakeSampler:
+    """What the panel reads from a Sampler: history, latest, subscribe, interval."""
+
+    interval = 1 / RATE_HZ
+    last_error = None
+
+    def __init__(self, history: SampleHistory):
+        self._history = history
+        self._latest = None
+
+    def add(self, sample: Sample) -> None:
+        self._history.add(sample)
+        self._latest = sample
+
+    def latest(self):
+        return self._latest
+
+    def history(self):
+        return self._history.samples()
+
+    def subscribe(self, callback):
+        return lambda: None
+
+
+def simulate(hours: float, updates: int) -> dict:
+    start = time.time() - hours * 3600
+    sampler = FakeSampler(SampleHistory())
+    count = int(hours * 3600 * RATE_HZ)
+    for i in range(count):
+        sampler.add(noisy_sample(start + i / RATE_HZ, i))
+    records = [record(n, start + 60 * n) for n in range(1, int(hours * 60))]
+    session = SimpleNamespace(
+        settings=SimpleNamespace(panel="widget"), sampler=sampler,
+        ledger=SimpleNamespace(records=lambda: records), control=None,
+        banner_messages=lambda: ["NVML: ok"],
+    )  # fmt: skip
+    began = time.perf_counter()
+    live = panel._LivePanel(session)
+    live.widget._repr_mimebundle_()
+    first_render_s = time.perf_counter() - began
+    sent: list[int] = []
+    live.figure.comm.send = lambda data=None, buffers=None, **_: sent.append(
+        len(json.dumps(data, default=str)) + sum(len(b) for b in buffers or ())
+    )
+    sizes, durations = [], []
+    t = start + count / RATE_HZ
+    for u in range(updates):
+        for _ in range(3):  # what 0.25 s brings at 10 Hz (rounded up)
+            sampler.add(noisy_sample(t, count))
+            t, count = t + 1 / RATE_HZ, count + 1
+        if u % 5 == 4:
+            records.append(record(len(records) + 1, t))
+        sent.clear()
+        began = time.perf_counter()
+        live.update()
+        durations.append(time.perf_counter() - began)
+        sizes.append(sum(sent))
+    return {
+        "session": f"{hours:g} h",
+        "history points": len(sampler.history()),
+        "bytes/update mean": int(statistics.mean(sizes)),
+        "bytes/update max": max(sizes),
+        "update ms (median)": round(1000 * statistics.median(durations), 1),
+        "updates/s possible": round(1 / statistics.median(durations), 1),
+        "updates/s sent (cap 4)": min(4.0, round(1 / statistics.median(durations), 1)),
+        "first render ms": round(1000 * first_render_s, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, nargs="+", default=[1, 24])
+    parser.add_argument("--updates", type=int, default=20)
+    args = parser.parse_args()
+    rows = [simulate(hours, args.updates) for hours in args.hours]
+    keys = list(rows[0])
+    width = max(map(len, keys))
+    for key in keys:
+        print(key.ljust(width), *(str(row[key]).rjust(12) for row in rows))
+
+
+if __name__ == "__main__":
+    main()
