@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import jaxstats, nvml
+from .advice import warnings_for
 from .allocator import effective
-from .tenants import attribute, warnings_for
+from .tenants import attribute
 from .units import format_bytes, format_duration
 from .visible import visible_gpus
 

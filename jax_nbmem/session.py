@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from .advice import oom_diagnosis
 from .allocator import ModeError, parse_mode
 from .control import AllocatorControl, ApplyResult
 from .gpu_status import StatusReport, collect
@@ -17,7 +18,6 @@ from .ledger import CellRecord, Ledger
 from .reports import format_applied, too_late
 from .sampler import Sampler, SamplerSource
 from .settings import JaxNbMem, startup_mode
-from .tenants import oom_diagnosis
 from .watch import StatusWatcher
 
 __all__ = ["KernelSession"]

@@ -19,15 +19,10 @@ import jax  # noqa: F401  (a user who imported jax: jaxlib is loaded, its backen
 import psutil
 import pytest
 
+from jax_nbmem.advice import oom_diagnosis, warnings_for
 from jax_nbmem.nvml import GpuMemory, GpuProcess
 from jax_nbmem.servers import SessionIndex
-from jax_nbmem.tenants import (
-    PID_NAMESPACE_REASON,
-    attribute,
-    inspect_process,
-    oom_diagnosis,
-    warnings_for,
-)
+from jax_nbmem.tenants import PID_NAMESPACE_REASON, attribute, inspect_process
 from jax_nbmem.units import format_bytes
 from tests.kernels import execute, running_kernel
 
