@@ -12,10 +12,12 @@ import logging
 import sys
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
 
 from .allocator import ModeError
+from .compare import DEFAULT_TIMEOUT_S
 from .gpu_status import format_status
 from .ledger import format_table
 from .reports import format_report
@@ -57,10 +59,17 @@ class JaxNbMemMagics(Magics):
         "mode",
         nargs="*",
         help="on | off | fraction F | platform | bfc | cuda_async | default "
-        "(| vmm from jaxlib 0.10, | address from 0.11). Omit it for a report.",
+        "(| vmm from jaxlib 0.10, | address from 0.11). Omit it for a report. "
+        "As a cell magic: compare [MODES...].",
     )
-    @line_magic
-    def jaxalloc(self, line: str = "") -> None:
+    @argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="%%%%jaxalloc compare: seconds each mode may run (default %(default)s)",
+    )
+    @line_cell_magic
+    def jaxalloc(self, line: str = "", cell: str | None = None) -> None:
         """%jaxalloc [MODE]: choose JAX's GPU allocator mode before the backend starts.
 
         Put it in the first cell, right after ``%load_ext jax_nbmem``; JAX reads these settings
@@ -78,16 +87,52 @@ class JaxNbMemMagics(Magics):
         has started and with which mode. Once it has started, a new mode cannot take effect in
         this kernel; you are told how to get it (restart, or a kernel that starts in that mode:
         ``jax-nbmem kernel install --allocator MODE``).
+
+        %%jaxalloc compare [MODES...] [--timeout S]: run the cell once per mode (default: on off
+        platform), each in a fresh Python process on the same GPU(s), one at a time, and report
+        per mode the wall time, JAX's peak bytes in use, the peak GPU memory the process held
+        (NVML), out-of-memory, and the largest free block against free memory; a bar chart and
+        a one-line recommendation follow. The cell must be self-contained: import and define
+        everything it uses inside the cell. Interrupting the kernel stops the subprocess.
         """
         args = parse_argstring(self.jaxalloc, line)
-        if not args.mode:
+        words = args.mode
+        if cell is not None:
+            if not words or words[0] != "compare":
+                raise UsageError("%%jaxalloc is a cell magic only as: %%jaxalloc compare [MODES]")
+            self._compare(cell, words[1:], args.timeout)
+            return
+        if words and words[0] == "compare":
+            raise UsageError("compare runs a cell: use %%jaxalloc compare [MODES] as a cell magic")
+        if not words:
             print(format_report(self.session.control.report()))
             return
         try:
-            _, message = self.session.request(" ".join(args.mode))
+            _, message = self.session.request(" ".join(words))
         except ModeError as exc:
             raise UsageError(f"%jaxalloc: {exc}") from None
         print(message)
+
+    def _compare(self, cell: str, modes: list[str], timeout_s: float) -> None:
+        from .compare import CompareError, run_compare
+        from .compare_report import compare_figure, format_compare
+
+        def progress(mode: str, state: str) -> None:
+            print(f"{mode}: {state}", flush=True)
+
+        try:
+            result = run_compare(cell, modes, timeout_s=timeout_s, on_progress=progress)
+        except (ModeError, CompareError, ValueError) as exc:
+            raise UsageError(f"%%jaxalloc compare: {exc}") from None
+        print(format_compare(result))
+        # Plotly's own mime type, with no renderer of plotly's in between: frontends that know
+        # it draw the chart, the others (a terminal, nbconvert to text) show one line.
+        figure = compare_figure(result)
+        bundle = {
+            "application/vnd.plotly.v1+json": figure,
+            "text/plain": f"<bar chart: {len(result.modes)} modes compared>",
+        }
+        display(bundle, raw=True)
 
     @magic_arguments()
     @argument(

@@ -152,3 +152,25 @@ def test_syntax_errors_and_failing_cells_do_not_disturb_the_extension():
     assert out[3].error is None and out[4].stdout.strip() == "still fine"
     # A callback that raises would print a traceback after every cell; none here.
     assert "jax_nbmem" not in out[4].stderr
+
+
+def test_compare_cell_magic_runs_each_mode_and_rejects_misuse():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%%jaxalloc compare on off\nimport jax.numpy as jnp\nprint(float(jnp.ones(8).sum()))",
+            "%%jaxalloc compare bogus\nx = 1",
+            "%jaxalloc compare",
+            "%%jaxalloc off\nx = 1",
+            NOT_STARTED,
+        ]
+    )
+    table = out[1].stdout
+    assert out[1].error is None, out[1].text
+    assert "on: ok" in table and "off: ok" in table
+    assert "No GPU: allocator modes do not apply on the CPU" in table
+    assert "UsageError" in out[2].text and "unknown mode 'bogus'" in out[2].text
+    assert "UsageError" in out[3].text and "cell magic" in out[3].text
+    assert "UsageError" in out[4].text
+    # The modes ran in subprocesses: this kernel never imported jax.
+    assert out[5].stdout.split() == ["False", "False"]
