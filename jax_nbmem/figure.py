@@ -14,10 +14,13 @@ that repeat the previous value. Unknown values stay ``None`` (a gap in the line)
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from jax_nbmem.units import format_bytes, format_bytes_delta, format_duration
@@ -25,6 +28,7 @@ from jax_nbmem.units import format_bytes, format_bytes_delta, format_duration
 __all__ = [
     "TRACE_NAMES",
     "FigureLimits",
+    "LiveFigure",
     "build_figure",
     "cell_bars_source",
     "changed_traces",
@@ -60,6 +64,9 @@ TRACE_NAMES: tuple[str, ...] = (
     _BAR_RETAINED,
 )
 
+# The history's bins are this wide times a power of two, counted from the epoch.
+_GRID_S = 0.1
+
 _COLOUR_OK = ("#1f77b4", "#aec7e8")  # peak, retained
 _COLOUR_ERROR = ("#ff7f0e", "#ffbb78")
 _COLOUR_OOM = ("#d62728", "#ff9896")
@@ -88,7 +95,7 @@ def gpu_indices(samples: Sequence[Any]) -> list[int]:
 def _scale(samples: Sequence[Any], gpu_index: int | None) -> tuple[str, int]:
     """The unit for the y axis: GiB for memory sizes of GPUs and big hosts, else MiB."""
     largest = 0
-    for sample in samples[-50:]:
+    for sample in samples:
         if gpu_index is None:
             values = [getattr(sample.host, "rss_bytes", None)]
         else:
@@ -98,45 +105,95 @@ def _scale(samples: Sequence[Any], gpu_index: int | None) -> tuple[str, int]:
     return ("GiB", GIB) if largest >= 2 * GIB else ("MiB", MIB)
 
 
-def _bin_max(
-    samples: Sequence[Any], read: Callable[[Any], int | None], start: float, width: float
-) -> list[tuple[float, int | None]]:
-    """One point per occupied bin of *width* s from *start*: its first time, max known value."""
-    points: list[tuple[float, int | None]] = []
+def _shown_series(gpu_index: int | None) -> tuple[tuple[str, str, str], ...]:
+    return _HOST_SERIES if gpu_index is None else _GPU_SERIES
+
+
+def _reader(gpu_index: int | None) -> Callable[[Any], tuple[int | None, ...]]:
+    """Every shown series' value in one sample, in the order of :func:`_shown_series`."""
+    read_fields = attrgetter(*(field for _, field, _ in _shown_series(gpu_index)))
+    unknown = (None,) * len(_shown_series(gpu_index))
+    if gpu_index is None:
+        return lambda sample: unknown if sample.host is None else read_fields(sample.host)
+
+    def read(sample: Any) -> tuple[int | None, ...]:
+        for gpu in sample.gpus:
+            if gpu.index == gpu_index:
+                return read_fields(gpu)
+        return unknown
+
+    return read
+
+
+# A timeline row: [time, value of each shown series]; a binned row holds the first time and
+# each series' largest known value in its bin (unknown only when no sample in it knew).
+_Row = list
+
+
+def _absorb(row: _Row, values: Sequence[int | None]) -> None:
+    for column, value in enumerate(values, 1):
+        if value is not None and (row[column] is None or value > row[column]):
+            row[column] = value
+
+
+def _window_rows(
+    samples: Sequence[Any], read: Callable[[Any], tuple], start: float, limits: FigureLimits
+) -> list[_Row]:
+    """The last ``window_s``: as sampled, or one row per ``window_s / window_points`` bin."""
+    if len(samples) <= limits.window_points:  # few enough to draw as they are
+        return [[sample.t, *read(sample)] for sample in samples]
+    width = limits.window_s / limits.window_points
+    rows: list[_Row] = []
     current_bin = None
     for sample in samples:
         key = math.floor((sample.t - start) / width)
-        value = read(sample)
         if key != current_bin:
-            points.append((sample.t, value))
+            rows.append([sample.t, *read(sample)])
             current_bin = key
-        elif value is not None:
-            last_t, last_value = points[-1]
-            points[-1] = (last_t, value if last_value is None else max(last_value, value))
-    return points
+        else:
+            _absorb(rows[-1], read(sample))
+    return rows
 
 
-def _series(
-    samples: Sequence[Any], read: Callable[[Any], int | None], limits: FigureLimits
-) -> list[tuple[float, int | None]]:
-    """A bounded list of (time, bytes) points over the whole session."""
-    if not samples:
-        return []
-    newest = samples[-1].t
-    window_start = newest - limits.window_s
-    older = [s for s in samples if s.t < window_start]
-    recent = samples[len(older) :]
-    points: list[tuple[float, int | None]] = []
-    if len(older) > limits.history_points:
-        span = max(window_start - older[0].t, 1e-3)
-        points += _bin_max(older, read, older[0].t, span / limits.history_points)
-    else:
-        points += [(s.t, read(s)) for s in older]
-    if len(recent) > limits.window_points:
-        points += _bin_max(recent, read, window_start, limits.window_s / limits.window_points)
-    else:  # few enough to draw as they are
-        points += [(s.t, read(s)) for s in recent]
-    return points
+class _HistoryRows:
+    """Everything before the window, folded one sample at a time, oldest first.
+
+    Up to *cap* samples are kept as they are; beyond that they go into bins on a fixed grid
+    (``_GRID_S * 2**k`` seconds, counted from the epoch), and *k* grows by one, merging
+    neighbours, whenever the bins would exceed *cap*. The grid does not depend on when
+    samples arrive, so folding them in one go or a few at a time gives the same rows.
+    """
+
+    def __init__(self, read: Callable[[Any], tuple], cap: int) -> None:
+        self._read = read
+        self._cap = max(1, cap)
+        self._binned = False
+        self._shift = 0
+        self._keys: list[int] = []
+        self.rows: list[_Row] = []
+
+    def add(self, sample: Any) -> None:
+        key = math.floor(sample.t / _GRID_S) >> self._shift
+        if self._binned and key == self._keys[-1]:
+            _absorb(self.rows[-1], self._read(sample))
+            return
+        self._keys.append(key)
+        self.rows.append([sample.t, *self._read(sample)])
+        while len(self.rows) > self._cap:
+            step = 1 if self._binned else 0  # the first time: bin at the finest width
+            self._binned, self._shift = True, self._shift + step
+            self._merge_neighbours(step)
+
+    def _merge_neighbours(self, step: int) -> None:
+        keys: list[int] = []
+        rows: list[_Row] = []
+        for key, row in zip(self._keys, self.rows, strict=True):
+            if keys and keys[-1] == key >> step:
+                _absorb(rows[-1], row[1:])
+            else:
+                keys.append(key >> step)
+                rows.append(row)
+        self._keys, self.rows = keys, rows
 
 
 def time_label(t: float) -> str:
@@ -145,37 +202,31 @@ def time_label(t: float) -> str:
     Strings, not epoch numbers: every frontend's plotly types a string axis as dates by
     itself, while numbers keep their date meaning only as long as ``xaxis.type`` survives.
     """
-    whole, tenths = divmod(round(t * 10), 10)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(whole)) + f".{tenths}"
+    return _tenths_label(round(t * 10))
 
 
-def _steps(points: list[tuple[float, int | None]], divisor: int, digits: int) -> dict[str, list]:
-    """Plotly x (local time) and y (in the unit) for a step line, without repeated values."""
+@functools.lru_cache(maxsize=4096)  # a live view labels mostly the same times again
+def _tenths_label(tenths: int) -> str:
+    whole, tenth = divmod(tenths, 10)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(whole)) + f".{tenth}"
+
+
+def _steps(rows: Sequence[_Row], column: int, divisor: int, digits: int) -> dict[str, list]:
+    """Plotly x (local time) and y (in the unit) of one series, without repeated values."""
     xs: list[str] = []
     ys: list[float | None] = []
-    for position, (t, value) in enumerate(points):
+    for position, row in enumerate(rows):
+        value = row[column]
         y = None if value is None else round(value / divisor, digits)
-        last = position == len(points) - 1
+        last = position == len(rows) - 1
         if ys and y == ys[-1] and not last:
             continue
         if last and len(ys) >= 2 and y == ys[-1] == ys[-2]:
-            xs[-1] = time_label(t)  # a flat end: move the previous point instead of adding one
+            xs[-1] = time_label(row[0])  # a flat end: move the previous point, add none
             continue
-        xs.append(time_label(t))
+        xs.append(time_label(row[0]))
         ys.append(y)
     return {"x": xs, "y": ys}
-
-
-def _gpu_reader(gpu_index: int, field: str) -> Callable[[Any], int | None]:
-    def read(sample: Any) -> int | None:
-        gpu = sample.gpu(gpu_index)
-        return getattr(gpu, field, None) if gpu is not None else None
-
-    return read
-
-
-def _host_reader(field: str) -> Callable[[Any], int | None]:
-    return lambda sample: getattr(sample.host, field, None)
 
 
 def cell_bars_source(records: Sequence[Any]) -> tuple[str, str, str, str] | None:
@@ -259,21 +310,100 @@ def build_figure(
     *samples* are the sampler's points, oldest first; *records* the ledger's cells. Every
     trace of :data:`TRACE_NAMES` is present, in that order; ``visible`` is False for those
     with nothing to show (e.g. the GPU series when no GPU is seen), so updates can target
-    each trace by its index.
+    each trace by its index. The y unit follows the last samples of the window.
     """
-    limits = limits or FigureLimits()
-    unit, divisor = _scale(samples, gpu_index)
+    everything = list(samples)
+    return LiveFigure(limits).build(lambda _since: everything, records, gpu_index, title=title)
+
+
+class LiveFigure:
+    """:func:`build_figure` again and again for a live view, at a cost that does not grow.
+
+    The history part (everything more than ``window_s`` before the newest sample) is kept
+    between builds: each build folds in only the samples that left the window since the
+    previous one and redraws the window, which is small. The figure is the one
+    :func:`build_figure` makes from the same samples. It starts over from every sample when
+    the GPU shown changes, when the clock went back, or after a gap longer than the window
+    (samples that old may since have been merged in the sampler's history).
+    """
+
+    def __init__(self, limits: FigureLimits | None = None) -> None:
+        self.limits = limits or FigureLimits()
+        self._gpu_index: int | None = None
+        self._read = _reader(None)
+        self._history: _HistoryRows | None = None
+        self._newest: float | None = None
+        self._window_start: float | None = None
+
+    @property
+    def window_start(self) -> float | None:
+        """Where the last build's window began; ``None`` before a build with samples."""
+        return self._window_start
+
+    def build(
+        self,
+        history: Callable[[float | None], Sequence[Any]],
+        records: Sequence[Any],
+        gpu_index: int | None,
+        *,
+        title: str | None = None,
+    ) -> dict[str, Any]:
+        """The figure now, reading only the samples it has not seen yet.
+
+        ``history(since)`` gives the samples with ``t >= since``, oldest first, or all of
+        them for ``None``: :meth:`jax_nbmem.sampler.Sampler.history` does.
+        """
+        window = self._advance(history, gpu_index)
+        return self._figure(window, records, title)
+
+    def _advance(
+        self, history: Callable[[float | None], Sequence[Any]], gpu_index: int | None
+    ) -> Sequence[Any]:
+        """Fold what left the window into the history rows; return the window's samples."""
+        if self._history is not None and self._newest is not None and gpu_index == self._gpu_index:
+            fresh = history(self._window_start)
+            if fresh and self._newest <= fresh[-1].t <= self._newest + self.limits.window_s:
+                return self._fold(fresh)
+        self._gpu_index, self._read = gpu_index, _reader(gpu_index)
+        self._history = _HistoryRows(self._read, self.limits.history_points)
+        self._newest = self._window_start = None
+        return self._fold(history(None))
+
+    def _fold(self, samples: Sequence[Any]) -> Sequence[Any]:
+        if not samples:
+            return []
+        self._newest = samples[-1].t
+        self._window_start = self._newest - self.limits.window_s
+        aged = bisect.bisect_left(samples, self._window_start, key=attrgetter("t"))
+        for sample in samples[:aged]:
+            self._history.add(sample)
+        return samples[aged:]
+
+    def _figure(self, window: Sequence[Any], records: Sequence[Any], title: str | None) -> dict:
+        window_rows = _window_rows(window, self._read, self._window_start, self.limits)
+        rows = [*self._history.rows, *window_rows]
+        return _assemble(rows, window[-50:], records, self._gpu_index, self.limits, title)
+
+
+def _assemble(
+    rows: Sequence[_Row],
+    recent: Sequence[Any],
+    records: Sequence[Any],
+    gpu_index: int | None,
+    limits: FigureLimits,
+    title: str | None,
+) -> dict[str, Any]:
+    """The figure from the timeline's *rows*; the y unit follows the *recent* samples."""
+    unit, divisor = _scale(recent, gpu_index)
     digits = 3 if unit == "GiB" else 1
     traces: list[dict[str, Any]] = []
     top: float | None = None
     on_gpu = gpu_index is not None
-    for group, reader in ((_GPU_SERIES, True), (_HOST_SERIES, False)):
+    columns = {name: column for column, (name, _, _) in enumerate(_shown_series(gpu_index), 1)}
+    for group in (_GPU_SERIES, _HOST_SERIES):
         for name, field, colour in group:
-            if reader is on_gpu:
-                read = _gpu_reader(gpu_index, field) if on_gpu else _host_reader(field)
-                line = _steps(_series(samples, read, limits), divisor, digits)
-            else:
-                line = {"x": [], "y": []}
+            column = columns.get(name)
+            line = _steps(rows, column, divisor, digits) if column else {"x": [], "y": []}
             known = [y for y in line["y"] if y is not None]
             if known:
                 top = max(top or 0.0, *known)

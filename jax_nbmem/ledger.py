@@ -158,14 +158,24 @@ class Ledger:
         before = self._call_sampler("recent", _FRESH_BEFORE_S)
         self._open.before = before if before is not None else self._call_sampler("sample_now")
 
-    def cell_finished(self, success: bool | None, error: BaseException | None = None) -> None:
+    def cell_finished(
+        self,
+        success: bool | None,
+        error: BaseException | None = None,
+        execution_count: int | None = None,
+    ) -> None:
         """Close the open record (from ``post_run_cell``). Harmless without a start; never raises.
 
         *error* is the exception the cell raised (before or during execution), if any.
+        *execution_count*, when given, is the cell's number as the result reports it; it wins
+        over the one given at the start (IPython 9 counts the cell up before ``pre_run_cell``,
+        IPython 8 after it, so only the result's number is the same in both).
         """
         cell, self._open = self._open, None
         if cell is None:
             return
+        if execution_count is not None:
+            cell.execution_count = execution_count
         after = self._call_sampler("sample_now")
         peaks = None
         if cell.tracker is not None:

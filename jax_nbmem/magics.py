@@ -29,7 +29,6 @@ __all__ = ["JaxNbMemMagics", "load", "unload"]
 
 log = logging.getLogger("jax_nbmem")
 
-_CALLBACKS = ("pre_run_cell", "post_run_cell")
 _loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
 
 
@@ -229,7 +228,11 @@ def load(shell) -> None:
     @_never_raise
     def post_run_cell(result=None):
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        session.cell_finished(bool(getattr(result, "success", error is None)), error)
+        session.cell_finished(
+            bool(getattr(result, "success", error is None)),
+            error,
+            getattr(result, "execution_count", None),
+        )
 
     callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
     for event, callback in callbacks.items():

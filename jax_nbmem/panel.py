@@ -32,7 +32,14 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
-from jax_nbmem.figure import FigureLimits, build_figure, changed_traces, gpu_indices, header_text
+from jax_nbmem.figure import (
+    FigureLimits,
+    LiveFigure,
+    build_figure,
+    changed_traces,
+    gpu_indices,
+    header_text,
+)
 from jax_nbmem.ledger import format_table
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -166,7 +173,7 @@ class _LivePanel:
 
         self.sampler = getattr(session, "sampler", None)
         self._ledger = getattr(session, "ledger", None)
-        self._limits = limits or FigureLimits()
+        self._timeline = LiveFigure(limits)  # keeps the history part between updates
         self._lock = threading.RLock()
         self._dirty = threading.Event()
         self._stop = threading.Event()
@@ -176,6 +183,7 @@ class _LivePanel:
         self._banner_lines: list[str] = []
         self._sent: dict[str, Any] | None = None
         self.gpu_index = _first_gpu(self.sampler)
+        self._gpu_choices: list[int] = []
         self.updates = 0
 
         self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))
@@ -185,7 +193,7 @@ class _LivePanel:
         self.gpu_selector.observe(self._on_gpu_chosen, names="value")
         self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
         self.pause.observe(self._on_pause, names="value")
-        figure = build_figure(self._samples(), self._records(), self.gpu_index, limits=limits)
+        figure = self._timeline.build(self._history, self._records(), self.gpu_index)
         self.figure = go.FigureWidget(data=figure["data"], layout=figure["layout"])
         self._sent = figure
         controls = widgets.HBox([self.gpu_selector, self.pause])
@@ -193,8 +201,8 @@ class _LivePanel:
         self.widget.add_class("jax-nbmem-panel")
         self.refresh_from_session(session)
 
-    def _samples(self) -> list[Any]:
-        return self.sampler.history() if self.sampler is not None else []
+    def _history(self, since: float | None) -> list[Any]:
+        return self.sampler.history(since) if self.sampler is not None else []
 
     def _records(self) -> list[Any]:
         return self._ledger.records() if self._ledger is not None else []
@@ -262,9 +270,10 @@ class _LivePanel:
     def update(self) -> None:
         """Push what changed since the last update to the figure and the header lines."""
         with self._lock:
-            samples = self._samples()
-            latest = samples[-1] if samples else None
-            indices = gpu_indices(samples[-1:]) or gpu_indices(samples)
+            latest = self.sampler.latest() if self.sampler is not None else None
+            # A sample without GPUs (NVML failed once) keeps the choice of GPUs seen before.
+            indices = gpu_indices([latest] if latest is not None else []) or self._gpu_choices
+            self._gpu_choices = indices
             if self.gpu_index not in indices:
                 self.gpu_index = indices[0] if indices else None
             options = [(f"GPU {i}", i) for i in indices]
@@ -273,7 +282,7 @@ class _LivePanel:
             if self.gpu_selector.value != self.gpu_index and self.gpu_index is not None:
                 self.gpu_selector.value = self.gpu_index
             self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
-            figure = build_figure(samples, self._records(), self.gpu_index, limits=self._limits)
+            figure = self._timeline.build(self._history, self._records(), self.gpu_index)
             changes = changed_traces(self._sent, figure)
             axis_title = figure["layout"]["yaxis"]["title"]["text"]
             with self.figure.batch_update():

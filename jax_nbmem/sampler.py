@@ -13,6 +13,7 @@ the error is kept as text in :attr:`Sampler.last_error`.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import threading
@@ -175,10 +176,24 @@ class SampleHistory:
         ):
             self._fold(self._recent.popleft())
 
-    def samples(self) -> list[Sample]:
-        """All points, oldest first: merged buckets, then recent samples at full rate."""
+    def samples(self, since: float | None = None) -> list[Sample]:
+        """All points, oldest first: merged buckets, then recent samples at full rate.
+
+        With *since*, only the points with ``t >= since`` (a merged point's ``t`` is where its
+        span starts). They are found from the newest end, so the last minute costs a minute's
+        samples however long the history is.
+        """
         opened = [self._open] if self._open is not None else []
-        return [*self._older, *opened, *self._recent]
+        if since is None:
+            return [*self._older, *opened, *self._recent]
+        newest_first = []
+        for sample in reversed(self._recent):
+            if sample.t < since:
+                return newest_first[::-1]
+            newest_first.append(sample)
+        first = bisect.bisect_left(self._older, since, key=lambda point: point.t)
+        opened = [point for point in opened if point.t >= since]
+        return [*self._older[first:], *opened, *newest_first[::-1]]
 
     def __len__(self) -> int:
         return len(self._older) + (self._open is not None) + len(self._recent)
@@ -422,10 +437,14 @@ class Sampler:
             return None
         return latest
 
-    def history(self) -> list[Sample]:
-        """All kept points, oldest first (see :class:`SampleHistory`)."""
+    def history(self, since: float | None = None) -> list[Sample]:
+        """All kept points, oldest first; with *since*, those with ``t >= since``.
+
+        See :class:`SampleHistory`; asking for a recent *since* is cheap however long the
+        session, which is what a view updated a few times a second should do.
+        """
         with self._lock:
-            return self._history.samples()
+            return self._history.samples(since)
 
     def subscribe(self, callback: Callable[[Sample], Any]) -> Callable[[], None]:
         """Call *callback(sample)* after each scheduled sample, on the sampler's thread.

@@ -102,14 +102,16 @@ class KernelSession:
         self.control.observe_cell_start(execution_count)
         self.ledger.cell_started(execution_count, source)
 
-    def cell_finished(self, success: bool, error: BaseException | None) -> CellRecord | None:
+    def cell_finished(
+        self, success: bool, error: BaseException | None, execution_count: int | None = None
+    ) -> CellRecord | None:
         """Called after every user cell, also after a syntax error.
 
         Returns the cell's record when a listener wants it (building one costs time on every
         cell), else None.
         """
-        self.control.observe_cell_end(None)
-        self.ledger.cell_finished(success, error)
+        self.control.observe_cell_end(execution_count)
+        self.ledger.cell_finished(success, error, execution_count)
         if error is not None and is_resource_exhausted(error):
             self._explain_oom()
         if not self._cell_listeners:
