@@ -2,14 +2,18 @@
 
 Feeds a SampleHistory with 10 Hz samples whose values change at every sample (the worst case
 for the panel: nothing repeats, so nothing is dropped), one cell a minute, then measures what
-the FigureWidget would send over its comm for each update and how long an update takes.
+the FigureWidget would send over its comm for each update and how long an update takes: wall
+time, and CPU time of the updating thread (Python holding the GIL, which a user's CPU-bound
+cell on the main thread loses). "CPU share at 4 updates/s" is the median CPU time times the
+panel's highest update rate: the slowdown such a cell sees while the panel is shown.
 
-    python benchmarks/panel_payload.py [--hours 1 24] [--updates 20]
+    python benchmarks/panel_payload.py [--hours 1 24] [--updates 60]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -55,8 +59,8 @@ class FakeSampler:
     def latest(self):
         return self._latest
 
-    def history(self):
-        return self._history.samples()
+    def history(self, since=None):
+        return self._history.samples(since)
 
     def subscribe(self, callback):
         return lambda: None
@@ -82,7 +86,10 @@ def simulate(hours: float, updates: int) -> dict:
     live.figure.comm.send = lambda data=None, buffers=None, **_: sent.append(
         len(json.dumps(data, default=str)) + sum(len(b) for b in buffers or ())
     )
-    sizes, durations = [], []
+    # The simulation allocated in seconds what a session allocates over hours: let Python's
+    # full collection (its cost grows with every object alive) run now, not in a measured update.
+    gc.collect()
+    sizes, durations, cpu_times = [], [], []
     t = start + count / RATE_HZ
     for u in range(updates):
         for _ in range(3):  # what 0.25 s brings at 10 Hz (rounded up)
@@ -91,9 +98,10 @@ def simulate(hours: float, updates: int) -> dict:
         if u % 5 == 4:
             records.append(record(len(records) + 1, t))
         sent.clear()
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         live.update()
         durations.append(time.perf_counter() - began)
+        cpu_times.append(time.thread_time() - began_cpu)
         sizes.append(sum(sent))
     return {
         "session": f"{hours:g} h",
@@ -101,6 +109,10 @@ def simulate(hours: float, updates: int) -> dict:
         "bytes/update mean": int(statistics.mean(sizes)),
         "bytes/update max": max(sizes),
         "update ms (median)": round(1000 * statistics.median(durations), 1),
+        "update ms (max)": round(1000 * max(durations), 1),
+        "update CPU ms (median)": round(1000 * statistics.median(cpu_times), 1),
+        "update CPU ms (max)": round(1000 * max(cpu_times), 1),
+        "CPU share at 4 updates/s": f"{100 * 4 * statistics.median(cpu_times):.1f}%",
         "updates/s possible": round(1 / statistics.median(durations), 1),
         "updates/s sent (cap 4)": min(4.0, round(1 / statistics.median(durations), 1)),
         "first render ms": round(1000 * first_render_s, 1),
@@ -110,7 +122,7 @@ def simulate(hours: float, updates: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, nargs="+", default=[1, 24])
-    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--updates", type=int, default=60)
     args = parser.parse_args()
     rows = [simulate(hours, args.updates) for hours in args.hours]
     keys = list(rows[0])

@@ -3,13 +3,15 @@
 Pure: no plotly, no widgets. :func:`build_figure` turns the sampler's points and the ledger's
 cell records into a ``{"data": [...], "layout": {...}}`` dict with a fixed list of traces (see
 :data:`TRACE_NAMES`), so that a live view can update them in place; :func:`changed_traces`
-says which of them differ from what was sent last. Both the live widget and the static
-fallback draw from here, and the benchmark measures what it produces.
+says which of them differ from what was sent last. :class:`LiveFigure` makes the same figure
+again and again for a live view, keeping the history part between builds. Both the live widget
+and the static fallback draw from here, and the benchmark measures what it produces.
 
 The payload stays bounded however long the session: the last ``window_s`` seconds are kept at
-``window_points`` points per series, everything older at ``history_points``; each point keeps
-the maximum of what it covers (so peaks survive), and a series drawn as steps drops points
-that repeat the previous value. Unknown values stay ``None`` (a gap in the line), never 0.
+``window_points`` points per series, everything older at most ``history_points`` (bins whose
+width doubles as the session grows); each point keeps the maximum of what it covers (so peaks
+survive), and a series drawn as steps drops points that repeat the previous value. Unknown
+values stay ``None`` (a gap in the line), never 0.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ class FigureLimits:
     """How much the figure holds: this bounds every update's size.
 
     ``window_s`` seconds before the newest sample are drawn with ``window_points`` points per
-    series, the rest of the session with ``history_points``. The last ``max_cells`` cells get
-    a bar and a marker.
+    series, the rest of the session with at most ``history_points`` (at least half as many
+    once there are more samples). The last ``max_cells`` cells get a bar and a marker.
     """
 
     window_s: float = 60.0
@@ -372,11 +374,16 @@ class LiveFigure:
     def _fold(self, samples: Sequence[Any]) -> Sequence[Any]:
         if not samples:
             return []
-        self._newest = samples[-1].t
-        self._window_start = self._newest - self.limits.window_s
-        aged = bisect.bisect_left(samples, self._window_start, key=attrgetter("t"))
-        for sample in samples[:aged]:
-            self._history.add(sample)
+        newest = samples[-1].t
+        window_start = newest - self.limits.window_s
+        aged = bisect.bisect_left(samples, window_start, key=attrgetter("t"))
+        try:
+            for sample in samples[:aged]:
+                self._history.add(sample)
+        except Exception:
+            self._history = None  # folded in part: the next build starts over
+            raise
+        self._newest, self._window_start = newest, window_start
         return samples[aged:]
 
     def _figure(self, window: Sequence[Any], records: Sequence[Any], title: str | None) -> dict:

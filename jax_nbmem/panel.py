@@ -183,7 +183,7 @@ class _LivePanel:
         self._banner_lines: list[str] = []
         self._sent: dict[str, Any] | None = None
         self.gpu_index = _first_gpu(self.sampler)
-        self._gpu_choices: list[int] = []
+        self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
         self.updates = 0
 
         self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))

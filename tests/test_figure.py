@@ -6,6 +6,7 @@ import time
 from jax_nbmem.figure import (
     TRACE_NAMES,
     FigureLimits,
+    LiveFigure,
     build_figure,
     changed_traces,
     gpu_indices,
@@ -105,6 +106,47 @@ def test_a_long_noisy_session_stays_small():
     assert len(trace(figure, "cell peak")["x"]) == limits.max_cells
     everything = changed_traces(None, figure)
     assert len(json.dumps(everything)) <= 32 * 1024
+
+
+def test_a_live_figure_reads_only_new_samples_and_draws_what_a_fresh_build_draws():
+    samples = []
+    asked = []
+
+    def history(since):  # what Sampler.history(since) gives
+        asked.append(since)
+        return [s for s in samples if since is None or s.t >= since]
+
+    def reading(i):  # 5 Hz; a spike, a stretch NVML could not read, JAX starting later
+        wobble = (i * 7919) % 1000 * MIB
+        mine = 70 * GIB if i == 250 else None if 500 <= i < 510 else 4 * GIB + wobble
+        jax = GIB + wobble if i >= 300 else None
+        return sample(i / 5, gpu(0, self_bytes=mine, jax_in_use=jax), gpu(1, self_bytes=GIB))
+
+    limits = FigureLimits(window_s=30, window_points=50, history_points=20)
+    live = LiveFigure(limits)
+    records = []
+    for i in range(1500):  # five minutes, a figure every 0.4 s, a cell every 20 s
+        samples.append(reading(i))
+        if i % 100 == 0:
+            records.append(record(i // 100, i / 5, GIB, 3 * GIB, 2 * GIB))
+        if i % 2 == 1:
+            figure = live.build(history, records, 0)
+        if i % 100 == 99:
+            assert figure == build_figure(samples, records, 0, limits=limits), i
+        if i == 599:  # the stretch without a reading is in the window: a gap
+            assert None in trace(figure, "this kernel")["y"]
+    assert asked.count(None) == 1  # the whole history was read once, at the first build
+    assert live.window_start == samples[-1].t - 30
+
+    mine = trace(figure, "this kernel")
+    assert max(y for y in mine["y"] if y is not None) == 70.0  # 4 minutes ago, still there
+    assert len(mine["x"]) <= 20 + 51
+    assert trace(figure, "JAX in use")["visible"]
+
+    # Choosing the other GPU starts over from every sample; so does a long pause.
+    assert live.build(history, records, 1) == build_figure(samples, records, 1, limits=limits)
+    samples.extend(reading(i) for i in range(1500, 1900))  # 80 s without a figure
+    assert live.build(history, records, 1) == build_figure(samples, records, 1, limits=limits)
 
 
 def test_no_gpu_shows_host_memory_labelled_as_such():

@@ -383,6 +383,28 @@ def test_the_sampler_history_holds_what_it_sampled(world, clock):
     assert history[-1] == sampler.latest()
 
 
+def test_history_since_a_time_gives_the_tail_of_the_whole_history():
+    history = SampleHistory(recent_s=10, bucket_s=1, max_points=40)
+    for step in range(200):  # 20 s at 10 Hz: the first ten are merged into 1 s buckets
+        history.add(Sample(t=100 + step / 10, gpus=(gpu_reading(GIB, GIB, 0),), host=None))
+    everything = history.samples()
+    assert any(p.span_s > 0 for p in everything) and any(p.span_s == 0 for p in everything)
+    for since in (90.0, 100.0, 105.5, 109.95, 110.0, 115.05, 119.9, 120.0, 500.0):
+        assert history.samples(since) == [p for p in everything if p.t >= since], since
+    assert history.samples(None) == everything
+
+
+def test_the_sampler_gives_the_last_seconds_without_the_rest(world, clock):
+    sampler = make_sampler(world, clock)
+    run_ticks(sampler, clock, 30.0)
+    everything = sampler.history()
+    newest = sampler.latest().t
+    last_ten = sampler.history(since=newest - 10)
+    assert last_ten == [p for p in everything if p.t >= newest - 10]
+    assert 99 <= len(last_ten) <= 101 and last_ten[-1] == sampler.latest()
+    assert sampler.history(since=newest + 1) == []
+
+
 # --- the real thread -------------------------------------------------------------------------
 
 
