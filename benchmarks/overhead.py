@@ -37,7 +37,7 @@ DRIVER = textwrap.dedent(
     from IPython.testing.globalipapp import start_ipython
     cells, rounds = int(sys.argv[1]), int(sys.argv[2])
     shell = start_ipython()
-    BURN = "def burn(n=15_000_000):\n    t = 0\n    for i in range(n):\n        t += i * i\n"
+    BURN = "def burn(n=15_000_000):\\n    t = 0\\n    for i in range(n):\\n        t += i * i\\n"
     shell.run_cell(BURN, store_history=True)
     def per_cell():
         start = time.perf_counter()

@@ -138,11 +138,14 @@ class JaxNbMemMagics(Magics):
         "command",
         nargs="?",
         default="panel",
-        help="panel (default) | status | cells | shutdown PID",
+        help="panel (default) | status | cells | top [N] | free NAME... | shutdown PID",
     )
     @argument("rest", nargs="*", help="arguments of the command")
     @argument("--json", action="store_true", help="status/cells: print JSON instead of a table")
     @argument("--yes", action="store_true", help="shutdown: confirm, do it")
+    @argument(
+        "--clear-caches", action="store_true", help="free: also clear JAX's compilation caches"
+    )
     @line_magic
     def jaxmem(self, line: str = "") -> None:
         """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
@@ -153,6 +156,13 @@ class JaxNbMemMagics(Magics):
           status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
           cells [--json]    one row per cell run since the extension loaded: GPU memory before,
                             at the peak and after, JAX bytes in use, duration, errors
+          top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes,
+                            and the names that hold them (also inside lists/dicts one level
+                            down, and IPython's Out history); the total nobody names
+          free NAME...      delete these names and their arrays' device buffers — only arrays
+                            no other name holds (the others are kept, and who holds them is
+                            said); --clear-caches also clears JAX's caches; reports the bytes
+                            returned to JAX's pool and, where NVML shows it, to the GPU
           shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory
                             (through its Jupyter server when known, else by signal); shows
                             what it would do — add --yes to do it. Refuses other users'
@@ -164,6 +174,8 @@ class JaxNbMemMagics(Magics):
             "status": self._status,
             "cells": self._cells,
             "shutdown": self._shutdown,
+            "top": self._top,
+            "free": self._free,
         }.get(args.command)
         if run is None:
             raise UsageError(
@@ -194,6 +206,29 @@ class JaxNbMemMagics(Magics):
         else:
             print(format_table(records))
 
+    def _top(self, args) -> None:
+        from .arrays import top_arrays
+        from .arrays_report import format_top
+
+        if len(args.rest) > 1 or (args.rest and not args.rest[0].isdigit()):
+            raise UsageError("%jaxmem top: at most one number of rows, e.g. %jaxmem top 20")
+        count = int(args.rest[0]) if args.rest else 10
+        if count < 1:
+            raise UsageError("%jaxmem top: the number of rows must be at least 1")
+        print(format_top(top_arrays(self.shell.user_ns, count)))
+
+    def _free(self, args) -> None:
+        from .arrays import free_names
+        from .arrays_report import format_free
+
+        if not args.rest:
+            raise UsageError("%jaxmem free: name the variables to free, e.g. %jaxmem free x y")
+        report = free_names(self.shell.user_ns, args.rest, clear_caches=args.clear_caches)
+        if not report.any_valid:
+            reasons = "; ".join(f"{o.name}: {o.reason}" for o in report.outcomes)
+            raise UsageError(f"%jaxmem free: nothing to free ({reasons})")
+        print(format_free(report))
+
     def _shutdown(self, args) -> None:
         if len(args.rest) != 1 or not args.rest[0].isdigit():
             raise UsageError("%jaxmem shutdown: give one PID, e.g. %jaxmem shutdown 4242 [--yes]")
@@ -205,7 +240,7 @@ class JaxNbMemMagics(Magics):
             print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
 
 
-_JAXMEM_COMMANDS = ("panel", "status", "cells", "shutdown PID")
+_JAXMEM_COMMANDS = ("panel", "status", "cells", "top [N]", "free NAME...", "shutdown PID")
 
 
 def _settings_for(shell) -> JaxNbMem:
