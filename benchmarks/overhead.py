@@ -92,17 +92,23 @@ KERNEL_DRIVER = textwrap.dedent(
 )
 
 
-def measure_kernel(env: dict[str, str], cells: int, rounds: int) -> dict[str, float]:
-    """Round trip of a trivial cell through a real ipykernel, as a notebook frontend sees it."""
+def _run_driver(driver: str, env: dict[str, str], cells: int, rounds: int) -> list:
+    """Run a driver script in a fresh process; returns the lists of timings it printed."""
     done = subprocess.run(
-        [sys.executable, "-c", KERNEL_DRIVER, str(cells), str(rounds)],
+        [sys.executable, "-c", driver, str(cells), str(rounds)],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
-    line = next(x for x in done.stdout.splitlines() if x.startswith("@@"))
-    bare, ext = json.loads(line[2:])
+    line = next((x for x in done.stdout.splitlines() if x.startswith("@@")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"benchmark driver failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return json.loads(line[2:])
+
+
+def measure_kernel(env: dict[str, str], cells: int, rounds: int) -> dict[str, float]:
+    """Round trip of a trivial cell through a real ipykernel, as a notebook frontend sees it."""
+    bare, ext = _run_driver(KERNEL_DRIVER, env, cells, rounds)
     return {
         "bare_us": statistics.median(bare) * 1e6,
         "ext_us": statistics.median(ext) * 1e6,
@@ -111,16 +117,8 @@ def measure_kernel(env: dict[str, str], cells: int, rounds: int) -> dict[str, fl
 
 
 def measure(env: dict[str, str], cells: int, rounds: int) -> dict[str, float]:
-    """Run the driver in a fresh process; returns medians and ratios."""
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(cells), str(rounds)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith("@@"))
-    bare_cell, ext_cell, bare_cpu, ext_cpu = json.loads(line[2:])
+    """Trivial and CPU-bound cells in one in-process IPython shell; medians and ratios."""
+    bare_cell, ext_cell, bare_cpu, ext_cpu = _run_driver(DRIVER, env, cells, rounds)
     cell_ratio = statistics.median(e / b for e, b in zip(ext_cell, bare_cell, strict=True))
     cpu_ratio = statistics.median(e / b for e, b in zip(ext_cpu, bare_cpu, strict=True))
     return {
