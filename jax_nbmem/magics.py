@@ -21,7 +21,6 @@ from .compare import DEFAULT_TIMEOUT_S
 from .gpu_status import format_status
 from .ledger import format_table
 from .reports import format_report
-from .servers import shutdown_kernel
 from .session import KernelSession
 from .settings import JaxNbMem
 
@@ -233,8 +232,7 @@ class JaxNbMemMagics(Magics):
         if len(args.rest) != 1 or not args.rest[0].isdigit():
             raise UsageError("%jaxmem shutdown: give one PID, e.g. %jaxmem shutdown 4242 [--yes]")
         pid = int(args.rest[0])
-        tenants = self.session.status().tenants()
-        result = shutdown_kernel(pid, tenants, confirm=args.yes)
+        result = self.session.shutdown(pid, confirm=args.yes)
         print(result.message)
         if not args.yes and result.how is not None:
             print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")

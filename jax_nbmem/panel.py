@@ -41,6 +41,7 @@ from jax_nbmem.figure import (
     header_text,
 )
 from jax_nbmem.ledger import format_table
+from jax_nbmem.panel_actions import ShutdownActions
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = ["cell_finished", "close_panels", "show_panel"]
@@ -197,7 +198,10 @@ class _LivePanel:
         self.figure = go.FigureWidget(data=figure["data"], layout=figure["layout"])
         self._sent = figure
         controls = widgets.HBox([self.gpu_selector, self.pause])
-        self.widget = widgets.VBox([self.header, self.banner, controls, self.figure])
+        self.actions = ShutdownActions(session)
+        self.widget = widgets.VBox(
+            [self.header, self.banner, self.actions.widget, controls, self.figure]
+        )
         self.widget.add_class("jax-nbmem-panel")
         self.refresh_from_session(session)
 
@@ -236,6 +240,7 @@ class _LivePanel:
         """Re-read what only the main thread may read (mode, banner lines), then update."""
         self._mode = _mode_text(session)
         self._banner_lines = _session_banner(session)
+        self.actions.refresh()
         self.update()
 
     def _on_sample(self, sample: Any) -> None:

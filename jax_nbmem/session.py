@@ -17,6 +17,7 @@ from .jaxstats import is_resource_exhausted
 from .ledger import CellRecord, Ledger
 from .reports import format_applied, too_late
 from .sampler import Sampler, SamplerSource
+from .servers import ShutdownResult, shutdown_kernel
 from .settings import JaxNbMem, startup_mode
 from .watch import StatusWatcher
 
@@ -141,6 +142,10 @@ class KernelSession:
             )
             return
         self._say(oom_diagnosis(report.tenants(), gpus))
+
+    def shutdown(self, pid: int, *, confirm: bool) -> ShutdownResult:
+        """Shut down another kernel of this user on our GPUs (see `servers.shutdown_kernel`)."""
+        return shutdown_kernel(pid, self.status().tenants(), confirm=confirm)
 
     def warnings(self) -> list[dict]:
         """The latest warnings about our GPUs (from the background watch; may be a few s old)."""

@@ -155,3 +155,39 @@ def _alive(pid: int) -> bool:
 def test_env_of_this_test_is_clean():
     # The tenants above must not inherit allocator settings from whoever runs the suite.
     assert not any(k.startswith("XLA_PYTHON_CLIENT") for k in clean_environ())
+
+
+def test_panel_button_shuts_down_the_blocking_kernel_after_confirmation(
+    tenants, sim_state, simgpu_env
+):
+    _write(sim_state, {tenants["hog"]: PREALLOCATED, tenants["plain"]: 1 * GIB})
+    with running_kernel(env=simgpu_env) as (_, client):
+        execute(client, "%load_ext jax_nbmem")
+        _, error = execute(client, "%jaxmem")
+        assert error is None
+        rows = (
+            "from jax_nbmem.magics import session_of\n"
+            "actions = session_of(get_ipython())._panel_state.live.actions\n"
+            "def labels():\n"
+            "    return [getattr(w, 'description', None) or\n"
+            "            [c.description for c in w.children] for w in actions.rows.children]\n"
+            "session_of(get_ipython()).watcher.refresh()\n"
+            "actions.refresh()\n"
+            "print(labels())"
+        )
+        shown, error = execute(client, rows)
+        assert error is None, shown
+        assert f"Shut down PID {tenants['hog']}" in shown
+        assert str(tenants["plain"]) not in shown  # not a kernel: no button
+
+        asked, _ = execute(client, "actions.rows.children[0].click(); print(labels())")
+        assert f"Confirm: shut down PID {tenants['hog']}" in asked and "Cancel" in asked
+        assert _alive(tenants["hog"])
+
+        execute(client, "actions.rows.children[0].children[0].click()")
+        result, _ = execute(client, "print(actions.result.value)")
+        assert "Stopped" in result or "Killed" in result, result
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(tenants["hog"]):
+            time.sleep(0.1)
+        assert not _alive(tenants["hog"])

@@ -1,0 +1,100 @@
+"""The panel's "shut down" buttons next to a kernel that blocks the GPU, with confirmation.
+
+One row per ``blocking-preallocation`` warning: a button naming the PID and notebook; a click
+asks for confirmation (Confirm / Cancel); Confirm hands over to the session, which refuses what
+must be refused (other users' processes, non-kernels) and says so. Clicks arrive on the kernel's
+main thread; nothing here raises into it.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+__all__ = ["ShutdownActions"]
+
+log = logging.getLogger("jax_nbmem")
+
+_ACTIONABLE = ("blocking-preallocation",)
+
+
+class ShutdownActions:
+    """A box of shutdown buttons, rebuilt from the session's warnings on the main thread."""
+
+    def __init__(self, session: Any) -> None:
+        import ipywidgets as widgets
+
+        self._widgets = widgets
+        self._session = session
+        self._pids: tuple[int, ...] = ()
+        self._pending: int | None = None
+        self.result = widgets.HTML()
+        self.rows = widgets.VBox()
+        self.widget = widgets.VBox([self.rows, self.result])
+        self.widget.add_class("jax-nbmem-actions")
+
+    def refresh(self) -> None:
+        """Show one button per kernel the warnings say blocks the GPU (main thread only)."""
+        try:
+            warnings = self._session.warnings()
+        except Exception:
+            log.debug("jax_nbmem: warnings unavailable for the panel", exc_info=True)
+            warnings = []
+        pids = tuple(sorted({w["pid"] for w in warnings if w["kind"] in _ACTIONABLE and w["pid"]}))
+        if pids != self._pids:
+            self._pids = pids
+            if self._pending not in pids:
+                self._pending = None
+            self._draw()
+
+    def _label(self, pid: int) -> str:
+        notebook = None
+        try:
+            report = self._session.watcher.latest()
+            tenant = next((t for t in report.tenants() if t.pid == pid), None) if report else None
+            notebook = tenant.notebook if tenant is not None else None
+        except Exception:
+            log.debug("jax_nbmem: no tenant record for PID %s", pid, exc_info=True)
+        return f"Shut down PID {pid}" + (f" ({notebook.rsplit('/', 1)[-1]})" if notebook else "")
+
+    def _draw(self) -> None:
+        widgets, rows = self._widgets, []
+        for pid in self._pids:
+            if pid == self._pending:
+                confirm = widgets.Button(
+                    description=f"Confirm: shut down PID {pid}", button_style="danger"
+                )
+                cancel = widgets.Button(description="Cancel")
+                confirm.on_click(lambda _, pid=pid: self._confirmed(pid))
+                cancel.on_click(lambda _: self._ask(None))
+                rows.append(widgets.HBox([confirm, cancel]))
+            else:
+                button = widgets.Button(
+                    description=self._label(pid),
+                    button_style="warning",
+                    tooltip="Shut down this kernel of yours, after a confirmation",
+                    layout=widgets.Layout(width="auto"),
+                )
+                button.on_click(lambda _, pid=pid: self._ask(pid))
+                rows.append(button)
+        self.rows.children = rows
+
+    def _ask(self, pid: int | None) -> None:
+        self._pending = pid
+        self.result.value = ""
+        self._draw()
+
+    def _confirmed(self, pid: int) -> None:
+        try:
+            outcome = self._session.shutdown(pid, confirm=True)
+            message, done = outcome.message, outcome.done
+        except Exception as exc:  # a click must never raise into the kernel
+            message, done = f"Could not shut down PID {pid}: {type(exc).__name__}: {exc}", False
+        colour = "#0f5132" if done else "#842029"
+        self.result.value = f"<span style='color:{colour}'>{html.escape(message)}</span>"
+        self._pending = None
+        if done:
+            self._pids = tuple(p for p in self._pids if p != pid)
+            self._session.watcher.poke()
+        self._draw()
