@@ -185,3 +185,40 @@ def test_two_thousand_cells_stay_bounded(gpu_env):
     assert n_cells == 500
     assert last == len(cells) - 1
     assert n_samples <= 20_000
+
+
+def test_cli_status_without_nvml_exits_0_with_an_honest_reason():
+    import subprocess
+    import sys
+
+    from tests.ipython_session import clean_environ
+
+    env = {**clean_environ(), "LD_LIBRARY_PATH": "/nonexistent"}
+    command = [sys.executable, "-m", "jax_nbmem.cli", "status"]
+    as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    as_text = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert as_json.returncode == 0 and as_text.returncode == 0
+    report = json.loads(as_json.stdout)
+    assert set(report) >= {"nvml", "gpus", "processes", "warnings"}
+    assert report["nvml"]["available"] is False and "not found" in report["nvml"]["reason"]
+    assert report["gpus"] == [] and report["processes"] == [] and report["warnings"] == []
+    assert "NVML unavailable" in as_text.stdout and "not found" in as_text.stdout
+
+
+def test_cli_status_on_the_simulated_gpu_lists_gpus_and_processes(gpu_env, sim_state):
+    import subprocess
+    import sys
+
+    sim_state.gpu(0, total=80 * GIB, uuid=UUID).gpu(1, total=40 * GIB, uuid=OTHER)
+    sim_state.process(1, 4242, 3 * GIB).write()
+    done = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.cli", "status", "--json"],
+        capture_output=True, text=True, env={**gpu_env, "CUDA_VISIBLE_DEVICES": "1"},
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert [(g["index"], g["uuid"], g["ours"]) for g in report["gpus"]] == [
+        (0, UUID, False),
+        (1, OTHER, True),
+    ]
+    (process,) = report["processes"]
+    assert (process["pid"], process["gpu"], process["used_bytes"]) == (4242, 1, 3 * GIB)
