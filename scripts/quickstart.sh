@@ -5,7 +5,8 @@
 # Other arguments go to `jupyter lab` (e.g. --no-browser --port 8899).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -e ".[lab]"
+# JAX_NBMEM_NO_INSTALL=1 skips the install (the test suite runs this script as it is).
+[ -n "${JAX_NBMEM_NO_INSTALL:-}" ] || python -m pip install --quiet --disable-pip-version-check -e ".[lab]"
 args=()
 for arg in "$@"; do
   if [ "$arg" = "--simulated-gpu" ]; then
@@ -16,4 +17,6 @@ for arg in "$@"; do
     args+=("$arg")
   fi
 done
+# Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
+[ "$(id -u)" = "0" ] && args+=("--allow-root")
 exec python -m jupyter lab notebooks/quickstart.ipynb ${args[@]+"${args[@]}"}
