@@ -222,3 +222,37 @@ def test_cli_status_on_the_simulated_gpu_lists_gpus_and_processes(gpu_env, sim_s
     ]
     (process,) = report["processes"]
     assert (process["pid"], process["gpu"], process["used_bytes"]) == (4242, 1, 3 * GIB)
+
+
+def test_deprecated_pynvml_package_warning_stays_out_of_cells(gpu_env, tmp_path):
+    # The deprecated `pynvml` PyPI package wraps nvidia-ml-py's module and warns on import.
+    # This stand-in does the same, on top of the real module, found first on the path.
+    import importlib.util
+
+    real_file = importlib.util.find_spec("pynvml").origin
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "pynvml.py").write_text(
+        "import importlib.util, sys, warnings\n"
+        "warnings.warn('The pynvml package is deprecated. Please install nvidia-ml-py "
+        "instead.', FutureWarning, stacklevel=2)\n"
+        f"_spec = importlib.util.spec_from_file_location('_real_pynvml', {real_file!r})\n"
+        "_real = sys.modules['_real_pynvml'] = importlib.util.module_from_spec(_spec)\n"
+        "_spec.loader.exec_module(_real)\n"
+        "globals().update({k: v for k, v in vars(_real).items() if not k.startswith('__')})\n"
+    )
+    out = run_cells(
+        [
+            "import warnings; warnings.simplefilter('default')",
+            "%load_ext jax_nbmem",
+            SETUP,
+            "%jaxmem status",
+            "import pynvml, sys; print(sys.modules['pynvml'].__file__)",
+        ],
+        env={**gpu_env, "PYTHONPATH": str(shim)},
+    )
+    assert all(o.error is None for o in out), [o.text for o in out]
+    assert str(shim) in out[4].stdout  # the stand-in was the module in use
+    assert "GPU 0" in out[3].stdout and "this kernel" in out[3].stdout
+    ours = out[:4]  # the last cell prints a path, which holds this test's name
+    assert not any("FutureWarning" in o.text or "deprecated" in o.text for o in ours)
