@@ -198,6 +198,7 @@ class Sampler:
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
         self._processes: dict[int, list[Any]] | None = None
+        self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
         self._live_bytes: int | None = None
         self._live_due = -math.inf
@@ -376,11 +377,17 @@ class Sampler:
             # edit changes nothing for this process, so the set read now is final.
             self._gpu_set_final = jax_up and indices is not None
         indices = self._gpu_indices
-        if force or now + slack >= self._process_due:
+        memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
+        used = {reading.index: reading.used_bytes for reading in memory}
+        # A forced sample (a cell boundary) needs this process's bytes as they are now. When no
+        # GPU's used memory moved since the last process list, nobody's bytes did, and the
+        # list (the costly NVML call) would say the same again.
+        moved = used != self._used_at_process_read or None in used.values()
+        if (force and moved) or now + slack >= self._process_due:
             self._processes = self._group_by_gpu(self._read(source.processes, None, indices))
+            self._used_at_process_read = used
             pace = self.busy_process_interval if self._busy else self.process_interval
             self._process_due = now + pace
-        memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         if not jax_up:
             self._live_bytes = None

@@ -520,3 +520,20 @@ def test_the_default_source_reads_the_simulated_gpu_without_importing_jax(tmp_pa
     assert seen["rss"] > 0
     assert seen["jax"] is False
     assert os.path.exists(state_path)
+
+
+def test_a_cell_boundary_skips_the_process_list_only_when_no_memory_moved(world, clock):
+    held = {"bytes": 1 * GIB}
+    world.hold(0, OUR_PID, lambda now: held["bytes"]).hold(0, OUR_PID + 1, 5 * GIB)
+    sampler = make_sampler(world, clock)
+    assert sampler.sample_now().gpus[0].self_bytes == 1 * GIB
+    reads = world.calls["processes"]
+
+    clock.now += 0.05  # a trivial cell: nothing moved, the list would say the same again
+    assert sampler.sample_now().gpus[0].self_bytes == 1 * GIB
+    assert world.calls["processes"] == reads
+
+    held["bytes"] = 3 * GIB  # the cell allocated: the used total moved, so the list is read
+    clock.now += 0.05
+    assert sampler.sample_now().gpus[0].self_bytes == 3 * GIB
+    assert world.calls["processes"] == reads + 1
