@@ -2,8 +2,9 @@
 
     python benchmarks/overhead.py [--cells 2000] [--rounds 5]
 
-Two figures, each measured with alternating rounds (bare, loaded, bare, loaded, ...) inside one
-IPython process so that drift in the machine's speed hits both sides alike; medians are reported:
+Two figures, each measured in rounds of alternating order (bare then loaded, loaded then bare,
+...) inside one IPython process so that drift in the machine's speed hits both sides alike;
+medians are reported:
 
 - trivial cell: wall time per `x = 1` cell, extension loaded and sampling vs. not loaded
   (goal: <= 1.05x);
@@ -52,12 +53,17 @@ DRIVER = textwrap.dedent(
     shell.run_line_magic("load_ext", "jax_nbmem"); per_cell(); cpu_bound()
     shell.run_line_magic("unload_ext", "jax_nbmem")
     bare_cell, ext_cell, bare_cpu, ext_cpu = [], [], [], []
-    for _ in range(rounds):
+    def bare():
         bare_cell.append(per_cell()); bare_cpu.append(cpu_bound())
+    def loaded():
         shell.run_line_magic("load_ext", "jax_nbmem")
         time.sleep(0.3)  # let the sampler reach its steady rate
         ext_cell.append(per_cell()); ext_cpu.append(cpu_bound())
         shell.run_line_magic("unload_ext", "jax_nbmem")
+    for round_ in range(rounds):
+        # ABBA order: a drift in the machine's speed favours neither side.
+        for step in ((bare, loaded) if round_ % 2 == 0 else (loaded, bare)):
+            step()
     print("@@" + json.dumps([bare_cell, ext_cell, bare_cpu, ext_cpu]))
     """
 )
