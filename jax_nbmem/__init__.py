@@ -36,10 +36,10 @@ def status():
     ``gpu``, ``pid``, ``message``); with the extension loaded also ``allocator``. Works without
     a GPU (then ``nvml.available`` is False and ``reason`` says why). Never starts JAX.
     """
-    from .gpu_status import collect, collect_status
+    from .gpu_status import collect
 
     session = _session()
-    return collect_status(session) if session is not None else collect()
+    return session.status() if session is not None else collect()
 
 
 def cells():

@@ -19,7 +19,7 @@ from .tenants import attribute
 from .units import format_bytes, format_duration
 from .visible import visible_gpus
 
-__all__ = ["StatusReport", "collect", "collect_status", "format_status"]
+__all__ = ["StatusReport", "collect", "format_status", "warning_line"]
 
 
 class StatusReport(dict):
@@ -134,11 +134,6 @@ def collect(
     return report
 
 
-def collect_status(session) -> StatusReport:
-    """The status seen from inside a kernel with the extension loaded."""
-    return collect(control=session.control, in_kernel=True)
-
-
 def _process_line(process: Mapping[str, Any]) -> str:
     kind = process["kind"]
     label = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(kind, kind)
@@ -154,6 +149,11 @@ def _process_line(process: Mapping[str, Any]) -> str:
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)
+
+
+def warning_line(warning: Mapping[str, Any]) -> str:
+    """One warning as printed everywhere: ``WARNING [kind]: message``."""
+    return f"WARNING [{warning['kind']}]: {warning['message']}"
 
 
 def format_status(report: Mapping[str, Any]) -> str:
@@ -194,8 +194,7 @@ def format_status(report: Mapping[str, Any]) -> str:
             lines.append(
                 f"This kernel's JAX has not started; next start: {allocator['next_start']['mode']}"
             )
-    for warning in report["warnings"]:
-        lines.append(f"WARNING [{warning['kind']}]: {warning['message']}")
+    lines.extend(map(warning_line, report["warnings"]))
     if not report["warnings"] and nvml_state["available"]:
         lines.append("No warnings.")
     return "\n".join(lines)

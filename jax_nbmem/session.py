@@ -12,7 +12,7 @@ from collections.abc import Callable
 from .advice import oom_diagnosis
 from .allocator import ModeError, parse_mode
 from .control import AllocatorControl, ApplyResult
-from .gpu_status import StatusReport, collect
+from .gpu_status import StatusReport, collect, warning_line
 from .jaxstats import is_resource_exhausted
 from .ledger import CellRecord, Ledger
 from .reports import format_applied, too_late
@@ -84,9 +84,7 @@ class KernelSession:
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
         report = self.watcher.refresh()
         fits = [w for w in (report or {}).get("warnings", []) if w["kind"] == "prealloc-will-fail"]
-        return result, "\n".join(
-            [message, *(f"WARNING [{w['kind']}]: {w['message']}" for w in fits)]
-        )
+        return result, "\n".join([message, *map(warning_line, fits)])
 
     def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
         """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
@@ -130,11 +128,8 @@ class KernelSession:
         report = self.watcher.refresh()
         if report is None:
             return
-        gpus = [
-            g
-            for g in report.gpu_memory()
-            if g.index in {x["index"] for x in report["gpus"] if x["ours"]}
-        ]
+        ours = {gpu["index"] for gpu in report["gpus"] if gpu["ours"]}
+        gpus = [gpu for gpu in report.gpu_memory() if gpu.index in ours]
         if not gpus:
             self._say(
                 "jax_nbmem: JAX ran out of memory; NVML cannot show who holds the GPU "
@@ -160,7 +155,7 @@ class KernelSession:
 
         state = nvml.status()
         if not state.available:
-            messages.append(f"NVML unavailable: {state.reason}. Showing host memory only.")
+            messages.append(f"NVML unavailable: {state.reason}.")
         elif state.reason:
             messages.append(f"NVML: {state.reason}")
         if self.sampler is None:
@@ -169,7 +164,7 @@ class KernelSession:
             messages.append(f"Sampler: {self.sampler.last_error}")
         if latest is not None:
             messages.extend(f"GPU {g.index}: {g.problem}" for g in latest.gpus if g.problem)
-        messages.extend(f"WARNING [{w['kind']}]: {w['message']}" for w in self.warnings())
+        messages.extend(map(warning_line, self.warnings()))
         if not self.control.backend_started():
             pending = self.control.report().pending
             messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
