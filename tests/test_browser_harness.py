@@ -103,9 +103,16 @@ def test_figure_widget_grows_from_a_thread(lab_server, lab_page):
 
 def kernel_process(server) -> psutil.Process:
     """The one ipykernel process the server started."""
+
+    def arguments(child: psutil.Process) -> str:
+        try:
+            return " ".join(child.cmdline())
+        except psutil.Error:  # a short-lived helper that is already a zombie, or gone
+            return ""
+
     children = psutil.Process(server.process.pid).children(recursive=True)
-    kernels = [child for child in children if "ipykernel" in " ".join(child.cmdline())]
-    assert len(kernels) == 1, [child.cmdline() for child in children]
+    kernels = [child for child in children if "ipykernel" in arguments(child)]
+    assert len(kernels) == 1, [arguments(child) for child in children]
     return kernels[0]
 
 

@@ -126,9 +126,13 @@ def _open_notebook(server, path):
     kernel_id = session["kernel"]["id"]
 
     def kernel_pid():
+        with_connection_file = f"kernel-{kernel_id}.json"
         for child in psutil.Process(server.info.pid).children(recursive=True):
-            with_connection_file = f"kernel-{kernel_id}.json"
-            if any(arg.endswith(with_connection_file) for arg in child.cmdline()):
+            try:
+                arguments = child.cmdline()
+            except psutil.Error:  # a short-lived helper that is already a zombie, or gone
+                continue
+            if any(arg.endswith(with_connection_file) for arg in arguments):
                 return child.pid
         return None
 
