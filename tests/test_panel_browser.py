@@ -109,3 +109,58 @@ def test_quickstart_panel_is_live_in_jupyterlab(start_lab_server, lab_page, sim_
     axis = lab_page.evaluate("s => document.querySelector(s)._fullLayout.xaxis.type", PLOT)
     assert axis == "date"  # clock times on the timeline
     print(json.dumps({"points_while_running": while_running, "screenshot": str(shot)}))
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_blocking_kernel_is_named_in_the_banner_and_shut_down_from_the_panel(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    import psutil
+
+    from tests.kernels import execute, running_kernel
+
+    hog_env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "JPY_SESSION_NAME": "/home/ada/train.ipynb"}
+    with running_kernel(env=hog_env) as (hog, hog_client):
+        execute(hog_client, "import jax.numpy as jnp; jnp.ones(1).block_until_ready()")
+        hog_pid = hog.provisioner.process.pid
+        # What a preallocating JAX kernel holds on an 80 GiB card: 75% plus its CUDA context.
+        sim_state.gpu(0, total=80 * GIB).process(0, hog_pid, 60 * GIB + (300 << 20)).write()
+        server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+        write_notebook(server.root_dir / "shared.ipynb", ["%load_ext jax_nbmem", "%jaxmem"])
+        open_notebook(lab_page, server, "shared.ipynb")
+        lab_page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.click(
+            position={"x": 5, "y": 5}
+        )
+        lab_page.get_by_role("menuitem", name="Run", exact=True).click()
+        lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+        wait_cells_executed(lab_page, timeout=90)
+
+        banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
+        banner.wait_for(timeout=60_000)
+        assert "blocking-preallocation" in banner.inner_text()
+        assert "train.ipynb" in banner.inner_text()
+        button = lab_page.get_by_role("button", name=re.compile(rf"^Shut down PID {hog_pid}"))
+        button.wait_for(timeout=30_000)
+        lab_page.locator(PANEL).scroll_into_view_if_needed()
+        screenshot(lab_page, "panel-blocking-warning")
+
+        button.click()
+        confirm = lab_page.get_by_role("button", name=f"Confirm: shut down PID {hog_pid}")
+        confirm.wait_for(timeout=30_000)
+        assert psutil.pid_exists(hog_pid)  # nothing happens before the confirmation
+        confirm.click()
+        lab_page.get_by_text(re.compile(rf"(Stopped|Killed) kernel PID {hog_pid}")).wait_for(
+            timeout=30_000
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(hog_pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"kernel {hog_pid} still runs after the confirmed shutdown")
+        screenshot(lab_page, "panel-after-shutdown")
