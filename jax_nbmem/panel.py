@@ -198,7 +198,9 @@ class _LivePanel:
         self.figure = go.FigureWidget(data=figure["data"], layout=figure["layout"])
         self._sent = figure
         controls = widgets.HBox([self.gpu_selector, self.pause])
-        self.actions = ShutdownActions(session)
+        self.actions = ShutdownActions(
+            session, on_change=lambda: self.refresh_from_session(session)
+        )
         self.widget = widgets.VBox(
             [self.header, self.banner, self.actions.widget, controls, self.figure]
         )

@@ -22,11 +22,12 @@ _ACTIONABLE = ("blocking-preallocation",)
 class ShutdownActions:
     """A box of shutdown buttons, rebuilt from the session's warnings on the main thread."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, on_change: Any = None) -> None:
         import ipywidgets as widgets
 
         self._widgets = widgets
         self._session = session
+        self._on_change = on_change  # called after a shutdown, to re-read the warnings
         self._pids: tuple[int, ...] = ()
         self._pending: int | None = None
         self.result = widgets.HTML()
@@ -96,5 +97,12 @@ class ShutdownActions:
         self._pending = None
         if done:
             self._pids = tuple(p for p in self._pids if p != pid)
-            self._session.watcher.poke()
+            try:
+                # The click runs on the main thread: a fresh look now, so the banner stops
+                # naming a kernel that is gone without waiting for the next cell.
+                self._session.watcher.refresh()
+                if self._on_change is not None:
+                    self._on_change()
+            except Exception:
+                log.debug("jax_nbmem: panel refresh after shutdown failed", exc_info=True)
         self._draw()

@@ -163,4 +163,10 @@ def test_blocking_kernel_is_named_in_the_banner_and_shut_down_from_the_panel(
             time.sleep(0.2)
         else:
             raise AssertionError(f"kernel {hog_pid} still runs after the confirmed shutdown")
+        # The banner no longer blames the kernel that is gone, without waiting for a cell.
+        lab_page.wait_for_function(
+            "s => !document.querySelector(s).innerText.includes('blocking-preallocation')",
+            arg=f"{PANEL} .jax-nbmem-banner",
+            timeout=30_000,
+        )
         screenshot(lab_page, "panel-after-shutdown")
