@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from .gpu_status import StatusReport
@@ -26,7 +25,6 @@ class StatusWatcher:
         self._collect = collect
         self.interval = interval
         self._latest: StatusReport | None = None
-        self._latest_at: float | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -70,7 +68,7 @@ class StatusWatcher:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.debug("jax_nbmem: status collection failed", exc_info=True)
             return self._latest
-        self._latest, self._latest_at = report, time.monotonic()
+        self._latest = report
         return report
 
     def poke(self) -> None:
