@@ -5,9 +5,9 @@
 For each mode (on, off, platform, cuda_async, fraction 0.3; those the installed jaxlib rejects
 are skipped), a fresh Python process starts JAX on one GPU in that mode and records:
 
-- footprint: this process's GPU memory per NVML (jax_nbmem.nvml) and JAX's ``memory_stats()``
+- footprint: this process's GPU memory per NVML (jax_nbmem.gpu.nvml) and JAX's ``memory_stats()``
   after start, after allocating 1 GiB, and after deleting it;
-- monitor: jax_nbmem.nvml's used/total and this pid's bytes against
+- monitor: jax_nbmem.gpu.nvml's used/total and this pid's bytes against
   ``nvidia-smi --query-gpu=memory.used,memory.total`` and ``--query-compute-apps=pid,used_memory``;
 - allocation throughput: bursts of 64 arrays allocated then deleted, at 4 KiB, 1 MiB, 64 MiB;
 - fragmentation: 64 MiB and 192 MiB arrays interleaved up to 80% of the room left (at most
@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jax_nbmem import allocator, jaxstats, nvml  # noqa: E402
+from jax_nbmem.allocator import modes as allocator  # noqa: E402
+from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.units import format_bytes  # noqa: E402
 
 MODES = ("on", "off", "platform", "cuda_async", "fraction 0.3")
@@ -62,7 +63,7 @@ def smi(gpu: int, *query: str) -> list[list[str]] | None:
 
 
 def readings(device, gpu: int) -> dict:
-    """JAX's stats, jax_nbmem.nvml's figures and nvidia-smi's, taken together."""
+    """JAX's stats, jax_nbmem.gpu.nvml's figures and nvidia-smi's, taken together."""
     stats = _stats(device)
     memory = (nvml.memory([gpu]) or [None])[0]
     mine = [p.used_bytes for p in nvml.processes([gpu]) if p.pid == os.getpid()]

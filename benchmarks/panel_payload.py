@@ -19,9 +19,9 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from jax_nbmem import panel
-from jax_nbmem.ledger import CellRecord
-from jax_nbmem.sampler import GpuSample, HostSample, Sample, SampleHistory
+from jax_nbmem.notebook import panel
+from jax_nbmem.record.ledger import CellRecord
+from jax_nbmem.record.sampler import GpuSample, HostSample, Sample, SampleHistory
 
 GIB = 1024**3
 MIB = 1024**2

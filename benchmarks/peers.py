@@ -122,7 +122,7 @@ SAMPLER_DRIVER = textwrap.dedent(
     """
     import json, sys, threading, time
     import jax.numpy as jnp
-    from jax_nbmem.sampler import Sampler
+    from jax_nbmem.record.sampler import Sampler
     window = float(sys.argv[1])
     arrays = [jnp.ones((256, 256)) for _ in range(50)]  # the backend is up, arrays are live
     rows = {}

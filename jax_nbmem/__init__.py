@@ -17,7 +17,7 @@ def _session():
     """The loaded extension's session in the running IPython shell, or None."""
     import sys
 
-    magics = sys.modules.get("jax_nbmem.magics")
+    magics = sys.modules.get("jax_nbmem.notebook.magics")
     if magics is None:
         return None
     try:
@@ -36,7 +36,7 @@ def status():
     ``gpu``, ``pid``, ``message``); with the extension loaded also ``allocator``. Works without
     a GPU (then ``nvml.available`` is False and ``reason`` says why). Never starts JAX.
     """
-    from .gpu_status import collect
+    from jax_nbmem.tenants.status import collect
 
     session = _session()
     return session.status() if session is not None else collect()
@@ -55,13 +55,13 @@ def cells():
 
 def load_ipython_extension(ipython) -> None:
     """Called by ``%load_ext jax_nbmem`` (and by ``c.InteractiveShellApp.extensions``)."""
-    from .magics import load
+    from jax_nbmem.notebook.magics import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
     """Called by ``%unload_ext jax_nbmem``: removes callbacks and stops background threads."""
-    from .magics import unload
+    from jax_nbmem.notebook.magics import unload
 
     unload(ipython)

@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
-from jax_nbmem import nvml, simgpu
-
 # --- The simulated GPU (jax_nbmem.simgpu) ------------------------------------------------------
+from jax_nbmem import simgpu
+from jax_nbmem.gpu import nvml
+
 #
 # Subprocess tests put the stand-in libnvidia-ml.so.1 on LD_LIBRARY_PATH through `simgpu_env`.
 # In-process tests use `simgpu_in_process`, which loads the stub into pytest itself: once loaded
@@ -50,7 +51,7 @@ def simgpu_env(simgpu_lib, sim_state):
 def simgpu_in_process(simgpu_lib, sim_state, monkeypatch):
     """Make this process's NVML the simulated GPU of `sim_state`; yields the state.
 
-    jax_nbmem.nvml starts fresh (no cached handles, no retry pause) and is reset afterwards.
+    jax_nbmem.gpu.nvml starts fresh (no cached handles, no retry pause) and is reset afterwards.
     """
     simgpu.preload(simgpu_lib)
     monkeypatch.setenv(simgpu.STATE_ENV_VAR, str(sim_state.path))

@@ -1,0 +1,230 @@
+"""Apply allocator modes to this process's environment and remember what JAX started with.
+
+The state of one kernel: which mode was requested and from where, which variables we set (so a
+variable set by hand is never mistaken for ours), and — once the user's code starts JAX's backend —
+the settings it started with. No IPython here: the magics module only forwards events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+from jax_nbmem.allocator.modes import (
+    MANAGED_VARIABLES,
+    AllocatorMode,
+    Effective,
+    JaxlibInfo,
+    effective,
+    installed_jaxlib,
+    mode_variables,
+)
+from jax_nbmem.gpu.jaxstats import backend_initialized, initialized_platforms
+
+__all__ = [
+    "ENV_ALLOCATOR",
+    "AllocatorControl",
+    "AllocatorReport",
+    "ApplyResult",
+    "BackendStart",
+    "Variable",
+]
+
+# The mode a kernel asks for at start (a jax-nbmem kernelspec sets it); wins over the config.
+ENV_ALLOCATOR = "JAX_NBMEM_ALLOCATOR"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One allocator variable as it is now; ``origin`` is ``jax_nbmem`` or ``outside``."""
+
+    name: str
+    value: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class BackendStart:
+    """What JAX's backend started with, as far as we can tell.
+
+    ``variables`` is the environment when it started; ``exact`` is False when it can only be
+    bounded (the backend started before the extension loaded, or a cell changed the variables
+    in the same cell that started JAX).
+    """
+
+    platforms: tuple[str, ...]
+    variables: dict[str, str]
+    effective: Effective
+    cell: int | None
+    exact: bool
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What applying a mode did: ``too_late`` means nothing changed; the rest lists the changes."""
+
+    mode: AllocatorMode
+    too_late: bool
+    set: dict[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    replaced_outside: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AllocatorReport:
+    """Everything ``%jaxalloc`` with no argument shows."""
+
+    requested: AllocatorMode | None
+    requested_from: str | None
+    variables: tuple[Variable, ...]
+    pending: Effective
+    backend: BackendStart | None
+    backend_started: bool
+    jaxlib: JaxlibInfo
+
+    def to_dict(self) -> dict:
+        """A JSON-friendly form."""
+        backend = None
+        if self.backend is not None:
+            backend = {
+                "platforms": list(self.backend.platforms),
+                "mode": self.backend.effective.mode_name,
+                "description": self.backend.effective.describe(),
+                "variables": dict(self.backend.variables),
+                "cell": self.backend.cell,
+                "exact": self.backend.exact,
+            }
+        return {
+            "requested": str(self.requested) if self.requested else None,
+            "requested_from": self.requested_from,
+            "variables": [vars(v) for v in self.variables],
+            "next_start": {
+                "mode": self.pending.mode_name,
+                "description": self.pending.describe(),
+            },
+            "backend_started": self.backend_started,
+            "backend": backend,
+            "jaxlib": self.jaxlib.version,
+            "fraction_variable": self.jaxlib.fraction_variable,
+            "allocators": list(self.jaxlib.allocators),
+        }
+
+
+class AllocatorControl:
+    """The allocator mode of this process: request it, apply it, report what is in effect."""
+
+    def __init__(
+        self,
+        environ: MutableMapping[str, str] | None = None,
+        jaxlib: JaxlibInfo | None = None,
+        *,
+        probe=backend_initialized,
+        platforms=initialized_platforms,
+    ) -> None:
+        self._environ = os.environ if environ is None else environ
+        self._jaxlib = jaxlib
+        self._probe = probe
+        self._platforms = platforms
+        self._ours: dict[str, str] = {}
+        self.requested: AllocatorMode | None = None
+        self.requested_from: str | None = None
+        self.backend: BackendStart | None = None
+        self._at_cell_start: dict[str, str] | None = None
+        self._cell: int | None = None
+        if self._probe():
+            # Started before we were loaded: the variables now are our best, inexact, account.
+            self._record_start(self._managed(), cell=None, exact=False)
+
+    @property
+    def jaxlib(self) -> JaxlibInfo:
+        """The installed jaxlib's names and values (looked up on first use)."""
+        if self._jaxlib is None:
+            self._jaxlib = installed_jaxlib()
+        return self._jaxlib
+
+    def backend_started(self) -> bool:
+        """Whether JAX's backend is up (then no mode change can take effect in this process)."""
+        return self._probe()
+
+    def _managed(self) -> dict[str, str]:
+        return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
+
+    def apply(self, mode: AllocatorMode, source: str) -> ApplyResult:
+        """Request ``mode`` (from ``source``, e.g. ``%jaxalloc``) and set the variables for it.
+
+        When the backend is already up the environment is left untouched: the result says
+        ``too_late`` and the caller explains how to get the mode.
+        """
+        if self._probe():
+            self.observe_cell_end(None)
+            return ApplyResult(mode, too_late=True)
+        changes: dict[str, str] = {}
+        unset: list[str] = []
+        replaced: dict[str, str] = {}
+        for name, value in mode_variables(mode, self.jaxlib).items():
+            current = self._environ.get(name)
+            if current is not None and self._ours.get(name) != current and current != value:
+                replaced[name] = current
+            if value is None:
+                if current is not None:
+                    del self._environ[name]
+                    unset.append(name)
+                self._ours.pop(name, None)
+            else:
+                if current != value:
+                    changes[name] = value
+                self._environ[name] = value
+                self._ours[name] = value
+        self.requested, self.requested_from = mode, source
+        return ApplyResult(mode, False, changes, tuple(unset), replaced)
+
+    def variables(self) -> tuple[Variable, ...]:
+        """The allocator variables set now, each marked as ours or set outside jax_nbmem."""
+        return tuple(
+            Variable(name, value, "jax_nbmem" if self._ours.get(name) == value else "outside")
+            for name, value in self._managed().items()
+        )
+
+    def observe_cell_start(self, cell: int | None) -> None:
+        """Remember the variables before a cell runs, while the backend is still down."""
+        if self.backend is None and not self._probe():
+            self._at_cell_start, self._cell = self._managed(), cell
+
+    def observe_cell_end(self, cell: int | None) -> None:
+        """If the cell started the backend, record what it started with."""
+        if self.backend is not None or not self._probe():
+            return
+        now = self._managed()
+        before = self._at_cell_start
+        if before is None:
+            self._record_start(now, cell=cell, exact=False)
+        else:
+            # Unchanged during the cell → these are exactly the values jaxlib read.
+            self._record_start(
+                before, cell=self._cell if cell is None else cell, exact=before == now
+            )
+
+    def _record_start(self, variables: dict[str, str], *, cell: int | None, exact: bool) -> None:
+        self.backend = BackendStart(
+            platforms=self._platforms(),
+            variables=dict(variables),
+            effective=effective(variables, self.jaxlib),
+            cell=cell,
+            exact=exact,
+        )
+
+    def report(self) -> AllocatorReport:
+        """The requested mode, the variables in effect, and the backend's state."""
+        started = self._probe()
+        if started:
+            self.observe_cell_end(None)
+        return AllocatorReport(
+            requested=self.requested,
+            requested_from=self.requested_from,
+            variables=self.variables(),
+            pending=effective(self._environ, self.jaxlib),
+            backend=self.backend,
+            backend_started=started,
+            jaxlib=self.jaxlib,
+        )

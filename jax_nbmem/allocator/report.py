@@ -1,0 +1,106 @@
+"""Human-readable text for allocator reports and mode changes (pure: strings in, strings out)."""
+
+from __future__ import annotations
+
+from jax_nbmem.allocator.control import AllocatorReport, ApplyResult
+from jax_nbmem.allocator.modes import AllocatorMode
+
+__all__ = ["format_applied", "format_report", "kernel_display_name", "kernel_name", "too_late"]
+
+
+def kernel_name(mode: AllocatorMode) -> str:
+    """A kernelspec name for ``mode``, e.g. ``jax-nbmem-off`` or ``jax-nbmem-fraction-0.3``."""
+    return "jax-nbmem-" + str(mode).replace(" ", "-")
+
+
+def kernel_display_name(mode: AllocatorMode) -> str:
+    """What the launcher shows, e.g. ``Python 3 (JAX, no preallocation)``."""
+    if mode.name == "off":
+        what = "no preallocation"
+    elif mode.name == "on":
+        what = "preallocate 75%"
+    elif mode.name == "fraction":
+        what = f"preallocate {mode.fraction:.0%}"
+    else:
+        what = f"{mode.name} allocator"
+    return f"Python 3 (JAX, {what})"
+
+
+def _started_line(report: AllocatorReport) -> str:
+    start = report.backend
+    if start is None:
+        return "started (before jax_nbmem could see how)"
+    platforms = ", ".join(start.platforms) or "unknown platform"
+    when = f"in cell [{start.cell}]" if start.cell is not None else "before jax_nbmem loaded"
+    line = f"started {when} on {platforms} with: {start.effective.mode_name} — "
+    line += start.effective.describe()
+    if not start.exact:
+        line += " (read from the variables as they are now; they may have changed since)"
+    if start.platforms and not any(p in ("cuda", "gpu", "rocm") for p in start.platforms):
+        line += "\n               no GPU backend: allocator settings do not apply to the CPU"
+    return line
+
+
+def format_report(report: AllocatorReport) -> str:
+    """The ``%jaxalloc`` report: requested mode, variables, backend state, jaxlib facts."""
+    lines = ["jax_nbmem allocator"]
+    if report.requested is None:
+        lines.append("  requested:   nothing (JAX's own defaults unless variables say otherwise)")
+    else:
+        lines.append(
+            f"  requested:   {report.requested} — {report.requested.describe()}"
+            f"  [from {report.requested_from}]"
+        )
+    if report.variables:
+        width = max(len(f"{v.name}={v.value}") for v in report.variables)
+        for i, v in enumerate(report.variables):
+            label = "  variables:   " if i == 0 else " " * 15
+            origin = "set by jax_nbmem" if v.origin == "jax_nbmem" else "set outside jax_nbmem"
+            lines.append(f"{label}{f'{v.name}={v.value}':<{width}}  ({origin})")
+    else:
+        lines.append("  variables:   none set")
+    if report.backend_started:
+        lines.append(f"  backend:     {_started_line(report)}")
+        pending = report.pending
+        if report.backend and pending.mode_name != report.backend.effective.mode_name:
+            lines.append(
+                f"  note:        the variables now say '{pending.mode_name}', which only a new "
+                "kernel will use"
+            )
+    else:
+        lines.append("  backend:     not started — JAX will start with the mode below")
+        lines.append(f"  next start:  {report.pending.mode_name} — {report.pending.describe()}")
+    lines.append(f"  jaxlib:      {report.jaxlib.describe()}")
+    return "\n".join(lines)
+
+
+def format_applied(result: ApplyResult) -> str:
+    """One short paragraph saying what a mode change did to the environment."""
+    lines = [f"jax_nbmem: allocator mode '{result.mode}' — {result.mode.describe()}."]
+    changes = [f"{name}={value}" for name, value in result.set.items()]
+    changes += [f"unset {name}" for name in result.unset]
+    if changes:
+        lines.append("  " + ", ".join(changes))
+    for name, value in result.replaced_outside.items():
+        lines.append(f"  replaced {name}={value}, which was set outside jax_nbmem")
+    lines.append("  Takes effect when JAX first uses the GPU in this kernel.")
+    return "\n".join(lines)
+
+
+def too_late(mode: AllocatorMode, report: AllocatorReport) -> str:
+    """Why ``mode`` cannot take effect in this kernel, what is in effect, and how to get it."""
+    in_effect = _started_line(report)
+    return "\n".join(
+        [
+            f"jax_nbmem: '{mode}' cannot take effect in this kernel: JAX's backend has already "
+            "started, and it reads the allocator settings only once.",
+            f"  In effect: {in_effect}",
+            "  Nothing was changed. To run with this mode:",
+            f"  1. put `%load_ext jax_nbmem` and `%jaxalloc {mode}` in the notebook's first cell "
+            "(or set `c.JaxNbMem.allocator = "
+            f'"{mode}"` in ipython_kernel_config.py), then restart the kernel; or',
+            f"  2. install a kernel that starts in this mode: `jax-nbmem kernel install "
+            f"--allocator {str(mode).replace(' ', '=')} --user`, and pick "
+            f'"{kernel_display_name(mode)}" as this notebook\'s kernel.',
+        ]
+    )

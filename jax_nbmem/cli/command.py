@@ -1,0 +1,131 @@
+"""The ``jax-nbmem`` command: GPU status, and kernelspecs that start in an allocator mode.
+
+jax-nbmem status [--json]
+jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
+                         [--user | --sys-prefix | --prefix PATH]
+jax-nbmem kernel list [--json] [--prefix PATH]
+jax-nbmem kernel remove NAME [--prefix PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jax_nbmem.allocator.modes import ModeError, parse_mode
+
+__all__ = ["main"]
+
+
+def _kernel_install(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.kernelspec import KernelSpecError, install
+
+    try:
+        mode = parse_mode(args.allocator)
+    except ModeError as exc:
+        print(f"jax-nbmem: --allocator: {exc}", file=sys.stderr)
+        return 2
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    try:
+        kernel = install(
+            mode, name=args.name, display_name=args.display_name, user=args.user, prefix=prefix
+        )
+    except KernelSpecError as exc:
+        print(f"jax-nbmem: {exc}", file=sys.stderr)
+        return 1
+    print(f"Installed kernelspec {kernel.name} in {kernel.resource_dir}")
+    print(f'  "{kernel.display_name}": allocator mode {kernel.allocator}')
+    for name, value in kernel.env.items():
+        print(f"  {name}={value}")
+    return 0
+
+
+def _kernel_list(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.kernelspec import list_kernels
+
+    kernels = list_kernels(args.prefix)
+    if args.json:
+        print(json.dumps([kernel.to_dict() for kernel in kernels], indent=2))
+        return 0
+    if not kernels:
+        print("No jax_nbmem kernelspecs installed (jax-nbmem kernel install --allocator off).")
+        return 0
+    width = max(len(kernel.name) for kernel in kernels)
+    for kernel in kernels:
+        print(f"{kernel.name:<{width}}  {kernel.allocator:<14} {kernel.display_name}")
+        print(f"{'':<{width}}  {kernel.resource_dir}")
+    return 0
+
+
+def _kernel_remove(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.kernelspec import KernelSpecError, remove
+
+    try:
+        folder = remove(args.name, args.prefix)
+    except KernelSpecError as exc:
+        print(f"jax-nbmem: {exc}", file=sys.stderr)
+        return 1
+    print(f"Removed kernelspec {args.name} ({folder})")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from jax_nbmem.tenants.status import collect, format_status
+
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_status(report))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    status = commands.add_parser("status", help="GPUs, who holds their memory, and warnings")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(run=_status)
+
+    kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")
+    kernel_commands = kernel.add_subparsers(dest="kernel_command", required=True)
+
+    install = kernel_commands.add_parser("install", help="install a kernelspec")
+    install.add_argument(
+        "--allocator",
+        required=True,
+        metavar="MODE",
+        help="on | off | fraction=F | platform | bfc | cuda_async | default | vmm | address",
+    )
+    install.add_argument("--name", help="kernelspec name (default: jax-nbmem-MODE)")
+    install.add_argument("--display-name", help="name shown in the launcher")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument("--sys-prefix", action="store_true", help=f"install into {sys.prefix}")
+    where.add_argument("--prefix", metavar="PATH", help="install into PATH/share/jupyter/kernels")
+    install.set_defaults(run=_kernel_install)
+
+    listing = kernel_commands.add_parser("list", help="list jax_nbmem kernelspecs")
+    listing.add_argument("--json", action="store_true", help="print a JSON list")
+    listing.add_argument("--prefix", metavar="PATH", help="also look in PATH/share/jupyter")
+    listing.set_defaults(run=_kernel_list)
+
+    remove = kernel_commands.add_parser("remove", help="remove a jax_nbmem kernelspec")
+    remove.add_argument("name")
+    remove.add_argument("--prefix", metavar="PATH", help="also look in PATH/share/jupyter")
+    remove.set_defaults(run=_kernel_remove)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""IPython glue: the ``%jaxalloc`` and ``%jaxmem`` magics and the cell event callbacks.
+
+Thin by design: parse, hand over to `KernelSession`, print what it says. Callbacks never raise
+into a user's cell (IPython would print a traceback after every cell).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from jax_nbmem.allocator.modes import ModeError
+from jax_nbmem.allocator.report import format_report
+from jax_nbmem.notebook.session import KernelSession
+from jax_nbmem.notebook.settings import JaxNbMem
+from jax_nbmem.record.ledger import format_table
+from jax_nbmem.tenants.status import format_status
+from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
+
+__all__ = ["JaxNbMemMagics", "load", "unload"]
+
+log = logging.getLogger("jax_nbmem")
+
+_loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
+
+
+def _never_raise(callback):
+    """Log, never propagate: an exception here would follow every cell the user runs."""
+
+    @functools.wraps(callback)
+    def guarded(*args, **kwargs):
+        try:
+            callback(*args, **kwargs)
+        except Exception:
+            log.debug("jax_nbmem: %s failed", callback.__name__, exc_info=True)
+
+    return guarded
+
+
+@magics_class
+class JaxNbMemMagics(Magics):
+    """The magics of jax_nbmem; all state lives in `self.session`."""
+
+    def __init__(self, shell, session: KernelSession) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    @magic_arguments()
+    @argument(
+        "mode",
+        nargs="*",
+        help="on | off | fraction F | platform | bfc | cuda_async | default "
+        "(| vmm from jaxlib 0.10, | address from 0.11). Omit it for a report. "
+        "As a cell magic: compare [MODES...].",
+    )
+    @argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="%%%%jaxalloc compare: seconds each mode may run (default %(default)s)",
+    )
+    @line_cell_magic
+    def jaxalloc(self, line: str = "", cell: str | None = None) -> None:
+        """%jaxalloc [MODE]: choose JAX's GPU allocator mode before the backend starts.
+
+        Put it in the first cell, right after ``%load_ext jax_nbmem``; JAX reads these settings
+        once, when it first uses the device.
+
+        Modes:
+          on           JAX's default: preallocate 75% of GPU memory at start
+          off          no preallocation: allocate on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false)
+          fraction F   preallocate F of total GPU memory, 0 < F <= 1
+          platform     allocate exactly what arrays need and free it again (slow)
+          bfc, cuda_async, default, vmm, address
+                       XLA_PYTHON_CLIENT_ALLOCATOR, as far as the installed jaxlib accepts it
+
+        With no mode: report the mode requested, the variables in effect, whether JAX's backend
+        has started and with which mode. Once it has started, a new mode cannot take effect in
+        this kernel; you are told how to get it (restart, or a kernel that starts in that mode:
+        ``jax-nbmem kernel install --allocator MODE``).
+
+        %%jaxalloc compare [MODES...] [--timeout S]: run the cell once per mode (default: on off
+        platform), each in a fresh Python process on the same GPU(s), one at a time, and report
+        per mode the wall time, JAX's peak bytes in use, the peak GPU memory the process held
+        (NVML), out-of-memory, and the largest free block against free memory; a bar chart and
+        a one-line recommendation follow. The cell must be self-contained: import and define
+        everything it uses inside the cell. Interrupting the kernel stops the subprocess.
+        """
+        args = parse_argstring(self.jaxalloc, line)
+        words = args.mode
+        if cell is not None:
+            if not words or words[0] != "compare":
+                raise UsageError("%%jaxalloc is a cell magic only as: %%jaxalloc compare [MODES]")
+            self._compare(cell, words[1:], args.timeout)
+            return
+        if words and words[0] == "compare":
+            raise UsageError("compare runs a cell: use %%jaxalloc compare [MODES] as a cell magic")
+        if not words:
+            print(format_report(self.session.control.report()))
+            return
+        try:
+            _, message = self.session.request(" ".join(words))
+        except ModeError as exc:
+            raise UsageError(f"%jaxalloc: {exc}") from None
+        print(message)
+
+    def _compare(self, cell: str, modes: list[str], timeout_s: float) -> None:
+        from jax_nbmem.tools.compare.report import compare_figure, format_compare
+        from jax_nbmem.tools.compare.run import CompareError, run_compare
+
+        def progress(mode: str, state: str) -> None:
+            print(f"{mode}: {state}", flush=True)
+
+        try:
+            result = run_compare(cell, modes, timeout_s=timeout_s, on_progress=progress)
+        except (ModeError, CompareError, ValueError) as exc:
+            raise UsageError(f"%%jaxalloc compare: {exc}") from None
+        print(format_compare(result))
+        # Plotly's own mime type, with no renderer of plotly's in between: frontends that know
+        # it draw the chart, the others (a terminal, nbconvert to text) show one line.
+        figure = compare_figure(result)
+        bundle = {
+            "application/vnd.plotly.v1+json": figure,
+            "text/plain": f"<bar chart: {len(result.modes)} modes compared>",
+        }
+        display(bundle, raw=True)
+
+    @magic_arguments()
+    @argument(
+        "command",
+        nargs="?",
+        default="panel",
+        help="panel (default) | status | cells | top [N] | free NAME... | shutdown PID",
+    )
+    @argument("rest", nargs="*", help="arguments of the command")
+    @argument("--json", action="store_true", help="status/cells: print JSON instead of a table")
+    @argument("--yes", action="store_true", help="shutdown: confirm, do it")
+    @argument(
+        "--clear-caches", action="store_true", help="free: also clear JAX's compilation caches"
+    )
+    @line_magic
+    def jaxmem(self, line: str = "") -> None:
+        """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
+
+        Commands:
+          (none), panel     a live panel under the cell: this kernel's GPU memory, JAX's bytes
+                            in use and reserved, other processes, one marker per cell
+          status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
+          cells [--json]    one row per cell run since the extension loaded: GPU memory before,
+                            at the peak and after, JAX bytes in use, duration, errors
+          top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes,
+                            and the names that hold them (also inside lists/dicts one level
+                            down, and IPython's Out history); the total nobody names
+          free NAME...      delete these names and their arrays' device buffers — only arrays
+                            no other name holds (the others are kept, and who holds them is
+                            said); --clear-caches also clears JAX's caches; reports the bytes
+                            returned to JAX's pool and, where NVML shows it, to the GPU
+          shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory
+                            (through its Jupyter server when known, else by signal); shows
+                            what it would do — add --yes to do it. Refuses other users'
+                            processes and processes that are not kernels.
+        """
+        args = parse_argstring(self.jaxmem, line)
+        run = {
+            "panel": self._panel,
+            "status": self._status,
+            "cells": self._cells,
+            "shutdown": self._shutdown,
+            "top": self._top,
+            "free": self._free,
+        }.get(args.command)
+        if run is None:
+            raise UsageError(
+                f"%jaxmem: unknown command {args.command!r}; use {' | '.join(_JAXMEM_COMMANDS)}"
+            )
+        run(args)
+
+    def _no_more(self, args) -> None:
+        if args.rest:
+            raise UsageError(f"%jaxmem {args.command}: unexpected arguments: {' '.join(args.rest)}")
+
+    def _panel(self, args) -> None:
+        self._no_more(args)
+        from jax_nbmem.notebook.panel import show_panel
+
+        show_panel(self.session)
+
+    def _status(self, args) -> None:
+        self._no_more(args)
+        report = self.session.status()
+        print(json.dumps(report, indent=1) if args.json else format_status(report))
+
+    def _cells(self, args) -> None:
+        self._no_more(args)
+        records = self.session.ledger.records()
+        if args.json:
+            print(json.dumps([record.to_dict() for record in records], indent=1))
+        else:
+            print(format_table(records))
+
+    def _top(self, args) -> None:
+        from jax_nbmem.tools.arrays import top_arrays
+        from jax_nbmem.tools.arrays_report import format_top
+
+        if len(args.rest) > 1 or (args.rest and not args.rest[0].isdigit()):
+            raise UsageError("%jaxmem top: at most one number of rows, e.g. %jaxmem top 20")
+        count = int(args.rest[0]) if args.rest else 10
+        if count < 1:
+            raise UsageError("%jaxmem top: the number of rows must be at least 1")
+        print(format_top(top_arrays(self.shell.user_ns, count)))
+
+    def _free(self, args) -> None:
+        from jax_nbmem.tools.arrays import free_names
+        from jax_nbmem.tools.arrays_report import format_free
+
+        if not args.rest:
+            raise UsageError("%jaxmem free: name the variables to free, e.g. %jaxmem free x y")
+        report = free_names(self.shell.user_ns, args.rest, clear_caches=args.clear_caches)
+        if not report.any_valid:
+            reasons = "; ".join(f"{o.name}: {o.reason}" for o in report.outcomes)
+            raise UsageError(f"%jaxmem free: nothing to free ({reasons})")
+        print(format_free(report))
+
+    def _shutdown(self, args) -> None:
+        if len(args.rest) != 1 or not args.rest[0].isdigit():
+            raise UsageError("%jaxmem shutdown: give one PID, e.g. %jaxmem shutdown 4242 [--yes]")
+        pid = int(args.rest[0])
+        result = self.session.shutdown(pid, confirm=args.yes)
+        print(result.message)
+        if not args.yes and result.how is not None:
+            print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
+
+
+_JAXMEM_COMMANDS = ("panel", "status", "cells", "top [N]", "free NAME...", "shutdown PID")
+
+
+def _settings_for(shell) -> JaxNbMem:
+    # A fresh Configurable each load, so %reload_ext re-reads the shell's config.
+    return JaxNbMem(parent=shell, config=shell.config)
+
+
+def load(shell) -> None:
+    """Register the magics and the cell callbacks (a second load is a no-op)."""
+    if id(shell) in _loaded:
+        return
+    session = KernelSession(_settings_for(shell))
+    magics = JaxNbMemMagics(shell, session)
+    shell.register_magics(magics)
+
+    @_never_raise
+    def pre_run_cell(info=None):
+        session.cell_started(shell.execution_count, getattr(info, "raw_cell", "") or "")
+
+    @_never_raise
+    def post_run_cell(result=None):
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        session.cell_finished(
+            bool(getattr(result, "success", error is None)),
+            error,
+            getattr(result, "execution_count", None),
+        )
+
+    callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
+    for event, callback in callbacks.items():
+        shell.events.register(event, callback)
+    _loaded[id(shell)] = (magics, callbacks)
+    session.apply_startup_mode()
+    session.start()
+
+
+def unload(shell) -> None:
+    """Remove the callbacks and stop background work; the magics go with the extension."""
+    entry = _loaded.pop(id(shell), None)
+    if entry is None:
+        return
+    magics, callbacks = entry
+    for event, callback in callbacks.items():
+        try:
+            shell.events.unregister(event, callback)
+        except ValueError:
+            pass
+    panel = sys.modules.get("jax_nbmem.notebook.panel")
+    if panel is not None:
+        _never_raise(panel.close_panels)(magics.session)
+    magics.session.close()
+    # IPython keeps registered magics; point them at nothing stale.
+    for kind in ("line", "cell"):
+        for name in list(magics.magics.get(kind, {})):
+            shell.magics_manager.magics[kind].pop(name, None)
+    shell.magics_manager.registry.pop(type(magics).__name__, None)
+
+
+def session_of(shell) -> KernelSession | None:
+    """The loaded extension's session for ``shell``, or None when it is not loaded."""
+    entry = _loaded.get(id(shell))
+    return entry[0].session if entry else None

@@ -1,0 +1,415 @@
+"""The live memory panel of ``%jaxmem``: a widget that follows the sampler, or a fallback.
+
+The panel reads only snapshots: the sampler's history, the ledger's records, and (on the main
+thread) the allocator report and the session's banner lines. It never calls NVML or JAX.
+
+Three ways to show it (``c.JaxNbMem.panel``):
+
+* ``widget``: ipywidgets + a plotly ``FigureWidget``. The sampler's callback only marks the
+  panel dirty; a small daemon thread pushes at most one update every 0.25 s, and only the
+  traces that changed. That thread sets traits and nothing else: ``display()`` or ``print()``
+  from a thread would land in whatever cell runs at that moment.
+* ``static``: a plotly figure (with an HTML and a text fallback in the same output) refreshed
+  after each cell through a display handle, for frontends without widgets.
+* ``text``: a text table, refreshed the same way.
+
+``auto`` picks ``widget`` in a Jupyter kernel, ``static`` in Colab (no custom widget manager
+by default) and ``text`` in a terminal. Each session has one live panel: showing it again
+displays the same widget again, with the same single update thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from IPython import get_ipython
+from IPython.display import display
+
+from jax_nbmem.notebook.figure import (
+    FigureLimits,
+    LiveFigure,
+    build_figure,
+    changed_traces,
+    gpu_indices,
+    header_text,
+)
+from jax_nbmem.notebook.panel_actions import ShutdownActions
+from jax_nbmem.record.ledger import format_table
+from jax_nbmem.units import format_bytes, format_duration
+
+__all__ = ["cell_finished", "close_panels", "show_panel"]
+
+log = logging.getLogger("jax_nbmem")
+
+_MIN_UPDATE_INTERVAL_S = 0.25  # at most four figure updates a second
+_IDLE_CHECK_S = 1.0
+_TABLE_CELLS = 10
+_PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+@dataclass
+class _PanelState:
+    """What :func:`show_panel` left on the session (``session._panel_state``)."""
+
+    live: _LivePanel | None = None
+    handle: Any = None  # DisplayHandle of the static or text fallback
+    kind: str | None = None
+    listener: Any = None  # our cell listener on the session, once registered
+
+
+def _state(session: Any) -> _PanelState:
+    state = getattr(session, "_panel_state", None)
+    if state is None:
+        state = _PanelState()
+        session._panel_state = state
+    return state
+
+
+def _choose_kind(setting: str) -> str:
+    if setting in ("widget", "static", "text"):
+        return setting
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return "text"  # terminal IPython: nothing renders a figure
+    if "google.colab" in sys.modules:
+        return "static"
+    return "widget"
+
+
+def _mode_text(session: Any) -> str | None:
+    """The allocator mode in effect, or the one JAX will start with (main thread only)."""
+    try:
+        report = session.control.report()
+        if report.backend is not None:
+            return f"{report.backend.effective.mode_name} (in effect)"
+        return f"{report.pending.mode_name} (when JAX starts)"
+    except Exception:
+        log.debug("jax_nbmem: allocator report failed", exc_info=True)
+        return None
+
+
+def _session_banner(session: Any) -> list[str]:
+    """The session's warnings and NVML/JAX status lines (main thread only)."""
+    lines = []
+    try:
+        messages = getattr(session, "banner_messages", None)
+        lines = [str(m) for m in (messages() if callable(messages) else [])]
+    except Exception:
+        log.debug("jax_nbmem: banner_messages failed", exc_info=True)
+    if getattr(session, "sampler", None) is None and not lines:
+        lines.append("Sampling is off: no live readings, cell records only.")
+    return lines
+
+
+def _sampler_status(sampler: Any, latest: Any) -> list[str]:
+    """What the panel itself says about its data (safe on any thread)."""
+    if sampler is None:
+        return []
+    if latest is not None and not latest.gpus:
+        return ["No GPU seen: showing this process's host memory (RSS, JAX live arrays)."]
+    interval = getattr(sampler, "interval", None)
+    every = f" every {format_duration(interval)}" if interval else ""
+    return [f"Live: sampling{every}."]
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
+def _summary_text(session: Any, gpu_index: int | None) -> str:
+    sampler = getattr(session, "sampler", None)
+    latest = sampler.latest() if sampler is not None else None
+    lines = [header_text(latest, gpu_index, _mode_text(session))]
+    lines += _unique(_session_banner(session) + _sampler_status(sampler, latest))
+    for gpu in getattr(latest, "gpus", ()):
+        lines.append(
+            f"GPU {gpu.index}: this kernel {format_bytes(gpu.self_bytes)}, "
+            f"JAX in use {format_bytes(gpu.jax_in_use)}, reserved {format_bytes(gpu.jax_reserved)}"
+            f", others {format_bytes(gpu.others_bytes)}, total {format_bytes(gpu.total_bytes)}"
+        )
+    ledger = getattr(session, "ledger", None)
+    records = ledger.records()[-_TABLE_CELLS:] if ledger is not None else []
+    if records:
+        lines += ["", format_table(records)]
+    return "\n".join(lines)
+
+
+def _first_gpu(sampler: Any) -> int | None:
+    latest = sampler.latest() if sampler is not None else None
+    indices = gpu_indices([latest]) if latest is not None else []
+    return indices[0] if indices else None
+
+
+def _fallback_bundle(session: Any, with_figure: bool) -> dict[str, Any]:
+    sampler = getattr(session, "sampler", None)
+    gpu = _first_gpu(sampler)
+    text = _summary_text(session, gpu)
+    bundle: dict[str, Any] = {
+        "text/plain": text,
+        "text/html": f"<pre class='jax-nbmem-text'>{html.escape(text)}</pre>",
+    }
+    if with_figure:
+        samples = sampler.history() if sampler is not None else []
+        ledger = getattr(session, "ledger", None)
+        records = ledger.records() if ledger is not None else []
+        title = html.escape(text.splitlines()[0])
+        figure = build_figure(samples, records, gpu, title=title)
+        bundle[_PLOTLY_MIME] = {**figure, "config": {"displaylogo": False}}
+    return bundle
+
+
+class _LivePanel:
+    """The widget panel: header, banner, GPU selector, pause button, and the figure."""
+
+    def __init__(self, session: Any, limits: FigureLimits | None = None) -> None:
+        import ipywidgets as widgets
+        import plotly.graph_objects as go
+
+        self.sampler = getattr(session, "sampler", None)
+        self._ledger = getattr(session, "ledger", None)
+        self._timeline = LiveFigure(limits)  # keeps the history part between updates
+        self._lock = threading.RLock()
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsubscribe: Any = None
+        self._mode: str | None = None
+        self._banner_lines: list[str] = []
+        self._sent: dict[str, Any] | None = None
+        self.gpu_index = _first_gpu(self.sampler)
+        self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
+        self.updates = 0
+
+        self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))
+        self.banner = widgets.HTML()
+        self.banner.add_class("jax-nbmem-banner")
+        self.gpu_selector = widgets.Dropdown(description="GPU", layout={"width": "160px"})
+        self.gpu_selector.observe(self._on_gpu_chosen, names="value")
+        self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
+        self.pause.observe(self._on_pause, names="value")
+        figure = self._timeline.build(self._history, self._records(), self.gpu_index)
+        self.figure = go.FigureWidget(data=figure["data"], layout=figure["layout"])
+        self._sent = figure
+        controls = widgets.HBox([self.gpu_selector, self.pause])
+        self.actions = ShutdownActions(
+            session, on_change=lambda: self.refresh_from_session(session)
+        )
+        self.widget = widgets.VBox(
+            [self.header, self.banner, self.actions.widget, controls, self.figure]
+        )
+        self.widget.add_class("jax-nbmem-panel")
+        self.refresh_from_session(session)
+
+    def _history(self, since: float | None) -> list[Any]:
+        return self.sampler.history(since) if self.sampler is not None else []
+
+    def _records(self) -> list[Any]:
+        return self._ledger.records() if self._ledger is not None else []
+
+    def start(self) -> None:
+        """Subscribe to the sampler and start the update thread (no-op when running)."""
+        if self.sampler is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._unsubscribe = self.sampler.subscribe(self._on_sample)
+        self._thread = threading.Thread(
+            target=self._run, name="jax_nbmem-panel", daemon=True
+        )  # fmt: skip
+        self._thread.start()
+
+    def close(self) -> None:
+        """Unsubscribe and stop the update thread; the widgets stay on screen, frozen."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the update thread runs (False after :meth:`close`)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def refresh_from_session(self, session: Any) -> None:
+        """Re-read what only the main thread may read (mode, banner lines), then update."""
+        self._mode = _mode_text(session)
+        self._banner_lines = _session_banner(session)
+        self.actions.refresh()
+        self.update()
+
+    def _on_sample(self, sample: Any) -> None:
+        self._dirty.set()  # the sampler's thread: nothing more here
+
+    def _on_gpu_chosen(self, change: dict) -> None:
+        if change["new"] is not None and change["new"] != self.gpu_index:
+            self.gpu_index = change["new"]
+            self._dirty.set()
+
+    def _on_pause(self, change: dict) -> None:
+        self.pause.description = "Resume" if change["new"] else "Pause"
+        self.pause.icon = "play" if change["new"] else "pause"
+        self._dirty.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._dirty.wait(_IDLE_CHECK_S):
+                continue
+            if self.pause.value:
+                self._dirty.clear()
+                self._render_banner(self.sampler.latest(), paused=True)
+                continue
+            started = time.monotonic()
+            self._dirty.clear()
+            try:
+                self.update()
+            except Exception:
+                log.debug("jax_nbmem: panel update failed", exc_info=True)
+            self._stop.wait(max(0.0, started + _MIN_UPDATE_INTERVAL_S - time.monotonic()))
+
+    def update(self) -> None:
+        """Push what changed since the last update to the figure and the header lines."""
+        with self._lock:
+            latest = self.sampler.latest() if self.sampler is not None else None
+            # A sample without GPUs (NVML failed once) keeps the choice of GPUs seen before.
+            indices = gpu_indices([latest] if latest is not None else []) or self._gpu_choices
+            self._gpu_choices = indices
+            if self.gpu_index not in indices:
+                self.gpu_index = indices[0] if indices else None
+            options = [(f"GPU {i}", i) for i in indices]
+            if list(self.gpu_selector.options) != options:
+                self.gpu_selector.options = options
+            if self.gpu_selector.value != self.gpu_index and self.gpu_index is not None:
+                self.gpu_selector.value = self.gpu_index
+            self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
+            figure = self._timeline.build(self._history, self._records(), self.gpu_index)
+            changes = changed_traces(self._sent, figure)
+            axis_title = figure["layout"]["yaxis"]["title"]["text"]
+            with self.figure.batch_update():
+                for index, fields in changes.items():
+                    self.figure.data[index].update(fields)
+                if self.figure.layout.yaxis.title.text != axis_title:
+                    self.figure.layout.yaxis.title.text = axis_title
+                    self.figure.layout.yaxis2.title.text = figure["layout"]["yaxis2"]["title"][
+                        "text"
+                    ]
+            self._sent = figure
+            self.header.value = (
+                f"<b>{html.escape(header_text(latest, self.gpu_index, self._mode))}</b>"
+            )
+            self._render_banner(latest, paused=False)
+            self.updates += 1
+
+    def _render_banner(self, latest: Any, paused: bool) -> None:
+        lines = _unique(self._banner_lines + _sampler_status(self.sampler, latest))
+        if paused:
+            lines = ["Paused: press Resume to follow the GPU again.", *lines]
+        warn = any(not line.startswith("Live:") for line in lines)
+        style = "background:#fff3cd;color:#664d03" if warn else "background:#e7f1ff;color:#084298"
+        items = "<br>".join(html.escape(line) for line in lines)
+        value = f"<div style='{style};padding:3px 8px;border-radius:4px'>{items}</div>"
+        if self.banner.value != value:
+            self.banner.value = value
+
+
+def show_panel(session: Any) -> None:
+    """Show the memory panel under the current cell (``%jaxmem`` with no arguments).
+
+    Main thread only. The kind follows ``session.settings.panel``; a widget that cannot be
+    built falls back to the static figure, and that to text. Never raises.
+    """
+    state = _state(session)
+    kind = _choose_kind(getattr(session.settings, "panel", "auto"))
+    _ensure_a_sample(getattr(session, "sampler", None))
+    _listen_to_cells(session, state)
+    if kind == "widget":
+        try:
+            _show_widget(session, state)
+            return
+        except Exception:
+            log.debug("jax_nbmem: widget panel failed; showing the static one", exc_info=True)
+            kind = "static"
+    state.kind = kind
+    try:
+        bundle = _fallback_bundle(session, with_figure=kind == "static")
+    except Exception:
+        log.debug("jax_nbmem: static panel failed; showing text", exc_info=True)
+        state.kind, bundle = "text", {"text/plain": _summary_text(session, None)}
+    state.handle = display(bundle, raw=True, display_id=True)
+
+
+def _listen_to_cells(session: Any, state: _PanelState) -> None:
+    """Have the session call :func:`cell_finished` after each cell (once per session)."""
+    add = getattr(session, "add_cell_listener", None)
+    if state.listener is None and callable(add):
+        state.listener = functools.partial(cell_finished, session)
+        add(state.listener)
+
+
+def _ensure_a_sample(sampler: Any) -> None:
+    """Take a first sample now if the sampler has none yet, so the panel opens with numbers."""
+    if sampler is None or sampler.latest() is not None:
+        return
+    try:
+        sampler.sample_now(include_live_arrays=False)
+    except Exception:
+        log.debug("jax_nbmem: first sample failed", exc_info=True)
+
+
+def _show_widget(session: Any, state: _PanelState) -> None:
+    live = state.live
+    if live is None or live.sampler is not getattr(session, "sampler", None):
+        if live is not None:
+            live.close()
+        live = _LivePanel(session)
+        state.live = live
+    else:
+        live.refresh_from_session(session)
+    live.start()
+    state.kind = "widget"
+    # Text and HTML ride along for frontends that cannot draw widgets (and for HTML export).
+    fallback = _fallback_bundle(session, with_figure=False)
+    display({**live.widget._repr_mimebundle_(), **fallback}, raw=True)
+
+
+def cell_finished(session: Any, record: Any = None) -> None:
+    """After each cell (from ``post_run_cell``): refresh the panel; never raises.
+
+    The live panel re-reads the mode and banner lines and redraws the cell bars; the static
+    and text fallbacks replace their output through their display handle.
+    """
+    try:
+        state = getattr(session, "_panel_state", None)
+        if state is None:
+            return
+        if state.live is not None:
+            state.live.refresh_from_session(session)
+        if state.handle is not None and state.kind in ("static", "text"):
+            state.handle.update(_fallback_bundle(session, state.kind == "static"), raw=True)
+    except Exception:
+        log.debug("jax_nbmem: panel refresh after a cell failed", exc_info=True)
+
+
+def close_panels(session: Any) -> None:
+    """Stop the live panel's updates and forget the fallback's handle (``%unload_ext``)."""
+    state = getattr(session, "_panel_state", None)
+    if state is None:
+        return
+    try:
+        if state.live is not None:
+            state.live.close()
+    except Exception:
+        log.debug("jax_nbmem: closing the panel failed", exc_info=True)
+    remove = getattr(session, "remove_cell_listener", None)
+    if state.listener is not None and callable(remove):
+        remove(state.listener)
+    state.live = None
+    state.handle = None
+    state.listener = None

@@ -1,0 +1,178 @@
+"""One kernel's jax_nbmem state: allocator control, the sampler, and the per-cell ledger.
+
+Plain Python: the magics module builds one `KernelSession` per loaded extension and forwards
+IPython's events to it. Everything called from event callbacks is safe there: it never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from jax_nbmem.allocator.control import AllocatorControl, ApplyResult
+from jax_nbmem.allocator.modes import ModeError, parse_mode
+from jax_nbmem.allocator.report import format_applied, too_late
+from jax_nbmem.gpu.jaxstats import is_resource_exhausted
+from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
+from jax_nbmem.record.ledger import CellRecord, Ledger
+from jax_nbmem.record.sampler import Sampler, SamplerSource
+from jax_nbmem.tenants.advice import oom_diagnosis
+from jax_nbmem.tenants.servers import ShutdownResult, shutdown_kernel
+from jax_nbmem.tenants.status import StatusReport, collect, warning_line
+from jax_nbmem.tenants.watch import StatusWatcher
+
+__all__ = ["KernelSession"]
+
+log = logging.getLogger("jax_nbmem")
+
+
+class KernelSession:
+    """The extension's state for one IPython shell."""
+
+    def __init__(
+        self,
+        settings: JaxNbMem,
+        *,
+        say: Callable[[str], None] = print,
+        source: SamplerSource | None = None,
+    ) -> None:
+        self.settings = settings
+        self.control = AllocatorControl()
+        self.sampler: Sampler | None = None
+        if settings.sampling != "off":
+            self.sampler = Sampler(
+                source,
+                interval=settings.sample_interval,
+                process_interval=settings.process_interval,
+            )
+        self.ledger = Ledger(self.sampler, max_records=settings.max_cells)
+        self.watcher = StatusWatcher(self.status, interval=settings.status_interval)
+        self._say = say
+        self._cell_listeners: list[Callable[[CellRecord | None], None]] = []
+
+    def start(self) -> None:
+        """Start background sampling (a no-op when sampling is off or already running)."""
+        if self.sampler is not None:
+            self.sampler.start()
+            self.watcher.start()
+
+    def status(self) -> StatusReport:
+        """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
+        return collect(control=self.control, in_kernel=True)
+
+    def apply_startup_mode(self) -> None:
+        """Apply the mode from $JAX_NBMEM_ALLOCATOR or the config, telling the user if it fails."""
+        text, source = startup_mode(self.settings)
+        if not text:
+            return
+        try:
+            mode = parse_mode(text)
+        except ModeError as exc:
+            self._say(f"jax_nbmem: ignoring allocator mode {text!r} from {source}: {exc}")
+            return
+        result = self.control.apply(mode, source)
+        if result.too_late:
+            self._say(too_late(mode, self.control.report()))
+
+    def request(self, text: str, source: str = "%jaxalloc") -> tuple[ApplyResult, str]:
+        """Apply a mode the user typed; ModeError (environment untouched) if it is invalid."""
+        mode = parse_mode(text)
+        result = self.control.apply(mode, source)
+        if result.too_late:
+            return result, too_late(mode, self.control.report())
+        message = format_applied(result)
+        # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
+        report = self.watcher.refresh()
+        fits = [w for w in (report or {}).get("warnings", []) if w["kind"] == "prealloc-will-fail"]
+        return result, "\n".join([message, *map(warning_line, fits)])
+
+    def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
+        """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
+        if listener not in self._cell_listeners:
+            self._cell_listeners.append(listener)
+
+    def remove_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        if listener in self._cell_listeners:
+            self._cell_listeners.remove(listener)
+
+    def cell_started(self, execution_count: int | None, source: str) -> None:
+        """Called before every user cell."""
+        self.control.observe_cell_start(execution_count)
+        self.ledger.cell_started(execution_count, source)
+
+    def cell_finished(
+        self, success: bool, error: BaseException | None, execution_count: int | None = None
+    ) -> CellRecord | None:
+        """Called after every user cell, also after a syntax error.
+
+        Returns the cell's record when a listener wants it (building one costs time on every
+        cell), else None.
+        """
+        self.control.observe_cell_end(execution_count)
+        self.ledger.cell_finished(success, error, execution_count)
+        if error is not None and is_resource_exhausted(error):
+            self._explain_oom()
+        if not self._cell_listeners:
+            return None
+        record = self.ledger.last()
+        for listener in list(self._cell_listeners):
+            try:
+                listener(record)
+            except Exception:
+                log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
+        return record
+
+    def _explain_oom(self) -> None:
+        """Under a RESOURCE_EXHAUSTED traceback: who holds the GPU and what to do (once)."""
+        report = self.watcher.refresh()
+        if report is None:
+            return
+        ours = {gpu["index"] for gpu in report["gpus"] if gpu["ours"]}
+        gpus = [gpu for gpu in report.gpu_memory() if gpu.index in ours]
+        if not gpus:
+            self._say(
+                "jax_nbmem: JAX ran out of memory; NVML cannot show who holds the GPU "
+                f"({report['nvml']['reason'] or 'no GPU visible'})."
+            )
+            return
+        self._say(oom_diagnosis(report.tenants(), gpus))
+
+    def shutdown(self, pid: int, *, confirm: bool) -> ShutdownResult:
+        """Shut down another kernel of this user on our GPUs (see `servers.shutdown_kernel`)."""
+        return shutdown_kernel(pid, self.status().tenants(), confirm=confirm)
+
+    def warnings(self) -> list[dict]:
+        """The latest warnings about our GPUs (from the background watch; may be a few s old)."""
+        report = self.watcher.latest()
+        return list(report["warnings"]) if report is not None else []
+
+    def banner_messages(self) -> list[str]:
+        """One-line status messages worth showing above the panel (NVML, sampler, JAX)."""
+        messages = []
+        latest = self.sampler.latest() if self.sampler else None
+        from jax_nbmem.gpu import nvml  # lazily: loading the extension must not load NVML
+
+        state = nvml.status()
+        if not state.available:
+            messages.append(f"NVML unavailable: {state.reason}.")
+        elif state.reason:
+            messages.append(f"NVML: {state.reason}")
+        if self.sampler is None:
+            messages.append("Sampling is off (c.JaxNbMem.sampling = 'off').")
+        elif self.sampler.last_error:
+            messages.append(f"Sampler: {self.sampler.last_error}")
+        if latest is not None:
+            messages.extend(f"GPU {g.index}: {g.problem}" for g in latest.gpus if g.problem)
+        messages.extend(map(warning_line, self.warnings()))
+        if not self.control.backend_started():
+            pending = self.control.report().pending
+            messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
+        return messages
+
+    def close(self) -> None:
+        """Stop whatever runs in the background; the session is not used after this."""
+        self._cell_listeners.clear()
+        self.watcher.stop()
+        if self.sampler is not None:
+            self.sampler.stop()

@@ -1,0 +1,76 @@
+"""User settings as traitlets, so ``ipython_config.py`` / ``ipython_kernel_config.py`` can set them.
+
+Example::
+
+    c.InteractiveShellApp.extensions = ["jax_nbmem"]
+    c.JaxNbMem.allocator = "off"
+
+The environment variable ``JAX_NBMEM_ALLOCATOR`` (what a jax-nbmem kernelspec sets) wins over the
+config file: it is the more specific of the two, chosen per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from traitlets import Enum, Float, Integer, Unicode
+from traitlets.config import Configurable
+
+from jax_nbmem.allocator.control import ENV_ALLOCATOR
+
+__all__ = ["JaxNbMem", "startup_mode"]
+
+
+class JaxNbMem(Configurable):
+    """Settings of the jax_nbmem IPython extension."""
+
+    allocator = Unicode(
+        "",
+        help="Allocator mode applied when the extension loads: on, off, 'fraction 0.3', platform, "
+        "bfc, cuda_async, ... Empty: leave JAX's settings alone. JAX_NBMEM_ALLOCATOR overrides it.",
+    ).tag(config=True)
+
+    sample_interval = Float(
+        0.1, min=0.01, help="Seconds between two GPU memory samples while the extension is loaded."
+    ).tag(config=True)
+
+    process_interval = Float(
+        1.0,
+        min=0.05,
+        help="Seconds between two reads of the GPU process list when no cell runs "
+        "(it costs milliseconds in NVML; a running cell is watched more closely).",
+    ).tag(config=True)
+
+    status_interval = Float(
+        5.0,
+        min=0.5,
+        help="Seconds between two looks at who else is on the GPU (reads /proc and may ask "
+        "Jupyter servers; the warnings in the panel come from it).",
+    ).tag(config=True)
+
+    max_cells = Integer(
+        10_000, min=1, help="How many cell records %jaxmem cells keeps; older ones are dropped."
+    ).tag(config=True)
+
+    sampling = Enum(
+        ["auto", "off"], "auto", help="'off' disables the background sampler (no live panel)."
+    ).tag(config=True)
+
+    panel = Enum(
+        ["auto", "widget", "static", "text"],
+        "auto",
+        help="How %jaxmem shows the panel: a live widget, a static figure refreshed after each "
+        "cell (for frontends without widgets), plain text, or auto (widget when it can render).",
+    ).tag(config=True)
+
+
+def startup_mode(settings: JaxNbMem, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The mode to apply at load and where it comes from; ``("", "")`` when none is asked for."""
+    environ = os.environ if environ is None else environ
+    from_env = environ.get(ENV_ALLOCATOR, "").strip()
+    if from_env:
+        return from_env, f"${ENV_ALLOCATOR}"
+    if settings.allocator.strip():
+        return settings.allocator.strip(), "c.JaxNbMem.allocator"
+    return "", ""

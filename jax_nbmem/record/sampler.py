@@ -1,0 +1,490 @@
+"""The background sampler: GPU, JAX and host memory over time, in a bounded history.
+
+A daemon thread takes a :class:`Sample` every ``interval`` seconds on a monotonic schedule.
+Each tick is small: NVML's memory counters, JAX's allocator counters once the user's code has
+started the backend, and the host RSS. NVML's process list (which tells this process's bytes
+apart from other processes') is read less often, and more often while a cell runs
+(:meth:`Sampler.set_busy`) so that a short transient is caught. ``jax.live_arrays()`` costs
+time in proportion to the number of arrays and is read at most every ``live_array_interval``.
+
+The sampler never raises out of its thread: a failed reading leaves its value ``None``, and
+the error is kept as text in :attr:`Sampler.last_error`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jax_nbmem.gpu import jaxstats
+from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory, keep_extreme
+
+__all__ = [
+    "GpuPeaks",
+    "GpuSample",
+    "HostSample",
+    "PeakTracker",
+    "Peaks",
+    "Sample",
+    "SampleHistory",
+    "Sampler",
+    "SamplerSource",
+]
+
+# The set of GPUs this kernel uses changes only if the user edits CUDA_VISIBLE_DEVICES before
+# starting JAX; re-reading it every few seconds (and at every sample_now) is plenty.
+_GPU_SET_REFRESH_S = 10.0
+_JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.memory(indices)
+
+
+def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.processes(indices)
+
+
+def _visible_gpu_indices() -> Sequence[int] | None:
+    from jax_nbmem.gpu import nvml, visible
+
+    every_gpu = nvml.gpus()
+    if not every_gpu:
+        return None  # NVML sees nothing right now: not "no GPUs are ours"
+    return tuple(visible.visible_gpus(every_gpu, os.environ).indices)
+
+
+@dataclass(frozen=True)
+class SamplerSource:
+    """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
+
+    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when first
+    called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX numbers
+    its GPU devices, or ``None`` for "all GPUs NVML sees".
+    """
+
+    memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
+    processes: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_processes
+    gpu_indices: Callable[[], Sequence[int] | None] = _visible_gpu_indices
+    backend_initialized: Callable[[], bool] = jaxstats.backend_initialized
+    device_stats: Callable[[], Sequence[Any]] = jaxstats.device_stats
+    live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
+    host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass(frozen=True)
+class GpuPeaks:
+    """Extremes of one GPU's series over the samples a tracker saw; ``None`` if never known."""
+
+    index: int
+    max_self_bytes: int | None
+    max_used_bytes: int | None
+    max_jax_in_use: int | None
+    max_jax_peak: int | None
+    min_free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What a :class:`PeakTracker` saw between its opening and :meth:`PeakTracker.close`."""
+
+    samples: int
+    gpus: tuple[GpuPeaks, ...]
+    max_rss_bytes: int | None
+    max_live_array_bytes: int | None
+
+    def gpu(self, index: int) -> GpuPeaks | None:
+        """Return the extremes for NVML GPU *index*, or ``None`` if no sample had it."""
+        return next((g for g in self.gpus if g.index == index), None)
+
+
+class PeakTracker:
+    """Accumulates maxima (and the minimum of free memory) over every sample while open.
+
+    Obtained from :meth:`Sampler.track`. Sees both the thread's samples and
+    :meth:`Sampler.sample_now`'s. :meth:`close` stops it; closing twice gives the same result.
+    """
+
+    def __init__(self, detach: Callable[[PeakTracker], None]):
+        self._detach = detach
+        self._lock = threading.Lock()
+        self._extremes: dict[int, GpuPeaks] = {}
+        self._samples = 0
+        self._max_rss: int | None = None
+        self._max_live: int | None = None
+        self._result: Peaks | None = None
+
+    def observe(self, sample: Sample) -> None:
+        """Fold *sample* into the extremes (the sampler calls this; ignored once closed)."""
+        with self._lock:
+            if self._result is not None:
+                return
+            self._samples += 1
+            for gpu in sample.gpus:
+                old = self._extremes.get(gpu.index) or GpuPeaks(gpu.index, *[None] * 5)
+                self._extremes[gpu.index] = GpuPeaks(
+                    index=gpu.index,
+                    max_self_bytes=keep_extreme(max, old.max_self_bytes, gpu.self_bytes),
+                    max_used_bytes=keep_extreme(max, old.max_used_bytes, gpu.used_bytes),
+                    max_jax_in_use=keep_extreme(max, old.max_jax_in_use, gpu.jax_in_use),
+                    max_jax_peak=keep_extreme(max, old.max_jax_peak, gpu.jax_peak),
+                    min_free_bytes=keep_extreme(min, old.min_free_bytes, gpu.free_bytes),
+                )
+            if sample.host is not None:
+                self._max_rss = keep_extreme(max, self._max_rss, sample.host.rss_bytes)
+                self._max_live = keep_extreme(max, self._max_live, sample.host.live_array_bytes)
+
+    def close(self) -> Peaks:
+        """Stop tracking and return what was seen."""
+        self._detach(self)
+        with self._lock:
+            if self._result is None:
+                self._result = Peaks(
+                    samples=self._samples,
+                    gpus=tuple(self._extremes[i] for i in sorted(self._extremes)),
+                    max_rss_bytes=self._max_rss,
+                    max_live_array_bytes=self._max_live,
+                )
+            return self._result
+
+
+class Sampler:
+    """Samples memory on a daemon thread and keeps a bounded history.
+
+    ``start()`` and ``stop()`` are idempotent; ``stop()`` joins the thread. Without the thread,
+    :meth:`tick` takes the same scheduled samples on demand and :meth:`sample_now` takes a
+    fresh complete one (for cell boundaries).
+
+    Attributes (read them; change the rates with :meth:`configure`): ``interval``,
+    ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
+    ``last_error`` (text of the latest failed reading or callback, ``None`` if none yet) and
+    ``last_error_at`` (its ``time.time()``); ``error_count`` and ``callback_errors``.
+    """
+
+    def __init__(
+        self,
+        source: SamplerSource | None = None,
+        *,
+        interval: float = 0.1,
+        process_interval: float = 1.0,
+        busy_process_interval: float = 0.2,
+        live_array_interval: float = 1.5,
+        history: SampleHistory | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self._source = source if source is not None else SamplerSource()
+        self._clock = clock
+        self._monotonic = monotonic
+        self._history = history if history is not None else SampleHistory()
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._callbacks: list[Callable[[Sample], Any]] = []
+        self._trackers: list[PeakTracker] = []
+        self._latest: Sample | None = None
+        self._busy = False
+        self._gpu_indices: Sequence[int] | None = None
+        self._gpu_indices_due = -math.inf
+        self._gpu_set_final = False
+        self._processes: dict[int, list[Any]] | None = None
+        self._used_at_process_read: dict[int, int | None] | None = None
+        self._process_due = -math.inf
+        self._live_bytes: int | None = None
+        self._live_due = -math.inf
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.error_count = 0
+        self.callback_errors = 0
+        self.configure(interval, process_interval, busy_process_interval, live_array_interval)
+
+    def configure(
+        self,
+        interval: float | None = None,
+        process_interval: float | None = None,
+        busy_process_interval: float | None = None,
+        live_array_interval: float | None = None,
+    ) -> None:
+        """Change the sampling rates (seconds); ``None`` keeps a rate as it is.
+
+        Raises:
+            ValueError: when a rate is not a positive number.
+        """
+        updates = {
+            "interval": interval,
+            "process_interval": process_interval,
+            "busy_process_interval": busy_process_interval,
+            "live_array_interval": live_array_interval,
+        }
+        for name, value in updates.items():
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        with self._lock:
+            for name, value in updates.items():
+                if value is not None:
+                    setattr(self, name, float(value))
+
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is alive and has not been asked to stop."""
+        with self._lock:
+            thread = self._thread
+            return thread is not None and thread.is_alive() and not self._stop_event.is_set()
+
+    def start(self, timeout: float = 5.0) -> None:
+        """Start the sampling thread; does nothing if it is already running.
+
+        A thread still winding down from :meth:`stop` is first waited for (up to *timeout* s).
+        """
+        if self.running:
+            return
+        self._join(self._thread, timeout)
+        with self._lock:
+            if self.running:  # another caller started it meanwhile
+                return
+            self._stop_event = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop_event,), name="jax_nbmem-sampler", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the sampling thread and wait up to *timeout* s for it; a no-op when stopped.
+
+        Called from the sampler's own thread (a subscriber), it only asks: the thread ends
+        after the current tick, and a later ``stop()`` from elsewhere joins it.
+        """
+        with self._lock:
+            thread = self._thread
+            self._stop_event.set()
+        self._join(thread, timeout)
+
+    def _join(self, thread: threading.Thread | None, timeout: float) -> None:
+        # Joined without holding the lock: the thread's last tick may still need it.
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        with self._lock:
+            if self._thread is thread and not thread.is_alive():
+                self._thread = None
+
+    def set_busy(self, busy: bool) -> None:
+        """Read the process list every ``busy_process_interval`` while *busy* (a cell runs)."""
+        with self._lock:
+            self._busy = bool(busy)
+            if self._busy:
+                soonest = self._monotonic() + self.busy_process_interval
+                self._process_due = min(self._process_due, soonest)
+
+    def latest(self) -> Sample | None:
+        """The most recent sample, or ``None`` before the first."""
+        return self._latest
+
+    def recent(self, max_age_s: float) -> Sample | None:
+        """The latest sample if the thread is running and took it at most ``max_age_s`` ago."""
+        latest = self._latest
+        if latest is None or not self.running or self._clock() - latest.t > max_age_s:
+            return None
+        return latest
+
+    def history(self, since: float | None = None) -> list[Sample]:
+        """All kept points, oldest first; with *since*, those with ``t >= since``.
+
+        See :class:`SampleHistory`; asking for a recent *since* is cheap however long the
+        session, which is what a view updated a few times a second should do.
+        """
+        with self._lock:
+            return self._history.samples(since)
+
+    def subscribe(self, callback: Callable[[Sample], Any]) -> Callable[[], None]:
+        """Call *callback(sample)* after each scheduled sample, on the sampler's thread.
+
+        Exceptions from *callback* are swallowed and counted in :attr:`callback_errors`.
+        Returns a function that unsubscribes (calling it twice is harmless).
+        """
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def track(self) -> PeakTracker:
+        """Open a :class:`PeakTracker` that sees every sample until it is closed."""
+        tracker = PeakTracker(self._detach_tracker)
+        with self._lock:
+            self._trackers.append(tracker)
+        return tracker
+
+    def tick(self) -> Sample:
+        """Take one scheduled sample, as the thread does every ``interval``; notify subscribers.
+
+        Slow readings (process list, live arrays) are taken only when due.
+        """
+        sample = self._record(force=False)
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                callback(sample)
+            except Exception as exc:
+                self.callback_errors += 1
+                self._remember(exc)
+        return sample
+
+    def sample_now(self, *, include_live_arrays: bool = True) -> Sample:
+        """Take a complete sample at once (fresh process list; live arrays unless told not to).
+
+        Subscribers are not called: they hear from the thread's next tick.
+        """
+        return self._record(force=True, force_live=include_live_arrays)
+
+    def _record(self, force: bool, force_live: bool = False) -> Sample:
+        with self._lock:
+            try:
+                sample = self._collect(self._monotonic(), force, force_live)
+            except Exception as exc:  # a source broke its contract: an empty sample, said
+                self._remember(exc)
+                sample = Sample(t=self._clock(), gpus=(), host=None)
+            self._history.add(sample)
+            self._latest = sample
+            for tracker in self._trackers:
+                tracker.observe(sample)
+        return sample
+
+    def _collect(self, now: float, force: bool, force_live: bool) -> Sample:
+        source = self._source
+        slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
+        jax_up = bool(self._read(source.backend_initialized, False))
+        if not self._gpu_set_final and (force or now + slack >= self._gpu_indices_due):
+            indices = self._read(source.gpu_indices, None)
+            self._gpu_indices = None if indices is None else tuple(indices)
+            self._gpu_indices_due = now + _GPU_SET_REFRESH_S
+            # JAX fixed its devices when its backend started; a later CUDA_VISIBLE_DEVICES
+            # edit changes nothing for this process, so the set read now is final.
+            self._gpu_set_final = jax_up and indices is not None
+        indices = self._gpu_indices
+        memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
+        used = {reading.index: reading.used_bytes for reading in memory}
+        # A forced sample (a cell boundary) needs this process's bytes as they are now. When no
+        # GPU's used memory moved since the last process list, nobody's bytes did, and the
+        # list (the costly NVML call) would say the same again.
+        moved = used != self._used_at_process_read or None in used.values()
+        if (force and moved) or now + slack >= self._process_due:
+            self._processes = self._group_by_gpu(self._read(source.processes, None, indices))
+            self._used_at_process_read = used
+            pace = self.busy_process_interval if self._busy else self.process_interval
+            self._process_due = now + pace
+        stats = list(self._read(source.device_stats, []) or []) if jax_up else []
+        if not jax_up:
+            self._live_bytes = None
+        elif force_live or now + slack >= self._live_due:
+            self._live_bytes = self._read(source.live_array_bytes, None)
+            self._live_due = now + self.live_array_interval
+        # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
+        order = list(indices) if indices is not None else sorted(g.index for g in memory)
+        gpu_stats = sorted(
+            (s for s in stats if getattr(s, "platform", None) in _JAX_GPU_PLATFORMS),
+            key=lambda s: getattr(s, "id", None) or 0,
+        )
+        stats_by_index = dict(zip(order, gpu_stats, strict=False))
+        gpus = []
+        for reading in memory:
+            try:
+                gpus.append(self._gpu_sample(reading, stats_by_index.get(reading.index)))
+            except Exception as exc:  # a malformed reading loses its GPU, not the sample
+                self._remember(exc)
+        host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes)
+        return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
+
+    def _gpu_sample(self, reading: Any, stats: Any) -> GpuSample:
+        used = reading.used_bytes
+        self_bytes: int | None = None
+        others: int | None = None
+        if self._processes is not None:
+            entries = self._processes.get(reading.index, [])
+            mine = [p.used_bytes for p in entries if p.pid == self._source.pid]
+            theirs = [p.used_bytes for p in entries if p.pid != self._source.pid]
+            if mine:
+                self_bytes = None if None in mine else sum(mine)
+            elif stats is None and used is not None:
+                self_bytes = 0
+            # Otherwise our pid is missing from a GPU that NVML could not read, or from one
+            # JAX holds (e.g. NVML sees another PID namespace in a container): unknown, not 0.
+            if used is not None and self_bytes is not None:
+                others = max(0, used - self_bytes)
+            elif None not in theirs:
+                others = sum(theirs)
+        return GpuSample(
+            index=reading.index,
+            uuid=reading.uuid,
+            name=reading.name,
+            total_bytes=reading.total_bytes,
+            used_bytes=used,
+            free_bytes=reading.free_bytes,
+            self_bytes=self_bytes,
+            others_bytes=others,
+            jax_in_use=getattr(stats, "bytes_in_use", None),
+            jax_peak=getattr(stats, "peak_bytes_in_use", None),
+            jax_reserved=getattr(stats, "bytes_reserved", None),
+            jax_limit=getattr(stats, "bytes_limit", None),
+            problem=getattr(reading, "problem", None),
+        )
+
+    @staticmethod
+    def _group_by_gpu(processes: Sequence[Any] | None) -> dict[int, list[Any]] | None:
+        if processes is None:
+            return None
+        grouped: dict[int, list[Any]] = {}
+        for process in processes:
+            grouped.setdefault(process.gpu, []).append(process)
+        return grouped
+
+    def _read(self, reader: Callable[..., Any], default: Any, *args: Any) -> Any:
+        try:
+            return reader(*args)
+        except Exception as exc:
+            self._remember(exc)
+            return default
+
+    def _remember(self, exc: BaseException) -> None:
+        # Text only: keeping the exception would keep its traceback's frames (and arrays) alive.
+        self.error_count += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error_at = self._clock()
+
+    def _detach_tracker(self, tracker: PeakTracker) -> None:
+        with self._lock:
+            if tracker in self._trackers:
+                self._trackers.remove(tracker)
+
+    def _run(self, stop_event: threading.Event) -> None:
+        deadline = self._monotonic()
+        while not stop_event.is_set():
+            try:
+                self.tick()
+            except Exception as exc:
+                self._remember(exc)
+            now = self._monotonic()
+            deadline = _next_deadline(deadline, now, self.interval)
+            if stop_event.wait(max(0.0, deadline - now)):
+                break
+
+
+def _next_deadline(previous: float, now: float, interval: float) -> float:
+    """Next tick time on a fixed grid; after a stall, resume from *now* instead of bursting."""
+    deadline = previous + interval
+    return deadline if deadline > now - interval else now

@@ -1,0 +1,29 @@
+"""A simulated NVIDIA GPU, for the tests and for the demo on a machine without one.
+
+A C stand-in for ``libnvidia-ml.so.1`` (``nvml_stub.c``) that the real ``pynvml`` loads like
+the real library, reporting whatever a state file says; :mod:`.simulator` builds it and writes
+those files. It stands apart from the rest of jax_nbmem: it imports nothing of the package
+(and never pynvml), and nothing in the package imports it.
+"""
+
+from jax_nbmem.simgpu.simulator import (
+    GIB,
+    LIBRARY_NAME,
+    STATE_ENV_VAR,
+    SimState,
+    build,
+    demo_state,
+    env_for_subprocess,
+    preload,
+)
+
+__all__ = [
+    "GIB",
+    "LIBRARY_NAME",
+    "STATE_ENV_VAR",
+    "SimState",
+    "build",
+    "demo_state",
+    "env_for_subprocess",
+    "preload",
+]

@@ -1,0 +1,457 @@
+/*
+ * A simulated libnvidia-ml.so.1 for jax_nbmem's tests and no-GPU demo.
+ *
+ * It answers the handful of NVML calls that jax_nbmem.nvml makes (through the real pynvml)
+ * from a small text "state file" named by $JAX_NBMEM_SIMGPU_STATE. The file is read again
+ * on every call, and the variable is looked up on every call, so another process (or Python
+ * code changing os.environ) can change what the "GPU" reports at any time. Writers replace the
+ * file atomically, so a reader sees either the old or the new state, never half of one.
+ *
+ * Line format (see jax_nbmem/simgpu/simulator.py, which writes it):
+ *   driver VERSION
+ *   gpu INDEX UUID total=BYTES [used=BYTES] [reserved=BYTES] [name=REST OF LINE]
+ *   proc GPU PID used=BYTES|na [kind=compute|graphics]
+ *   lost GPU
+ *   nodriver
+ * Lines starting with '#' and anything after whitespace + '#' are comments.
+ *
+ * Functions that are not defined here are simply not exported; pynvml then raises
+ * NVMLError_FunctionNotFound, exactly as with an old driver. Building with -DSIM_OLD_DRIVER
+ * leaves out nvmlDeviceGetMemoryInfo_v2 and the _v3 process lists for that reason.
+ *
+ * Every call parses into its own heap buffer, so concurrent callers share nothing but the
+ * init refcount (an atomic).
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define API __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define SIM_MAX_GPUS 64
+#define SIM_MAX_PROCS 1024
+#define SIM_TEXT 96
+/* Memory a real device shows as used with no process on it (driver, contexts). */
+#define SIM_BASE_USED (500ULL * 1024 * 1024)
+#define SIM_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
+#define SIM_MEMORY_V2_VERSION 0x02000028u
+
+typedef struct { unsigned int index; } sim_device;
+typedef sim_device *nvmlDevice_t;
+
+/* Handles are stable addresses, one per index, like NVML's own. */
+static sim_device sim_handles[SIM_MAX_GPUS];
+static int sim_init_count;
+
+typedef struct {
+    unsigned long long total, used, reserved;
+    int used_given, present;
+    char uuid[SIM_TEXT];
+    char name[SIM_TEXT];
+} sim_gpu;
+
+typedef struct {
+    unsigned int gpu, pid, graphics;
+    unsigned long long used;
+} sim_proc;
+
+typedef struct {
+    int nodriver;
+    unsigned int gpu_count;
+    unsigned char lost[SIM_MAX_GPUS];
+    unsigned int proc_count;
+    char driver[SIM_TEXT];
+    sim_gpu gpus[SIM_MAX_GPUS];
+    sim_proc procs[SIM_MAX_PROCS];
+} sim_state;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+static void copy_text(char *dest, const char *src) {
+    size_t length = strlen(src);
+    if (length >= SIM_TEXT) length = SIM_TEXT - 1;
+    memcpy(dest, src, length);
+    dest[length] = '\0';
+}
+
+static void strip_comment_and_newline(char *line) {
+    char *p;
+    line[strcspn(line, "\r\n")] = '\0';
+    for (p = line; *p; p++) {
+        if (*p == '#' && (p == line || isspace((unsigned char)p[-1]))) {
+            *p = '\0';
+            break;
+        }
+    }
+}
+
+/* Reads "key=value" options after the fixed fields; name= takes the rest of the line. */
+static void parse_gpu_options(sim_gpu *gpu, char *rest) {
+    char *token;
+    char *name = strstr(rest, "name=");
+    if (name && (name == rest || isspace((unsigned char)name[-1]))) {
+        char *end;
+        copy_text(gpu->name, name + 5);
+        end = gpu->name + strlen(gpu->name);
+        while (end > gpu->name && isspace((unsigned char)end[-1])) *--end = '\0';
+        *name = '\0';
+    }
+    for (token = strtok(rest, " \t"); token; token = strtok(NULL, " \t")) {
+        if (strncmp(token, "total=", 6) == 0) {
+            gpu->total = strtoull(token + 6, NULL, 10);
+        } else if (strncmp(token, "used=", 5) == 0) {
+            gpu->used = strtoull(token + 5, NULL, 10);
+            gpu->used_given = 1;
+        } else if (strncmp(token, "reserved=", 9) == 0) {
+            gpu->reserved = strtoull(token + 9, NULL, 10);
+        }
+    }
+}
+
+static void parse_line(sim_state *state, char *line) {
+    char word[16], text[SIM_TEXT];
+    unsigned int index, pid;
+    int consumed = 0;
+
+    strip_comment_and_newline(line);
+    if (sscanf(line, "%15s%n", word, &consumed) != 1) return;
+    if (strcmp(word, "nodriver") == 0) {
+        state->nodriver = 1;
+    } else if (strcmp(word, "driver") == 0) {
+        if (sscanf(line + consumed, "%95s", text) == 1) copy_text(state->driver, text);
+    } else if (strcmp(word, "gpu") == 0) {
+        if (sscanf(line, "gpu %u %95s %n", &index, text, &consumed) < 2) return;
+        if (index >= SIM_MAX_GPUS) return;
+        sim_gpu *gpu = &state->gpus[index];
+        memset(gpu, 0, sizeof *gpu);
+        gpu->present = 1;
+        copy_text(gpu->uuid, text);
+        copy_text(gpu->name, "NVIDIA GPU (simulated)");
+        parse_gpu_options(gpu, line + consumed);
+    } else if (strcmp(word, "proc") == 0) {
+        char used[32] = "", kind[32] = "";
+        if (state->proc_count >= SIM_MAX_PROCS) return;
+        if (sscanf(line, "proc %u %u used=%31s kind=%31s", &index, &pid, used, kind) < 3) return;
+        sim_proc *proc = &state->procs[state->proc_count++];
+        proc->gpu = index;
+        proc->pid = pid;
+        proc->graphics = strcmp(kind, "graphics") == 0;
+        proc->used = strcmp(used, "na") == 0 ? SIM_NOT_AVAILABLE : strtoull(used, NULL, 10);
+    } else if (strcmp(word, "lost") == 0) {
+        if (sscanf(line + consumed, "%u", &index) == 1 && index < SIM_MAX_GPUS)
+            state->lost[index] = 1;
+    }
+}
+
+/* Loads the state named by the environment; NULL with *ret set when there is no "driver". */
+static sim_state *load_state(nvmlReturn_t *ret) {
+    const char *path = getenv("JAX_NBMEM_SIMGPU_STATE");
+    char line[512];
+    unsigned int i;
+    FILE *file;
+    sim_state *state;
+
+    if (!path || !*path || !(file = fopen(path, "r"))) {
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    state = calloc(1, sizeof *state);
+    if (!state) {
+        fclose(file);
+        *ret = NVML_ERROR_MEMORY;
+        return NULL;
+    }
+    copy_text(state->driver, "simulated");
+    while (fgets(line, sizeof line, file)) parse_line(state, line);
+    fclose(file);
+    for (i = 0; i < SIM_MAX_GPUS; i++) state->gpu_count += state->gpus[i].present;
+    if (state->nodriver) {
+        free(state);
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    *ret = NVML_SUCCESS;
+    return state;
+}
+
+/* Loads the state for a call that needs an initialized library. */
+static sim_state *begin_call(nvmlReturn_t *ret) {
+    if (__atomic_load_n(&sim_init_count, __ATOMIC_SEQ_CST) <= 0) {
+        *ret = NVML_ERROR_UNINITIALIZED;
+        return NULL;
+    }
+    return load_state(ret);
+}
+
+/* Loads the state and finds the device behind a handle, checking that it is still there. */
+static sim_gpu *begin_device_call(nvmlDevice_t device, sim_state **state, nvmlReturn_t *ret) {
+    *state = begin_call(ret);
+    if (!*state) return NULL;
+    if (device < sim_handles || device >= sim_handles + SIM_MAX_GPUS ||
+        !(*state)->gpus[device->index].present) {
+        *ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else if ((*state)->lost[device->index]) {
+        *ret = NVML_ERROR_GPU_IS_LOST;
+    } else {
+        return &(*state)->gpus[device->index];
+    }
+    free(*state);
+    *state = NULL;
+    return NULL;
+}
+
+static unsigned long long device_used(const sim_state *state, unsigned int index) {
+    const sim_gpu *gpu = &state->gpus[index];
+    unsigned long long used = SIM_BASE_USED;
+    unsigned int i, j;
+    if (gpu->used_given) return gpu->used;
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *proc = &state->procs[i];
+        if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
+        /* A process on both the compute and the graphics list holds its memory once. */
+        for (j = 0; j < i; j++) {
+            if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid) break;
+        }
+        if (j == i) used += proc->used;
+    }
+    return used > gpu->total ? gpu->total : used;
+}
+
+static nvmlReturn_t copy_string(char *dest, unsigned int length, const char *src) {
+    if (!dest) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dest, src);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    nvmlReturn_t ret;
+    sim_state *state = load_state(&ret);
+    (void)flags;
+    if (!state) return ret;
+    free(state);
+    __atomic_add_fetch(&sim_init_count, 1, __ATOMIC_SEQ_CST);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+API nvmlReturn_t nvmlShutdown(void) {
+    int count = __atomic_load_n(&sim_init_count, __ATOMIC_SEQ_CST);
+    while (count > 0) {
+        if (__atomic_compare_exchange_n(&sim_init_count, &count, count - 1, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            return NVML_SUCCESS;
+    }
+    return NVML_ERROR_UNINITIALIZED;
+}
+
+API const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+        case NVML_SUCCESS: return "Success";
+        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+        case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+        case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+        case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+        case NVML_ERROR_MEMORY: return "Insufficient Memory";
+        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+        default: return "Unknown Error";
+    }
+}
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    nvmlReturn_t ret;
+    sim_state *state = begin_call(&ret);
+    if (!state) return ret;
+    ret = copy_string(version, length, state->driver);
+    free(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    nvmlReturn_t ret;
+    sim_state *state = begin_call(&ret);
+    if (!state) return ret;
+    if (!count) ret = NVML_ERROR_INVALID_ARGUMENT;
+    else *count = state->gpu_count;
+    free(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    nvmlReturn_t ret;
+    sim_state *state = begin_call(&ret);
+    if (!state) return ret;
+    if (!device || index >= SIM_MAX_GPUS || !state->gpus[index].present) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (state->lost[index]) {
+        ret = NVML_ERROR_GPU_IS_LOST;
+    } else {
+        sim_handles[index].index = index;
+        *device = &sim_handles[index];
+    }
+    free(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_device_call(device, &state, &ret)) return ret;
+    if (!index) ret = NVML_ERROR_INVALID_ARGUMENT;
+    else *index = device->index;
+    free(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_device_call(device, &state, &ret);
+    if (!gpu) return ret;
+    ret = copy_string(uuid, length, gpu->uuid);
+    free(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_device_call(device, &state, &ret);
+    if (!gpu) return ret;
+    ret = copy_string(name, length, gpu->name);
+    free(state);
+    return ret;
+}
+
+/* Version 1 reports the driver's reserved memory as part of "used", like old drivers did. */
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_device_call(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!memory) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else {
+        unsigned long long used = device_used(state, device->index) + gpu->reserved;
+        if (used > gpu->total) used = gpu->total;
+        memory->total = gpu->total;
+        memory->used = used;
+        memory->free = gpu->total - used;
+    }
+    free(state);
+    return ret;
+}
+
+#ifndef SIM_OLD_DRIVER
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_device_call(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!memory) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (memory->version != SIM_MEMORY_V2_VERSION) {
+        ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    } else {
+        unsigned long long reserved = gpu->reserved > gpu->total ? gpu->total : gpu->reserved;
+        unsigned long long used = device_used(state, device->index);
+        if (used > gpu->total - reserved) used = gpu->total - reserved;
+        memory->total = gpu->total;
+        memory->reserved = reserved;
+        memory->used = used;
+        memory->free = gpu->total - reserved - used;
+    }
+    free(state);
+    return ret;
+}
+#endif
+
+/* NVML's two-call protocol: a short (or NULL) array gets INSUFFICIENT_SIZE and the count. */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
+                                   nvmlProcessInfo_t *infos, unsigned int graphics) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    unsigned int i, found = 0;
+    if (!begin_device_call(device, &state, &ret)) return ret;
+    if (!count) {
+        free(state);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (i = 0; i < state->proc_count; i++) {
+        if (state->procs[i].gpu == device->index && state->procs[i].graphics == graphics) found++;
+    }
+    if (found > *count || (found > 0 && !infos)) {
+        *count = found;
+        free(state);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = found;
+    found = 0;
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *proc = &state->procs[i];
+        if (proc->gpu != device->index || proc->graphics != graphics) continue;
+        infos[found].pid = proc->pid;
+        infos[found].usedGpuMemory = proc->used;
+        infos[found].gpuInstanceId = 0xFFFFFFFFu;
+        infos[found].computeInstanceId = 0xFFFFFFFFu;
+        found++;
+    }
+    free(state);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                         nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
+                                                          unsigned int *count,
+                                                          nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, 1);
+}
+
+#ifndef SIM_OLD_DRIVER
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                         nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                          unsigned int *count,
+                                                          nvmlProcessInfo_t *infos) {
+    return list_processes(device, count, infos, 1);
+}
+#endif

@@ -1,0 +1,243 @@
+"""What to tell the user about the GPU's tenants: warnings, and the diagnosis after an OOM.
+
+Pure text and rules over the `Tenant` records that :mod:`jax_nbmem.tenants.attribution` attributes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from jax_nbmem.allocator.modes import DEFAULT_FRACTION
+from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant
+from jax_nbmem.tenants.servers import current_user
+from jax_nbmem.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from jax_nbmem.gpu.nvml import GpuMemory
+
+__all__ = ["MemoryWarning", "oom_diagnosis", "warnings_for"]
+
+
+@dataclass(frozen=True)
+class MemoryWarning:
+    """Something on the GPU worth telling the user, with what to do about it.
+
+    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail" or
+    "pid-namespace". ``gpu``/``pid`` are None when it concerns no single GPU or process.
+    """
+
+    kind: str
+    gpu: int | None
+    pid: int | None
+    message: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: ``kind``, ``gpu``, ``pid``, ``message``."""
+        return asdict(self)
+
+
+def warnings_for(
+    tenants: Iterable[Tenant],
+    gpus: Iterable[GpuMemory],
+    *,
+    own_backend_started: bool,
+    own_requested_fraction: float | None = None,
+    own_needs_bytes: int | None = None,
+    own_jax_in_use: int | None = None,
+    own_reserved: int | None = None,
+) -> list[MemoryWarning]:
+    """Warnings about the GPU's tenants; an empty list when everybody fits.
+
+    ``own_requested_fraction``: what this kernel's mode will preallocate when its backend
+    starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
+    needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
+    A GPU whose free memory is unknown raises no warning about it.
+    """
+    tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
+    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
+    found = []
+    if foreign is not None:
+        found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
+    else:
+        found += _blocking(tenants, by_index, own_needs_bytes)
+        found += _self_preallocation(tenants, own_jax_in_use, own_reserved)
+    if not own_backend_started and own_requested_fraction:
+        found += _will_fail(tenants, by_index.values(), own_requested_fraction)
+    return found
+
+
+# This kernel's arrays using under a quarter of what it reserved makes its reserve mostly idle.
+_SMALL_USE = 0.25
+# Room left for the CUDA context when suggesting a fraction that fits.
+_CONTEXT_RESERVE_BYTES = 512 << 20
+
+
+def _in_foreign_namespace(tenant: Tenant) -> bool:
+    return (tenant.reason or "").startswith(PID_NAMESPACE_REASON)
+
+
+def _namespace_message(tenant: Tenant) -> str:
+    detail = (tenant.reason or "").removeprefix(f"{PID_NAMESPACE_REASON}: ")
+    return (
+        "NVML reports process IDs from the host's PID namespace and they do not match the "
+        f"processes here ({detail}), so the GPU's other users cannot be named. Run the container "
+        "in the host's PID namespace (e.g. `docker run --pid=host`, or `hostPID: true` in a "
+        "Kubernetes pod) to see who holds the memory."
+    )
+
+
+def _label(tenant: Tenant, *, start: bool = True) -> str:
+    noun = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(tenant.kind)
+    details = [f"notebook {tenant.notebook}"] if tenant.notebook else []
+    if tenant.kind == "process" and tenant.cmdline:
+        details.append(f"`{tenant.cmdline}`")
+    if tenant.user and tenant.user != current_user():
+        details.append(f"user {tenant.user}")
+    text = f"{noun or 'unidentified process'} PID {tenant.pid}"
+    text += f" ({', '.join(details)})" if details else ""
+    return text[0].upper() + text[1:] if start else text
+
+
+def _idle_clause(tenant: Tenant) -> str:
+    if tenant.idle_s is None:
+        return ""
+    if tenant.idle_s == 0:
+        return " It is busy right now."
+    return f" It has been idle for {format_duration(tenant.idle_s)}."
+
+
+def _fix(tenant: Tenant) -> str:
+    restart = "restart it with `%jaxalloc off` in its first cell"
+    me = current_user()
+    if tenant.user and me and tenant.user != me:
+        return f"Ask its owner ({tenant.user}) to shut it down or to {restart}."
+    if tenant.kind == "kernel":
+        return f"Shut it down (`%jaxmem shutdown {tenant.pid}`) or {restart}."
+    return (
+        "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
+        "memory only as its arrays need it."
+    )
+
+
+def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
+    found = []
+    for tenant in tenants:
+        gpu = by_index.get(tenant.gpu)
+        if tenant.kind == "self" or not tenant.preallocated or gpu is None:
+            continue
+        if gpu.free_bytes is None or gpu.total_bytes is None:
+            continue
+        default_bytes = DEFAULT_FRACTION * gpu.total_bytes
+        if own_needs_bytes is not None and gpu.free_bytes < own_needs_bytes:
+            short = f"less than the {format_bytes(own_needs_bytes)} this kernel needs"
+        elif gpu.free_bytes < default_bytes:
+            short = (
+                "too little for another kernel to start JAX in its default mode "
+                f"({format_bytes(default_bytes)}, {DEFAULT_FRACTION:.0%} of the GPU)"
+            )
+        else:
+            continue
+        message = (
+            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: JAX "
+            f"preallocated it when that process started.{_idle_clause(tenant)} Only "
+            f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
+        )
+        found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
+    return found
+
+
+def _self_preallocation(tenants, own_jax_in_use, own_reserved) -> list[MemoryWarning]:
+    found = []
+    for own in (t for t in tenants if t.kind == "self" and t.preallocated):
+        others = [t for t in tenants if t.gpu == own.gpu and t.kind != "self"]
+        reserved = own_reserved if own_reserved is not None else own.used_bytes
+        if others:
+            many = len(others) > 1
+            why = f"while {len(others)} other process{'es share' if many else ' shares'} it"
+        elif own_jax_in_use is not None and reserved and own_jax_in_use < _SMALL_USE * reserved:
+            why = f"while its arrays use only {format_bytes(own_jax_in_use)}"
+        else:
+            continue
+        message = (
+            f"This kernel (PID {own.pid}) preallocated {format_bytes(own.used_bytes)} of GPU "
+            f"{own.gpu} {why}. Restart it with `%jaxalloc off` in its first cell so that it holds "
+            "only what its arrays need (the mode applies only before JAX starts)."
+        )
+        found.append(MemoryWarning("self-preallocation", own.gpu, own.pid, message))
+    return found
+
+
+def _will_fail(tenants, gpus, fraction: float) -> list[MemoryWarning]:
+    found = []
+    for gpu in gpus:
+        if gpu.free_bytes is None or gpu.total_bytes is None:
+            continue
+        wanted = fraction * gpu.total_bytes
+        if gpu.free_bytes >= wanted:
+            continue
+        room = max(0, gpu.free_bytes - _CONTEXT_RESERVE_BYTES) / gpu.total_bytes
+        fits = math.floor(room * 20) / 20  # in steps of 5%, rounded down
+        option = f"`%jaxalloc fraction {fits:g}`, which fits, or " if fits >= 0.05 else ""
+        message = (
+            f"When JAX starts, this kernel will preallocate {fraction:.0%} of GPU {gpu.index} "
+            f"({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is free"
+            f"{_holders(tenants, gpu.index)}: its GPU backend would fail to start for lack of "
+            f"memory. Before any JAX code runs, choose {option}`%jaxalloc off` (memory taken "
+            "as arrays need it)."
+        )
+        found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
+    return found
+
+
+def _holders(tenants, gpu_index: int, limit: int = 3) -> str:
+    on_gpu = [t for t in tenants if t.gpu == gpu_index and t.used_bytes and t.kind != "unknown"]
+    on_gpu.sort(key=lambda t: -t.used_bytes)
+    if not on_gpu:
+        return ""
+    parts = [f"{_label(t, start=False)}: {format_bytes(t.used_bytes)}" for t in on_gpu[:limit]]
+    return f" (held by {'; '.join(parts)})"
+
+
+def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
+    """Plain text for under a RESOURCE_EXHAUSTED traceback: who holds each GPU, what to do."""
+    tenants = list(tenants)
+    lines = ["JAX ran out of GPU memory. Who holds it:"]
+    for gpu in gpus:
+        lines.append(
+            f"GPU {gpu.index} ({gpu.name or 'name unknown'}): {format_bytes(gpu.used_bytes)} "
+            f"used of {format_bytes(gpu.total_bytes)}, {format_bytes(gpu.free_bytes)} free"
+        )
+        on_gpu = sorted((t for t in tenants if t.gpu == gpu.index), key=_bytes_first)
+        for tenant in on_gpu:
+            notes = ", preallocated" if tenant.preallocated else ""
+            if tenant.kind == "unknown" and tenant.reason:
+                notes += f", not identified: {tenant.reason}"
+            lines.append(f"  - {_label(tenant)}: {format_bytes(tenant.used_bytes)}{notes}")
+        if not on_gpu:
+            lines.append("  - no process listed by NVML")
+    lines.append("What to do:")
+    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
+    if foreign is not None:
+        lines.append(f"  - {_namespace_message(foreign)}")
+    for tenant in tenants:
+        if tenant.kind in ("kernel", "process") and tenant.preallocated:
+            lines.append(f"  - {_label(tenant)} preallocated its memory. {_fix(tenant)}")
+    if any(t.kind == "self" and t.preallocated for t in tenants):
+        lines.append(
+            "  - This kernel's arrays filled its own preallocated share: free arrays you no "
+            "longer need (`del x`), use smaller batches, or restart it with a larger "
+            "`%jaxalloc fraction F`."
+        )
+    if len(lines) == next(i for i, line in enumerate(lines) if line == "What to do:") + 1:
+        lines.append(
+            "  - Nothing else preallocated this GPU: this kernel's arrays need more than is "
+            "free. Free arrays you no longer need (`del x`) or use smaller batches."
+        )
+    return "\n".join(lines)
+
+
+def _bytes_first(tenant: Tenant) -> int:
+    return -(tenant.used_bytes or 0)

@@ -1,0 +1,342 @@
+"""Who else is on the GPU: NVML's processes attributed to kernels, notebooks and preallocation.
+
+NVML gives PIDs and bytes; psutil tells what each PID is (its command line, environment and
+memory maps, readable for our own user's processes only) and the Jupyter servers tell which
+notebook a kernel serves. What cannot be found out stays None, with a ``reason``.
+From these records come the warnings: whose preallocation blocks whom, and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import psutil
+
+from jax_nbmem.allocator.modes import MANAGED_VARIABLES, effective
+from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
+
+if TYPE_CHECKING:
+    from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+
+__all__ = [
+    "PID_NAMESPACE_REASON",
+    "PREALLOCATION_ABOVE_BYTES",
+    "PREALLOCATION_BELOW_BYTES",
+    "ProcessInfo",
+    "Tenant",
+    "attribute",
+    "inspect_process",
+]
+
+# A preallocating process holds its fraction of the GPU's total plus its CUDA context, cuBLAS
+# and cuDNN workspaces (a few hundred MiB, more with NCCL): up to 1.5 GiB above. NVML's total
+# counts memory the driver reserves, which CUDA's total (what XLA multiplies) leaves out:
+# up to 512 MiB below.
+PREALLOCATION_ABOVE_BYTES = 1536 << 20
+PREALLOCATION_BELOW_BYTES = 512 << 20
+# Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
+PID_NAMESPACE_REASON = "pid-namespace"
+
+_CONNECTION_FILE = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
+# Paths that only a process running jaxlib maps (checked against jaxlib 0.10.2 and the CUDA
+# plugin package): the jaxlib package's shared objects and the PJRT plugins.
+_JAXLIB_MARKERS = ("/jaxlib/", "xla_extension", "/jax_plugins/", "/jax_cuda")
+_GPU_DEVICE_MARKER = "/dev/nvidia"
+_CMDLINE_CHARS = 120
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What one PID is. ``kind`` is "self", "kernel", "process" or "unknown" (see ``reason``).
+
+    ``allocator_env`` is None when the process's environment could not be read;
+    ``gpu_device_open`` tells whether its memory maps show an NVIDIA device file (None: unread).
+    """
+
+    pid: int
+    kind: str
+    user: str | None = None
+    cmdline: str | None = None
+    kernel_id: str | None = None
+    notebook: str | None = None
+    idle_s: float | None = None
+    runs_jax: bool | None = None
+    allocator_env: dict | None = None
+    started_at: float | None = None
+    reason: str | None = None
+    server_url: str | None = None
+    gpu_device_open: bool | None = None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell."""
+
+    pid: int
+    gpu: int
+    used_bytes: int | None
+    kind: str
+    notebook: str | None
+    preallocated: bool | None
+    user: str | None = None
+    cmdline: str | None = None
+    kernel_id: str | None = None
+    idle_s: float | None = None
+    runs_jax: bool | None = None
+    allocator_env: dict | None = None
+    started_at: float | None = None
+    reason: str | None = None
+    server_url: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: the fields above under the same names."""
+        return asdict(self)
+
+
+def inspect_process(
+    pid: int,
+    *,
+    own_pid: int,
+    server_sessions=None,
+    own_environ: Mapping[str, str] | None = None,
+) -> ProcessInfo:
+    """Find out what ``pid`` is; never raises.
+
+    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.tenants.servers.ServerKernel`
+    (anything with ``.get``); a server's notebook path wins over ``JPY_SESSION_NAME``, which
+    keeps the name the notebook had when its kernel started. ``own_environ`` stands for our own
+    environment, which ``%jaxalloc`` may have changed since the process started.
+    """
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return ProcessInfo(pid, "unknown", reason="zombie: exited, not yet reaped")
+            user, started_at, args = proc.username(), proc.create_time(), proc.cmdline()
+    except psutil.ZombieProcess:
+        return ProcessInfo(pid, "unknown", reason="zombie: exited, not yet reaped")
+    except psutil.NoSuchProcess:
+        return ProcessInfo(pid, "unknown", reason="exited, or not in this PID namespace")
+    except (psutil.AccessDenied, KeyError):  # KeyError: a uid without a name
+        return ProcessInfo(pid, "unknown", reason="access denied (another user's process)")
+    kernel_id = _kernel_id(args)
+    is_kernel = kernel_id is not None or _runs_ipykernel(args)
+    kind = "self" if pid == own_pid else "kernel" if is_kernel else "process"
+    problems = []
+    if kind == "self" and own_environ is not None:
+        environ = own_environ
+    else:
+        environ = _read(proc.environ, "environment", problems)
+    maps = _read(lambda: _memory_map_paths(proc), "memory maps", problems)
+    runs_jax = maps is not None and any(m in maps for m in _JAXLIB_MARKERS)
+    if kind == "self":  # our own modules tell it without reading the maps
+        runs_jax = "jaxlib" in sys.modules
+    elif maps is None:
+        runs_jax = None
+    session: ServerKernel | None = None
+    if kernel_id is not None and server_sessions is not None:
+        session = server_sessions.get(kernel_id)
+    notebook = session.notebook if session is not None else None
+    if notebook is None and environ is not None:
+        notebook = environ.get("JPY_SESSION_NAME") or None
+    return ProcessInfo(
+        pid=pid,
+        kind=kind,
+        user=user,
+        cmdline=_short_cmdline(args),
+        kernel_id=kernel_id,
+        notebook=notebook,
+        idle_s=session.idle_s() if session is not None else None,
+        runs_jax=runs_jax,
+        allocator_env=None
+        if environ is None
+        else {k: environ[k] for k in MANAGED_VARIABLES if k in environ},
+        started_at=started_at,
+        reason="; ".join(problems) or None,
+        server_url=session.server_url if session is not None else None,
+        gpu_device_open=None if maps is None else _GPU_DEVICE_MARKER in maps,
+    )
+
+
+def _read(getter, what: str, problems: list[str]):
+    try:
+        return getter()
+    except psutil.AccessDenied:
+        problems.append(f"{what} not readable (another user's process)")
+    except psutil.Error as exc:
+        problems.append(f"{what} not readable ({type(exc).__name__})")
+    except OSError as exc:
+        problems.append(f"{what} not readable ({exc.strerror or type(exc).__name__})")
+    return None
+
+
+def _memory_map_paths(proc: psutil.Process) -> str:
+    # /proc/PID/maps is read in microseconds; psutil's memory_maps() parses the much larger
+    # smaps file, so it serves only where /proc is missing.
+    try:
+        with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        if os.path.isdir(f"/proc/{os.getpid()}"):
+            raise psutil.NoSuchProcess(proc.pid) from None
+        return "\n".join(m.path for m in proc.memory_maps(grouped=True))
+    except PermissionError:
+        raise psutil.AccessDenied(proc.pid) from None
+
+
+def _kernel_id(args: Sequence[str]) -> str | None:
+    for arg in args:
+        match = _CONNECTION_FILE.search(arg)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _runs_ipykernel(args: Sequence[str]) -> bool:
+    # `python -m ipykernel_launcher`, `-m ipykernel` or the launcher's path: not `pip install
+    # ipykernel`, nor a script in a folder named so.
+    for before, arg in zip(["", *args], args, strict=False):
+        if before == "-m" and arg in ("ipykernel", "ipykernel_launcher"):
+            return True
+        if arg.endswith("/ipykernel_launcher.py"):
+            return True
+    return False
+
+
+def _short_cmdline(args: Sequence[str]) -> str:
+    if not args:
+        return ""
+    # Newlines and runs of spaces (a `python -c` script) would break a one-line display.
+    text = " ".join(" ".join([os.path.basename(args[0]), *args[1:]]).split())
+    return text if len(text) <= _CMDLINE_CHARS else text[: _CMDLINE_CHARS - 1] + "…"
+
+
+def _preallocated_fraction(allocator_env: Mapping[str, str]) -> float | None:
+    """Fraction of the GPU JAX preallocates under these variables; 0.0 if none; None if invalid."""
+    settings = effective(allocator_env)
+    if settings.error:
+        return None
+    if settings.allocator == "platform" or not settings.preallocate:
+        return 0.0
+    return settings.fraction
+
+
+def _judge_preallocation(
+    info: ProcessInfo, used_bytes: int | None, total_bytes: int | None
+) -> bool | None:
+    if info.kind == "unknown" or info.runs_jax is None:
+        return None
+    if not info.runs_jax:
+        return False
+    if info.allocator_env is None:
+        return None
+    fraction = _preallocated_fraction(info.allocator_env)
+    if fraction == 0.0:
+        return False
+    if fraction is None or used_bytes is None or total_bytes is None:
+        return None
+    expected = fraction * total_bytes
+    low, high = expected - PREALLOCATION_BELOW_BYTES, expected + PREALLOCATION_ABOVE_BYTES
+    return low <= used_bytes <= high
+
+
+class _SessionsOnDemand:
+    """Asks the Jupyter servers only when a kernel is actually found on the GPU."""
+
+    def __init__(self) -> None:
+        self._index = None
+
+    def get(self, kernel_id: str) -> ServerKernel | None:
+        if self._index is None:
+            self._index = kernel_sessions()
+        return self._index.get(kernel_id)
+
+
+def attribute(
+    processes: Iterable[GpuProcess],
+    gpus: Iterable[GpuMemory],
+    *,
+    own_pid: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    sessions=None,
+    own_on_gpu: bool | None = None,
+    check_device_files: bool | None = None,
+) -> list[Tenant]:
+    """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
+
+    ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
+    → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
+    the running Jupyter servers, once, if a kernel is found. When NVML's PIDs evidently come
+    from another PID namespace (see :func:`_foreign_namespace`), every tenant is "unknown" with
+    a reason starting with ``PID_NAMESPACE_REASON`` rather than attributed to the wrong process.
+    ``own_on_gpu`` says this kernel holds GPU memory itself (None: unknown);
+    ``check_device_files`` (default: when ``/dev/nvidiactl`` exists here) checks that listed
+    processes have an NVIDIA device file mapped.
+    """
+    own_pid = os.getpid() if own_pid is None else own_pid
+    environ = os.environ if environ is None else environ
+    sessions = _SessionsOnDemand() if sessions is None else sessions
+    if check_device_files is None:
+        check_device_files = os.path.exists("/dev/nvidiactl")
+    processes = list(processes)
+    totals = {gpu.index: gpu.total_bytes for gpu in gpus}
+    infos: dict[int, ProcessInfo] = {}
+    for process in processes:
+        if process.pid not in infos:
+            try:
+                infos[process.pid] = inspect_process(
+                    process.pid, own_pid=own_pid, server_sessions=sessions, own_environ=environ
+                )
+            except Exception as exc:  # the sampler calls this: a surprise becomes a reason
+                reason = f"inspection failed: {type(exc).__name__}"
+                infos[process.pid] = ProcessInfo(process.pid, "unknown", reason=reason)
+    foreign = _foreign_namespace(infos, own_pid, own_on_gpu, check_device_files)
+    if foreign is not None:
+        reason = f"{PID_NAMESPACE_REASON}: {foreign}"
+        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) for pid in infos}
+    tenants = []
+    for process in processes:
+        info = infos[process.pid]
+        fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
+        tenants.append(
+            Tenant(
+                gpu=process.gpu,
+                used_bytes=process.used_bytes,
+                preallocated=_judge_preallocation(
+                    info, process.used_bytes, totals.get(process.gpu)
+                ),
+                **fields,
+            )
+        )
+    return tenants
+
+
+def _foreign_namespace(
+    infos: Mapping[int, ProcessInfo],
+    own_pid: int,
+    own_on_gpu: bool | None,
+    check_device_files: bool,
+) -> str | None:
+    """Why NVML's PIDs cannot be ours, or None when nothing says so.
+
+    NVML reports host PIDs. In a container without the host's PID namespace they either do not
+    exist here, or name unrelated processes: we then see none of them exist, or miss our own
+    PID while we hold GPU memory, or find that none of them has an NVIDIA device file mapped
+    (which every CUDA process has).
+    """
+    if not infos:
+        return None
+    if not any(psutil.pid_exists(pid) for pid in infos):
+        pids = ", ".join(str(pid) for pid in sorted(infos))
+        return f"none of NVML's PIDs ({pids}) exists in this PID namespace"
+    if own_on_gpu and own_pid not in infos:
+        return f"this kernel uses the GPU but NVML does not list its PID {own_pid}"
+    inspected = [info for info in infos.values() if info.gpu_device_open is not None]
+    if check_device_files and inspected and not any(i.gpu_device_open for i in inspected):
+        return f"PID {inspected[0].pid} ({inspected[0].cmdline}) has no NVIDIA device open"
+    return None

@@ -1,0 +1,200 @@
+"""The status report behind ``jax_nbmem.status()``, ``%jaxmem status`` and ``jax-nbmem status``.
+
+One JSON-friendly object: ``nvml`` (``available``, ``reason``), ``gpus``, ``processes`` (each
+attributed: ``self`` / ``kernel`` / ``process`` / ``unknown``, with the notebook and whether it
+preallocated), ``warnings`` (``kind``, ``gpu``, ``pid``, ``message``), and this process's
+allocator mode. Nothing here starts JAX's backend; NVML being absent is a value, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from jax_nbmem.allocator.modes import effective
+from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu.visible import visible_gpus
+from jax_nbmem.tenants.advice import warnings_for
+from jax_nbmem.tenants.attribution import attribute
+from jax_nbmem.units import format_bytes, format_duration
+
+__all__ = ["StatusReport", "collect", "format_status", "warning_line"]
+
+
+class StatusReport(dict):
+    """A plain dict (``report["gpus"]``) that also reads as attributes (``report.gpus``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    _tenants: list = []
+    _gpu_memory: list = []
+
+    def tenants(self) -> list:
+        """The attributed `Tenant` records behind ``processes``."""
+        return list(self._tenants)
+
+    def gpu_memory(self) -> list:
+        """The NVML `GpuMemory` readings behind ``gpus``."""
+        return list(self._gpu_memory)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(format_status(self))
+
+
+def _own_jax_bytes() -> tuple[int | None, int | None]:
+    """Bytes this process's arrays use and its allocator reserved, summed over GPU devices."""
+    stats = [s for s in jaxstats.device_stats() if s.bytes_in_use is not None]
+    if not stats:
+        return None, None
+    in_use = sum(s.bytes_in_use for s in stats)
+    reserved = [s.bytes_reserved or s.bytes_limit for s in stats]
+    return in_use, (sum(reserved) if all(r is not None for r in reserved) else None)
+
+
+def collect(
+    *,
+    control=None,
+    environ: Mapping[str, str] | None = None,
+    own_pid: int | None = None,
+    in_kernel: bool = False,
+) -> StatusReport:
+    """Read NVML, attribute its processes and derive the warnings.
+
+    ``control`` (an `AllocatorControl`) adds this kernel's allocator report; ``in_kernel``
+    makes warnings about *this* process (its preallocation, whether its mode will fit).
+    The attributed `Tenant` records stay available as ``report.tenants()`` (not in the JSON).
+    """
+    environ = os.environ if environ is None else environ
+    own_pid = os.getpid() if own_pid is None else own_pid
+    state = nvml.status()
+    gpus = nvml.gpus()
+    visible = visible_gpus(gpus, environ)
+    ours = set(visible.indices)
+    processes = nvml.processes(None)
+    started = jaxstats.backend_initialized()
+    on_gpu = started and any(p in ("cuda", "gpu", "rocm") for p in jaxstats.initialized_platforms())
+    tenants = attribute(
+        processes, gpus, own_pid=own_pid, environ=environ, own_on_gpu=on_gpu if in_kernel else None
+    )
+    notes = [visible.note] if visible.note else []
+
+    fraction = None
+    if in_kernel and not started:
+        pending = effective(environ)
+        if pending.preallocate and pending.allocator != "platform" and not pending.error:
+            fraction = pending.fraction
+    in_use, reserved = _own_jax_bytes() if in_kernel and started else (None, None)
+    our_gpus = [g for g in gpus if g.index in ours]
+    warnings = warnings_for(
+        [t for t in tenants if t.gpu in ours],
+        our_gpus,
+        own_backend_started=started if in_kernel else True,
+        own_requested_fraction=fraction,
+        own_jax_in_use=in_use,
+        own_reserved=reserved,
+    )
+    report = StatusReport(
+        nvml={
+            "available": state.available,
+            "reason": state.reason,
+            "driver_version": nvml.driver_version() if state.available else None,
+        },
+        gpus=[
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "total_bytes": g.total_bytes,
+                "used_bytes": g.used_bytes,
+                "free_bytes": g.free_bytes,
+                "ours": g.index in ours,
+                "problem": g.problem,
+            }
+            for g in gpus
+        ],
+        processes=[t.to_dict() for t in tenants],
+        warnings=[w.to_dict() for w in warnings],
+        notes=notes,
+        pid=own_pid,
+    )
+    report._tenants = tenants
+    report._gpu_memory = gpus
+    if control is not None:
+        report["allocator"] = control.report().to_dict()
+    if not gpus:
+        report["host"] = {
+            "rss_bytes": jaxstats.host_rss_bytes(),
+            "live_array_bytes": jaxstats.live_array_bytes() if started else None,
+        }
+    return report
+
+
+def _process_line(process: Mapping[str, Any]) -> str:
+    kind = process["kind"]
+    label = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(kind, kind)
+    parts = [f"pid {process['pid']:<8} {label:<11} {format_bytes(process['used_bytes']):>10}"]
+    if process.get("notebook"):
+        parts.append(process["notebook"])
+    elif process.get("cmdline") and kind != "self":
+        parts.append(process["cmdline"])
+    if process.get("preallocated"):
+        parts.append("[preallocated]")
+    if process.get("idle_s") is not None:
+        parts.append(f"idle {format_duration(process['idle_s'])}")
+    if kind == "unknown" and process.get("reason"):
+        parts.append(f"({process['reason']})")
+    return "  ".join(parts)
+
+
+def warning_line(warning: Mapping[str, Any]) -> str:
+    """One warning as printed everywhere: ``WARNING [kind]: message``."""
+    return f"WARNING [{warning['kind']}]: {warning['message']}"
+
+
+def format_status(report: Mapping[str, Any]) -> str:
+    """The report as a person reads it: GPUs, their processes, then warnings."""
+    lines = []
+    nvml_state = report["nvml"]
+    if not nvml_state["available"]:
+        lines.append(f"NVML unavailable: {nvml_state['reason']}")
+        host = report.get("host") or {}
+        if host:
+            lines.append(
+                f"Host memory of this process (no GPU view): RSS {format_bytes(host['rss_bytes'])}"
+                f", JAX live arrays {format_bytes(host.get('live_array_bytes'))}"
+            )
+    elif nvml_state.get("reason"):
+        lines.append(f"NVML: {nvml_state['reason']}")
+    for gpu in report["gpus"]:
+        mark = "" if gpu["ours"] else "  (not visible to this process)"
+        lines.append(
+            f"GPU {gpu['index']}: {gpu['name'] or 'name unknown'} — "
+            f"{format_bytes(gpu['used_bytes'])} used of {format_bytes(gpu['total_bytes'])}, "
+            f"{format_bytes(gpu['free_bytes'])} free{mark}"
+        )
+        if gpu.get("problem"):
+            lines.append(f"  {gpu['problem']}")
+        on_gpu = [p for p in report["processes"] if p["gpu"] == gpu["index"]]
+        lines.extend("  " + _process_line(p) for p in on_gpu)
+        if not on_gpu:
+            lines.append("  no processes")
+    lines.extend(f"Note: {note}" for note in report.get("notes", []))
+    allocator = report.get("allocator")
+    if allocator:
+        started = allocator["backend"]
+        if started:
+            platforms = ", ".join(started["platforms"]) or "unknown platform"
+            lines.append(f"This kernel's JAX started on {platforms} with: {started['mode']}")
+        else:
+            lines.append(
+                f"This kernel's JAX has not started; next start: {allocator['next_start']['mode']}"
+            )
+    lines.extend(map(warning_line, report["warnings"]))
+    if not report["warnings"] and nvml_state["available"]:
+        lines.append("No warnings.")
+    return "\n".join(lines)

@@ -1,0 +1,7 @@
+"""Core: tools a user runs on purpose — ``%jaxmem top/free`` and ``%%jaxalloc compare``.
+
+`arrays` finds and frees live JAX arrays, `compare` runs a cell once per allocator mode in
+fresh subprocesses (`_compare_child` is what runs there); the `*_report` modules put their
+results into words. May import `gpu`, `allocator`, `record` and `units`; no IPython, widgets
+or faces.
+"""

@@ -1,0 +1,92 @@
+"""`jax-nbmem kernel install/list/remove`: kernelspecs that start a real kernel in their mode."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+
+from tests.ipython_session import clean_environ
+from tests.kernels import execute, running_kernel
+
+pytestmark = pytest.mark.kernel
+
+ENV_DUMP = (
+    "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith('XLA_')}))"
+)
+
+
+def _cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env or clean_environ(),
+        timeout=60,
+    )
+
+
+def test_kernelspec_in_a_prefix_is_found_and_starts_in_its_mode(tmp_path):
+    installed = _cli("kernel", "install", "--allocator", "off", "--prefix", str(tmp_path))
+    assert installed.returncode == 0, installed.stderr
+    kernels_dir = tmp_path / "share" / "jupyter" / "kernels"
+    found = KernelSpecManager(kernel_dirs=[str(kernels_dir)]).get_all_specs()
+    spec = found["jax-nbmem-off"]["spec"]
+    assert spec["display_name"] == "Python 3 (JAX, no preallocation)"
+    assert spec["env"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+    with running_kernel("jax-nbmem-off", kernel_dirs=[str(kernels_dir)]) as (_, client):
+        env_text, error = execute(client, ENV_DUMP)
+        assert error is None
+        assert json.loads(env_text) == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        report, error = execute(client, "%jaxalloc")
+        assert error is None, report
+        assert "requested:   off" in report
+        assert "[from $JAX_NBMEM_ALLOCATOR]" in report
+        assert "backend:     not started" in report
+        execute(client, "import jax.numpy as jnp; jnp.ones(2)")
+        report, _ = execute(client, "%jaxalloc")
+        assert "started in cell" in report and "with: off" in report
+
+
+def test_fraction_kernel_clears_a_contradicting_variable_from_the_server(tmp_path):
+    _cli("kernel", "install", "--allocator", "fraction=0.25", "--prefix", str(tmp_path))
+    kernels_dir = str(tmp_path / "share" / "jupyter" / "kernels")
+    # The server was started with the deprecated name; jaxlib raises if both are set.
+    server_env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}
+    with running_kernel("jax-nbmem-fraction-0.25", env=server_env, kernel_dirs=[kernels_dir]) as (
+        _,
+        client,
+    ):
+        env_text, _ = execute(client, ENV_DUMP)
+        assert json.loads(env_text) == {"XLA_CLIENT_MEM_FRACTION": "0.25"}
+
+
+def test_kernel_list_and_remove_through_the_cli(tmp_path):
+    _cli(
+        "kernel",
+        "install",
+        "--allocator",
+        "platform",
+        "--name",
+        "gpu-small",
+        "--prefix",
+        str(tmp_path),
+        "--display-name",
+        "Small GPU footprint",
+    )
+    env = clean_environ()
+    env["JUPYTER_PATH"] = str(tmp_path / "share" / "jupyter")
+    listed = json.loads(_cli("kernel", "list", "--json", env=env).stdout)
+    assert [(k["name"], k["allocator"], k["display_name"]) for k in listed] == [
+        ("gpu-small", "platform", "Small GPU footprint")
+    ]
+    refused = _cli("kernel", "remove", "python3", env=env)
+    assert refused.returncode == 1 and "not made by jax_nbmem" in refused.stderr
+    removed = _cli("kernel", "remove", "gpu-small", env=env)
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(_cli("kernel", "list", "--json", env=env).stdout) == []
+    bad = _cli("kernel", "install", "--allocator", "fraction=2", "--prefix", str(tmp_path))
+    assert bad.returncode == 2 and "fraction must be in (0, 1]" in bad.stderr

@@ -1,0 +1,269 @@
+"""jax_nbmem.gpu.nvml through the real pynvml, against the simulated GPU.
+
+Most tests run a short script in a fresh Python whose LD_LIBRARY_PATH holds the stand-in
+libnvidia-ml.so.1, as a kernel on a GPU machine would; the mid-session tests (lost GPU, driver
+gone and back, threads) run in this process with the stub preloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from jax_nbmem.gpu import nvml
+from jax_nbmem.simgpu import GIB
+
+MIB = 1024**2
+BASE_USED = 500 * MIB  # what the simulated driver itself holds on every GPU
+
+REPORT = """
+import dataclasses, json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(message)s")
+from jax_nbmem.gpu import nvml
+
+def plain(value):
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+def report(**values):
+    print(json.dumps({key: plain(value) for key, value in values.items()}))
+"""
+
+
+def run_nvml(code: str, env: dict[str, str]) -> tuple[dict, str]:
+    """Run ``code`` after REPORT in a fresh Python; return what it reported and its log."""
+    done = subprocess.run(
+        [sys.executable, "-c", REPORT + code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+def no_nvml_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_LIBRARY_PATH", "JAX_NBMEM_SIMGPU_STATE")
+    }
+    return env
+
+
+def test_one_gpu_with_a_process(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB, reserved=GIB).process(0, 4242, 4 * GIB).write()
+    seen, log = run_nvml(
+        "report(status=nvml.status(), gpus=nvml.gpus(), procs=nvml.processes(),"
+        " driver=nvml.driver_version())",
+        simgpu_env,
+    )
+    assert seen["status"] == {"available": True, "reason": None}
+    assert seen["driver"] == "550.54.15"
+    [gpu] = seen["gpus"]
+    assert gpu["index"] == 0 and gpu["uuid"].startswith("GPU-")
+    assert gpu["name"] == "NVIDIA H200 (simulated)"
+    assert gpu["total_bytes"] == 80 * GIB
+    assert gpu["used_bytes"] == GIB + 4 * GIB + BASE_USED  # reserved counts as used
+    assert gpu["reserved_bytes"] == GIB
+    assert gpu["used_bytes"] + gpu["free_bytes"] == gpu["total_bytes"]
+    assert gpu["problem"] is None
+    assert seen["procs"] == [{"pid": 4242, "gpu": 0, "used_bytes": 4 * GIB}]
+    assert "LOG" not in log
+
+
+def test_several_gpus_and_processes_nvml_cannot_measure(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).gpu(1, total=40 * GIB, name="NVIDIA A100 (simulated)")
+    sim_state.process(0, 100, 2 * GIB).process(1, 101, None).process(1, 102, GIB, graphics=True)
+    sim_state.process(1, 103, 3 * GIB).process(1, 103, 3 * GIB, graphics=True).write()
+    seen, _ = run_nvml(
+        "report(all=nvml.gpus(), picked=nvml.memory([1, 0]), missing=nvml.memory([7]),"
+        " procs=nvml.processes(), procs1=nvml.processes([1]))",
+        simgpu_env,
+    )
+    assert [(g["index"], g["name"]) for g in seen["all"]] == [
+        (0, "NVIDIA H200 (simulated)"),
+        (1, "NVIDIA A100 (simulated)"),
+    ]
+    assert len({g["uuid"] for g in seen["all"]}) == 2
+    assert [g["index"] for g in seen["picked"]] == [1, 0]
+    assert seen["picked"][0]["used_bytes"] == 3 * GIB + GIB + BASE_USED
+    assert seen["missing"] == []
+    procs = {(p["gpu"], p["pid"]): p["used_bytes"] for p in seen["procs"]}
+    assert procs == {(0, 100): 2 * GIB, (1, 101): None, (1, 102): GIB, (1, 103): 3 * GIB}
+    assert len(seen["procs"]) == 4  # 103 is on both lists of GPU 1 but listed once
+    assert {p["gpu"] for p in seen["procs1"]} == {1}
+
+
+def test_old_driver_falls_back_without_raising(sim_state, simgpu_old_driver_lib):
+    from jax_nbmem import simgpu
+
+    env = simgpu.env_for_subprocess(simgpu_old_driver_lib.parent, sim_state.path)
+    sim_state.gpu(0, total=80 * GIB, reserved=GIB).process(0, 7, 2 * GIB).write()
+    seen, log = run_nvml(
+        "first = nvml.memory(); report(status=nvml.status(), gpus=nvml.memory(),"
+        " first=first, procs=nvml.processes(), again=nvml.processes())",
+        env,
+    )
+    assert seen["status"] == {"available": True, "reason": None}
+    [gpu] = seen["gpus"]
+    assert seen["first"] == seen["gpus"]
+    assert gpu["reserved_bytes"] is None  # the old call cannot tell reserved from used
+    assert gpu["used_bytes"] == GIB + 2 * GIB + BASE_USED
+    assert gpu["used_bytes"] + gpu["free_bytes"] == 80 * GIB
+    assert seen["procs"] == seen["again"] == [{"pid": 7, "gpu": 0, "used_bytes": 2 * GIB}]
+    assert log.count("v2 memory") == 1
+    assert log.count("compute process list _v3") == 1
+
+
+def test_missing_library_is_said_not_raised():
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real NVML library")
+    seen, _ = run_nvml(
+        "report(status=nvml.status(), gpus=nvml.gpus(), procs=nvml.processes(),"
+        " driver=nvml.driver_version())",
+        no_nvml_env(),
+    )
+    assert seen["status"]["available"] is False
+    assert "libnvidia-ml.so.1" in seen["status"]["reason"]
+    assert "no NVIDIA driver" in seen["status"]["reason"]
+    assert seen["gpus"] == seen["procs"] == [] and seen["driver"] is None
+
+
+def test_missing_pynvml_is_said_not_raised():
+    seen, _ = run_nvml(
+        "sys.modules['pynvml'] = None\nreport(status=nvml.status(), gpus=nvml.gpus())",
+        no_nvml_env(),
+    )
+    assert seen["status"] == {
+        "available": False,
+        "reason": "nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read",
+    }
+    assert seen["gpus"] == []
+
+
+def test_driver_not_loaded(sim_state, simgpu_env):
+    sim_state.gpu(0, total=GIB).no_driver().write()
+    seen, _ = run_nvml("report(status=nvml.status(), gpus=nvml.gpus())", simgpu_env)
+    assert seen["status"]["available"] is False
+    assert "driver is not loaded" in seen["status"]["reason"]
+    assert seen["gpus"] == []
+
+
+def test_gpu_lost_mid_session_then_back(simgpu_in_process):
+    state = simgpu_in_process.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB)
+    state.process(0, 10, GIB).process(1, 11, GIB).write()
+    before = nvml.gpus()
+    assert [g.problem for g in before] == [None, None]
+
+    state.lose(1).write()
+    during = nvml.memory()
+    assert during[0] == before[0]
+    lost = during[1]
+    assert (lost.index, lost.uuid, lost.name) == (1, before[1].uuid, before[1].name)
+    assert lost.total_bytes is lost.used_bytes is lost.free_bytes is None
+    assert "GPU 1 is lost" in lost.problem
+    assert nvml.status() == nvml.NvmlStatus(True, lost.problem)
+    assert [p.gpu for p in nvml.processes()] == [0]
+    assert nvml.memory() == during  # still polite on the next call
+
+    state.recover(1).write()
+    assert nvml.memory() == before
+    assert nvml.status() == nvml.NvmlStatus(True, None)
+    assert sorted(p.gpu for p in nvml.processes()) == [0, 1]
+
+
+def test_a_lost_gpu_is_not_retried_before_the_pause(simgpu_in_process):
+    nvml._reset_for_tests(retry_first_s=3600.0)
+    state = simgpu_in_process.gpu(0, total=GIB)
+    state.write()
+    assert nvml.memory()[0].problem is None
+    state.lose(0).write()
+    assert "lost" in nvml.memory()[0].problem
+    state.recover(0).write()
+    assert "lost" in nvml.memory()[0].problem  # next try is an hour away
+    nvml.shutdown()  # an explicit shutdown starts afresh
+    assert nvml.memory()[0].problem is None
+
+
+def test_driver_gone_mid_session_then_back(simgpu_in_process):
+    state = simgpu_in_process.gpu(0, total=GIB)
+    state.write()
+    assert nvml.status().available
+    state.no_driver().write()
+    [found_out] = nvml.memory()  # the call that finds out says so on each GPU
+    assert found_out.problem == "the NVIDIA driver is not loaded, so NVML cannot read the GPUs"
+    assert found_out.used_bytes is None
+    assert nvml.memory() == []
+    assert nvml.status() == nvml.NvmlStatus(
+        False, "the NVIDIA driver is not loaded, so NVML cannot read the GPUs"
+    )
+    assert nvml.processes() == [] and nvml.driver_version() is None
+    state.no_driver(False).write()
+    assert [g.total_bytes for g in nvml.memory()] == [GIB]
+    assert nvml.status() == nvml.NvmlStatus(True, None)
+
+
+def test_memory_reuses_handles_names_and_uuids(simgpu_in_process, monkeypatch):
+    simgpu_in_process.gpu(0, total=GIB).gpu(1, total=GIB).write()
+    first = nvml.gpus()
+    pynvml = sys.modules["pynvml"]
+    calls = []
+    for name in (
+        "nvmlInit",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+    ):
+        original = getattr(pynvml, name)
+        monkeypatch.setattr(
+            pynvml, name, lambda *a, _n=name, _f=original: calls.append(_n) or _f(*a)
+        )
+    for _ in range(3):
+        assert nvml.memory() == first
+    assert calls == []
+
+
+def test_threads_share_one_session(simgpu_in_process):
+    state = simgpu_in_process.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB)
+    state.write()
+    errors, results = [], []
+
+    def poll():
+        try:
+            for _ in range(100):
+                results.append((nvml.memory(), nvml.processes(), nvml.status()))
+        except Exception as error:  # the test fails below if anything escapes
+            errors.append(error)
+
+    threads = [threading.Thread(target=poll) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for pid in range(50):
+        state.process(pid % 2, 1000 + pid, MIB).write()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all(len(memory) == 2 and status.available for memory, _, status in results)
+    assert nvml.status() == nvml.NvmlStatus(True, None)
+
+
+def test_shutdown_then_use_again(simgpu_in_process):
+    simgpu_in_process.gpu(0, total=GIB).write()
+    first = nvml.gpus()
+    nvml.shutdown()
+    nvml.shutdown()  # twice is harmless
+    assert nvml.gpus() == first
+
+
+def test_importing_loads_nothing_until_asked():
+    seen, _ = run_nvml(
+        "before = sorted({'jax', 'pynvml'} & set(sys.modules)); nvml.status()\n"
+        "report(before=before, after=sorted({'jax', 'pynvml'} & set(sys.modules)))",
+        no_nvml_env(),
+    )
+    assert seen == {"before": [], "after": ["pynvml"]}

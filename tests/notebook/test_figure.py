@@ -1,0 +1,206 @@
+"""The panel's figure as plain data: what the user would see in each trace, and its size."""
+
+import json
+import time
+
+from jax_nbmem.notebook.figure import (
+    TRACE_NAMES,
+    FigureLimits,
+    LiveFigure,
+    build_figure,
+    changed_traces,
+    gpu_indices,
+    header_text,
+    time_label,
+)
+from jax_nbmem.record.ledger import CellRecord
+from jax_nbmem.record.sampler import GpuSample, HostSample, Sample, SampleHistory
+
+GIB = 1024**3
+MIB = 1024**2
+T0 = 1_700_000_000.0
+
+
+def gpu(index=0, self_bytes=4 * GIB, others=10 * GIB, jax_in_use=None, total=80 * GIB, **kw):
+    used = None if self_bytes is None or others is None else self_bytes + others
+    return GpuSample(
+        index=index,
+        uuid=f"GPU-{index}",
+        name=kw.get("name", "NVIDIA H200 (simulated)"),
+        total_bytes=total,
+        used_bytes=used,
+        free_bytes=None if used is None else total - used,
+        self_bytes=self_bytes,
+        others_bytes=others,
+        jax_in_use=jax_in_use,
+        jax_peak=None,
+        jax_reserved=kw.get("jax_reserved"),
+        jax_limit=kw.get("jax_limit"),
+        problem=kw.get("problem"),
+    )
+
+
+def sample(t, *gpus, rss=300 * MIB, live=None):
+    return Sample(t=T0 + t, gpus=tuple(gpus), host=HostSample(rss, live))
+
+
+def record(count, started, before, peak, after, success=True, oom=False, error=None):
+    return CellRecord(
+        execution_count=count, first_line=f"cell {count}", started_at=T0 + started,
+        duration_s=1.0, success=success, error=error, oom=oom, gpu_count=1,
+        gpu_self_before=before, gpu_self_peak=peak, gpu_self_after=after,
+        jax_in_use_before=None, jax_in_use_peak=None, jax_in_use_after=None,
+        peak_exact=False, free_at_start=None, free_min=None, host_rss_before=None,
+        host_rss_peak=None, host_rss_after=None, live_array_bytes_before=None,
+        live_array_bytes_after=None,
+    )  # fmt: skip
+
+
+def trace(figure, name):
+    return next(t for t in figure["data"] if t["name"].startswith(name))
+
+
+def test_gpu_timeline_shows_this_kernel_others_and_total_in_gib():
+    samples = [sample(i * 0.1, gpu(self_bytes=(4 + i) * GIB)) for i in range(5)]
+    figure = build_figure(samples, [], gpu_index=0)
+
+    assert [t["name"] for t in figure["data"]][:8] == list(TRACE_NAMES[:8])
+    mine = trace(figure, "this kernel (NVML)")
+    assert mine["visible"] and mine["y"] == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert mine["x"][0] == time.strftime("%Y-%m-%d %H:%M:%S.0", time.localtime(T0))
+    assert mine["x"][1] == time_label(T0 + 0.1) and mine["x"][1].endswith(".1")
+    assert trace(figure, "other processes")["y"][-1] == 10.0
+    assert trace(figure, "device total")["y"] == [80.0, 80.0]  # flat: drawn with two points
+    # JAX has not started in this kernel: its series are hidden, not drawn as zero.
+    assert not trace(figure, "JAX in use")["visible"]
+    assert not trace(figure, "process RSS")["visible"]
+    assert "GPU 0, GiB" == figure["layout"]["yaxis"]["title"]["text"]
+
+
+def test_an_unknown_reading_is_a_gap_not_a_zero():
+    samples = [sample(0, gpu()), sample(1, gpu(self_bytes=None)), sample(2, gpu())]
+    assert trace(build_figure(samples, [], 0), "this kernel")["y"] == [4.0, None, 4.0]
+
+
+def test_a_short_spike_survives_in_the_downsampled_history():
+    history = SampleHistory(recent_s=30, bucket_s=1)
+    for i in range(3600):  # an hour at 1 Hz, one 2-second spike to 70 GiB after 10 minutes
+        spike = 600 <= i < 602
+        history.add(sample(i, gpu(self_bytes=70 * GIB if spike else 4 * GIB)))
+    limits = FigureLimits(window_s=60, window_points=60, history_points=40)
+    mine = trace(build_figure(history.samples(), [], 0, limits=limits), "this kernel")
+    assert max(mine["y"]) == 70.0
+    assert len(mine["x"]) <= 5  # flat apart from the spike: steps drop repeated values
+
+
+def test_a_long_noisy_session_stays_small():
+    history = SampleHistory()
+    for i in range(24 * 3600):  # a day at 1 Hz of values that change at every sample
+        wobble = (i * 7919) % 1000 * MIB
+        history.add(sample(i, gpu(self_bytes=4 * GIB + wobble, jax_in_use=GIB + wobble)))
+    records = [record(n, n * 60.0, GIB, 3 * GIB, 2 * GIB) for n in range(1, 200)]
+    limits = FigureLimits()
+    figure = build_figure(history.samples(), records, 0, limits=limits)
+    for line in figure["data"][:8]:
+        assert len(line["x"]) <= limits.window_points + limits.history_points + 2
+    assert len(trace(figure, "cell peak")["x"]) == limits.max_cells
+    everything = changed_traces(None, figure)
+    assert len(json.dumps(everything)) <= 32 * 1024
+
+
+def test_a_live_figure_reads_only_new_samples_and_draws_what_a_fresh_build_draws():
+    samples = []
+    asked = []
+
+    def history(since):  # what Sampler.history(since) gives
+        asked.append(since)
+        return [s for s in samples if since is None or s.t >= since]
+
+    def reading(i):  # 5 Hz; a spike, a stretch NVML could not read, JAX starting later
+        wobble = (i * 7919) % 1000 * MIB
+        mine = 70 * GIB if i == 250 else None if 500 <= i < 510 else 4 * GIB + wobble
+        jax = GIB + wobble if i >= 300 else None
+        return sample(i / 5, gpu(0, self_bytes=mine, jax_in_use=jax), gpu(1, self_bytes=GIB))
+
+    limits = FigureLimits(window_s=30, window_points=50, history_points=20)
+    live = LiveFigure(limits)
+    records = []
+    for i in range(1500):  # five minutes, a figure every 0.4 s, a cell every 20 s
+        samples.append(reading(i))
+        if i % 100 == 0:
+            records.append(record(i // 100, i / 5, GIB, 3 * GIB, 2 * GIB))
+        if i % 2 == 1:
+            figure = live.build(history, records, 0)
+        if i % 100 == 99:
+            assert figure == build_figure(samples, records, 0, limits=limits), i
+        if i == 599:  # the stretch without a reading is in the window: a gap
+            assert None in trace(figure, "this kernel")["y"]
+    assert asked.count(None) == 1  # the whole history was read once, at the first build
+    assert live.window_start == samples[-1].t - 30
+
+    mine = trace(figure, "this kernel")
+    assert max(y for y in mine["y"] if y is not None) == 70.0  # 4 minutes ago, still there
+    assert len(mine["x"]) <= 20 + 51
+    assert trace(figure, "JAX in use")["visible"]
+
+    # Choosing the other GPU starts over from every sample; so does a long pause.
+    assert live.build(history, records, 1) == build_figure(samples, records, 1, limits=limits)
+    samples.extend(reading(i) for i in range(1500, 1900))  # 80 s without a figure
+    assert live.build(history, records, 1) == build_figure(samples, records, 1, limits=limits)
+
+
+def test_no_gpu_shows_host_memory_labelled_as_such():
+    samples = [sample(i, rss=(500 + i) * MIB, live=100 * MIB) for i in range(3)]
+    figure = build_figure(samples, [], gpu_index=None)
+    assert gpu_indices(samples) == []
+    rss = trace(figure, "process RSS (host, no GPU)")
+    assert rss["visible"] and rss["y"] == [500.0, 501.0, 502.0]
+    assert trace(figure, "JAX live arrays (host, no GPU)")["y"][0] == 100.0
+    assert not trace(figure, "this kernel")["visible"]
+    assert figure["layout"]["yaxis"]["title"]["text"] == "host memory (no GPU seen), MiB"
+
+
+def test_cell_bars_show_peak_and_retained_with_colours_for_errors_and_oom():
+    samples = [sample(0, gpu()), sample(10, gpu())]
+    records = [
+        record(1, 1, 4 * GIB, 9 * GIB, 6 * GIB),
+        record(2, 3, 6 * GIB, 7 * GIB, 6 * GIB, success=False, error="ValueError"),
+        record(3, 5, 6 * GIB, 79 * GIB, 6 * GIB, success=False, oom=True, error="XlaRuntimeError"),
+    ]
+    figure = build_figure(samples, records, 0)
+    peak, kept = trace(figure, "cell peak"), trace(figure, "cell retained")
+    assert peak["x"] == ["[1]", "[2]", "[3]"]
+    assert peak["y"] == [5.0, 1.0, 73.0]
+    assert kept["y"] == [2.0, 0.0, 0.0]
+    ok, error, oom = peak["marker"]["color"]
+    assert len({ok, error, oom}) == 3
+    assert "out of memory" in peak["hovertext"][2]
+    markers = trace(figure, "cell starts")
+    assert markers["x"][:2] == [time_label(T0 + 1)] * 2 and markers["x"][2] is None
+    assert "cell [2]" in markers["hovertext"][3]
+
+
+def test_changed_traces_sends_only_what_moved():
+    first = build_figure([sample(0, gpu()), sample(1, gpu())], [], 0)
+    assert set(changed_traces(None, first)) == set(range(len(TRACE_NAMES)))
+    assert changed_traces(first, first) == {}
+    moved = build_figure(
+        [sample(0, gpu()), sample(1, gpu()), sample(2, gpu(self_bytes=GIB))], [], 0
+    )
+    changes = changed_traces(first, moved)
+    mine = TRACE_NAMES.index("this kernel (NVML)")
+    assert changes[mine]["y"] == [4.0, 1.0]
+    assert "visible" not in changes[mine]
+    assert TRACE_NAMES.index("cell peak") not in changes
+
+
+def test_header_names_the_gpu_the_mode_and_free_memory():
+    latest = sample(0, gpu(name="NVIDIA H200 (simulated)"))
+    line = header_text(latest, 0, "off (in effect)")
+    assert line == (
+        "GPU 0: NVIDIA H200 (simulated) · allocator: off (in effect) · free 66.0 GiB of 80.0 GiB"
+    )
+    unknown = sample(0, gpu(self_bytes=None))
+    assert "free — of 80.0 GiB" in header_text(unknown, 0, None)
+    assert "allocator: unknown" in header_text(unknown, 0, None)
+    assert header_text(sample(0), None, "on").startswith("No GPU seen — host memory: RSS 300 MiB")

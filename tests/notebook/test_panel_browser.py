@@ -1,0 +1,172 @@
+"""The quickstart in JupyterLab on the simulated GPU: the panel draws, grows, and says its state."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from jax_nbmem.simgpu import GIB
+from tests.jupyterlab import (
+    open_notebook,
+    screenshot,
+    wait_cells_executed,
+    wait_kernel_connected,
+    write_notebook,
+)
+from tests.notebook.test_panel_kernel import OTHER_PID
+
+pytest_plugins = ("tests.jupyterlab",)
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "notebooks" / "quickstart.ipynb"
+PANEL = ".jax-nbmem-panel"
+PLOT = f"{PANEL} .js-plotly-plot"
+
+# The user's kernel takes 1 GiB more of the (simulated) GPU every half second, for 6 s.
+GROW_CELL = f"""\
+import os, time
+from jax_nbmem.simgpu import GIB, SimState
+for step in range(1, 13):
+    state = SimState(os.environ["JAX_NBMEM_SIMGPU_STATE"]).gpu(0, total=80 * GIB)
+    state.process(0, {OTHER_PID}, 20 * GIB).process(0, os.getpid(), step * GIB).write()
+    time.sleep(0.5)
+"""
+
+
+def quickstart_cells() -> list[str]:
+    """The quickstart's code cells, with the panel shown right after the extension loads."""
+    notebook = nbformat.read(QUICKSTART, as_version=4)
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    if not any(re.search(r"^%jaxmem\s*$", source, re.M) for source in code):
+        code.insert(1, "%jaxmem")  # until the quickstart has its own %jaxmem cell
+    return [*code, GROW_CELL]
+
+
+def plotted_points(page) -> list[int]:
+    """Points per trace in the panel's plot, as plotly.js holds them in the page."""
+    return page.evaluate(
+        """selector => {
+            const plot = document.querySelector(selector);
+            return plot && plot.data ? plot.data.map(t => (t.x ? t.x.length : 0)) : [];
+        }""",
+        PLOT,
+    )
+
+
+def grow_cell_running(page) -> bool:
+    prompts = page.locator(".jp-NotebookPanel:visible .jp-CodeCell .jp-InputPrompt")
+    return prompts.last.inner_text().strip() == "[*]:"
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_quickstart_panel_is_live_in_jupyterlab(start_lab_server, lab_page, sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    write_notebook(server.root_dir / "quickstart.ipynb", quickstart_cells())
+    open_notebook(lab_page, server, "quickstart.ipynb")
+
+    lab_page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.click(
+        position={"x": 5, "y": 5}
+    )
+    lab_page.get_by_role("menuitem", name="Run", exact=True).click()
+    lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+
+    lab_page.locator(PLOT).wait_for(timeout=90_000)
+    # While the last cell runs, the plot keeps receiving points from the sampler.
+    while_running: list[int] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not while_running or grow_cell_running(lab_page)):
+        if grow_cell_running(lab_page):
+            total = sum(plotted_points(lab_page))
+            if not while_running or total != while_running[-1]:
+                while_running.append(total)
+        time.sleep(0.2)
+    wait_cells_executed(lab_page, timeout=60)
+    assert len(while_running) >= 3, f"the plot did not grow while the cell ran: {while_running}"
+    assert while_running[-1] > while_running[0]
+
+    legend = lab_page.locator(f"{PLOT} .legend .traces .legendtext").all_text_contents()
+    for name in ("this kernel (NVML)", "other processes", "device total"):
+        assert name in legend, legend
+    assert lab_page.locator(f"{PLOT} .scatterlayer .trace").count() >= 3
+    header = lab_page.locator(PANEL).inner_text()
+    assert "GPU 0: NVIDIA H200 (simulated)" in header
+    assert "allocator: off" in header  # the quickstart's %jaxalloc off
+    banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
+    assert banner.is_visible() and banner.inner_text().strip()
+    errors = lab_page.locator(
+        ".jp-NotebookPanel:visible .jp-OutputArea-output[data-mime-type*=error]"
+    )
+    assert errors.count() == 0
+
+    assert wait_kernel_connected(server, 30, notebook="quickstart.ipynb")["connections"] >= 1
+    lab_page.locator(PANEL).scroll_into_view_if_needed()
+    shot = screenshot(lab_page, "panel-quickstart")
+    assert shot.stat().st_size > 10_000
+    axis = lab_page.evaluate("s => document.querySelector(s)._fullLayout.xaxis.type", PLOT)
+    assert axis == "date"  # clock times on the timeline
+    print(json.dumps({"points_while_running": while_running, "screenshot": str(shot)}))
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_blocking_kernel_is_named_in_the_banner_and_shut_down_from_the_panel(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    import psutil
+
+    from tests.kernels import execute, running_kernel
+
+    hog_env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "JPY_SESSION_NAME": "/home/ada/train.ipynb"}
+    with running_kernel(env=hog_env) as (hog, hog_client):
+        execute(hog_client, "import jax.numpy as jnp; jnp.ones(1).block_until_ready()")
+        hog_pid = hog.provisioner.process.pid
+        # What a preallocating JAX kernel holds on an 80 GiB card: 75% plus its CUDA context.
+        sim_state.gpu(0, total=80 * GIB).process(0, hog_pid, 60 * GIB + (300 << 20)).write()
+        server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+        write_notebook(server.root_dir / "shared.ipynb", ["%load_ext jax_nbmem", "%jaxmem"])
+        open_notebook(lab_page, server, "shared.ipynb")
+        lab_page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.click(
+            position={"x": 5, "y": 5}
+        )
+        lab_page.get_by_role("menuitem", name="Run", exact=True).click()
+        lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+        wait_cells_executed(lab_page, timeout=90)
+
+        banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
+        banner.wait_for(timeout=60_000)
+        assert "blocking-preallocation" in banner.inner_text()
+        assert "train.ipynb" in banner.inner_text()
+        button = lab_page.get_by_role("button", name=re.compile(rf"^Shut down PID {hog_pid}"))
+        button.wait_for(timeout=30_000)
+        lab_page.locator(PANEL).scroll_into_view_if_needed()
+        screenshot(lab_page, "panel-blocking-warning")
+
+        button.click()
+        confirm = lab_page.get_by_role("button", name=f"Confirm: shut down PID {hog_pid}")
+        confirm.wait_for(timeout=30_000)
+        assert psutil.pid_exists(hog_pid)  # nothing happens before the confirmation
+        confirm.click()
+        lab_page.get_by_text(re.compile(rf"(Stopped|Killed) kernel PID {hog_pid}")).wait_for(
+            timeout=30_000
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(hog_pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"kernel {hog_pid} still runs after the confirmed shutdown")
+        # The banner no longer blames the kernel that is gone, without waiting for a cell.
+        lab_page.wait_for_function(
+            "s => !document.querySelector(s).innerText.includes('blocking-preallocation')",
+            arg=f"{PANEL} .jax-nbmem-banner",
+            timeout=30_000,
+        )
+        screenshot(lab_page, "panel-after-shutdown")

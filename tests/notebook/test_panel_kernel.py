@@ -1,0 +1,158 @@
+"""The live panel in a real kernel on the simulated GPU: its traces, and updates while a cell runs.
+
+The kernel talks to no frontend here; we read what a frontend would receive (the widget's comm
+messages on IOPub) and what the kernel holds (the FigureWidget's data).
+"""
+
+import json
+import queue
+
+import pytest
+
+from jax_nbmem.simgpu import GIB
+from tests.kernels import execute, running_kernel
+
+pytestmark = pytest.mark.kernel
+
+OTHER_PID = 4242
+
+# Shows the panel the way a user does, and keeps the session at hand for the checks.
+SHOW_PANEL_CELL = """\
+%load_ext jax_nbmem
+%jaxmem
+import jax_nbmem.notebook.magics, jax_nbmem.notebook.panel
+_jaxmem_session = jax_nbmem.notebook.magics.session_of(get_ipython())
+"""
+
+# A cell that takes more and more of the simulated GPU for ~3 s, noting what the figure holds.
+GROW_CELL = f"""\
+import json, os, time
+from jax_nbmem.simgpu import GIB, SimState
+_figure = _jaxmem_session._panel_state.live.figure
+_mine = [t.name for t in _figure.data].index("this kernel (NVML)")
+_seen = []
+_started = time.monotonic()
+for step in range(1, 13):
+    state = SimState(os.environ["JAX_NBMEM_SIMGPU_STATE"]).gpu(0, total=80 * GIB)
+    state.process(0, {OTHER_PID}, 20 * GIB).process(0, os.getpid(), step * GIB).write()
+    time.sleep(0.25)
+    _seen.append([_figure.data[_mine].x[-1], _figure.data[_mine].y[-1]])
+print(json.dumps({{"seen": _seen, "seconds": time.monotonic() - _started}}))
+"""
+
+
+def run_collecting(client, code, timeout=60):
+    """Run ``code``; return (its stdout, every comm message sent meanwhile, display bundles)."""
+    msg_id = client.execute(code)
+    stdout, comm_msgs, displays = [], [], []
+    while True:
+        try:
+            msg = client.get_iopub_msg(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no reply within {timeout}s") from None
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "comm_msg":
+            comm_msgs.append(content)
+        mine = msg["parent_header"].get("msg_id") == msg_id
+        if mine and kind == "stream":
+            stdout.append(content["text"])
+        elif mine and kind == "display_data":
+            displays.append(content["data"])
+        elif mine and kind == "error":
+            raise AssertionError("\n".join(content["traceback"]))
+        elif mine and kind == "status" and content["execution_state"] == "idle":
+            return "".join(stdout), comm_msgs, displays
+
+
+@pytest.fixture
+def gpu_kernel(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    with running_kernel(env=simgpu_env) as (_, client):
+        yield client
+
+
+def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
+    _, _, displays = run_collecting(gpu_kernel, SHOW_PANEL_CELL)
+    (bundle,) = displays
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    # Frontends without widgets get the text instead of a traceback.
+    assert "GPU 0: NVIDIA H200 (simulated)" in bundle["text/plain"]
+    assert "allocator: on (when JAX starts)" in bundle["text/plain"]
+
+    names, _ = execute(
+        gpu_kernel,
+        "live = _jaxmem_session._panel_state.live\n"
+        "print(live.figure.model_id, [t.name for t in live.figure.data if t.visible])",
+    )
+    figure_id, shown = names.split(" ", 1)
+    for name in ("this kernel (NVML)", "other processes", "device total"):
+        assert name in shown
+    assert "process RSS" not in shown  # a GPU is seen: no host fallback
+
+    out, comm_msgs, _ = run_collecting(gpu_kernel, GROW_CELL)
+    report = json.loads(out)
+    # The trace reaches further in time as the cell runs. (Its number of points need not
+    # grow: once the window holds more samples than it draws, they are binned.)
+    ends = [end for end, _ in report["seen"]]
+    assert ends == sorted(ends) and ends[-1] > ends[0], ends
+    assert report["seen"][-1][1] >= 10.0  # GiB: the cell's last steps reached the figure
+
+    updates = [
+        m["data"]["state"]["_py2js_update"]
+        for m in comm_msgs
+        if m["comm_id"] == figure_id and (m["data"].get("state") or {}).get("_py2js_update")
+    ]
+    assert len(updates) >= 3, f"only {len(updates)} figure updates while the cell ran"
+    # The throttle: at most four updates a second (plus the one a cell's end may add).
+    assert len(updates) <= 4 * report["seconds"] + 2
+    mine_index = 0  # "this kernel (NVML)" is the first trace
+    lengths = []
+    for update in updates:
+        traces = update["style_traces"]
+        if mine_index in traces and "x" in update["style_data"]:
+            lengths.append(len(update["style_data"]["x"][traces.index(mine_index)]))
+    assert len(lengths) >= 2 and lengths[-1] > lengths[0], lengths
+
+
+def test_showing_the_panel_twice_keeps_one_live_panel(gpu_kernel):
+    run_collecting(gpu_kernel, SHOW_PANEL_CELL)
+    out, _ = execute(
+        gpu_kernel,
+        "import threading\n"
+        "first = _jaxmem_session._panel_state.live\n"
+        "jax_nbmem.notebook.panel.show_panel(_jaxmem_session)\n"
+        "second = _jaxmem_session._panel_state.live\n"
+        "threads = [t for t in threading.enumerate() if t.name == 'jax_nbmem-panel']\n"
+        "print('RESULT', first is second, len(threads), len(_jaxmem_session.sampler._callbacks))",
+    )
+    assert out[out.index("RESULT") :].split()[:4] == ["RESULT", "True", "1", "1"]
+    out, _ = execute(
+        gpu_kernel,
+        "jax_nbmem.notebook.panel.close_panels(_jaxmem_session)\n"
+        "print(first.alive, len(_jaxmem_session.sampler._callbacks))",
+    )
+    assert out.split() == ["False", "0"]
+
+
+@pytest.mark.parametrize("kind", ["static", "text"])
+def test_fallbacks_refresh_after_each_cell(gpu_kernel, kind):
+    setup = f"%config JaxNbMem.panel = {kind!r}\n" + SHOW_PANEL_CELL
+    _, _, displays = run_collecting(gpu_kernel, setup)
+    (bundle,) = displays
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
+    assert ("application/vnd.plotly.v1+json" in bundle) == (kind == "static")
+    assert "GPU 0: NVIDIA H200 (simulated)" in bundle["text/plain"]
+
+    msg_id = gpu_kernel.execute("x = sum(range(1000))")
+    refreshed = None
+    while refreshed is None:
+        msg = gpu_kernel.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "update_display_data":
+            refreshed = msg["content"]["data"]
+        assert not (
+            msg["parent_header"].get("msg_id") == msg_id
+            and msg["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+            and refreshed is None
+        ), "no refresh of the panel after the cell"
+    assert "x = sum(range(1000))" in refreshed["text/plain"]  # the new cell's row

@@ -1,0 +1,300 @@
+"""Per-cell records, driven the way the magics' pre/post_run_cell callbacks drive them."""
+
+import json
+import re
+
+import pytest
+
+from jax_nbmem.record.ledger import CellRecord, Ledger, format_table
+from jax_nbmem.record.sampler import Sampler
+from tests.record.test_sampler import DRIVER_BYTES, GIB, MIB, OUR_PID, FakeClock, GpuWorld, jax_gpu
+
+
+class Notebook:
+    """A kernel session: a scripted GPU, a sampler on a fake clock, and the ledger."""
+
+    def __init__(self, gpus=(0,), **ledger_options):
+        self.clock = FakeClock(start=1000.0)
+        self.world = GpuWorld(self.clock, gpus=gpus)
+        self.sampler = Sampler(
+            self.world.source(), clock=self.wall, monotonic=self.clock, interval=0.1
+        )
+        self.ledger = Ledger(self.sampler, clock=self.wall, monotonic=self.clock, **ledger_options)
+        self.count = 0
+
+    def wall(self):
+        return 1.7e9 + self.clock.now
+
+    def run_cell(self, source, seconds=1.0, error=None):
+        """Run one cell: pre_run_cell, the sampler ticking while it runs, post_run_cell."""
+        self.count += 1
+        self.ledger.cell_started(self.count, source)
+        start = self.clock.now
+        for step in range(1, int(round(seconds / 0.1))):
+            self.clock.now = start + step * 0.1
+            self.sampler.tick()
+        self.clock.now = start + seconds
+        self.ledger.cell_finished(error is None, error)
+        self.clock.now += 0.5  # the user reads the output
+        return self.ledger.last()
+
+
+def spike(start, length, low, high):
+    return lambda t: high if start <= t < start + length else low
+
+
+def test_a_short_spike_inside_a_cell_is_its_peak_while_it_retains_nothing():
+    nb = Notebook()
+    # JAX's all-time peak (8 GiB, from earlier work) stays above this cell's spike.
+    nb.world.jax_up = True
+    nb.world.hold(0, OUR_PID, spike(1000.45, 0.3, GIB, 5 * GIB))
+    nb.world.jax_devices = [lambda t: jax_gpu(0, spike(1000.45, 0.3, GIB, 5 * GIB)(t), 8 * GIB)]
+
+    record = nb.run_cell("\n\n   loss = train_step(params)   \nprint(loss)\n")
+
+    assert record.execution_count == 1
+    assert record.first_line == "loss = train_step(params)"
+    assert record.duration_s == pytest.approx(1.0)
+    assert record.started_at == pytest.approx(1.7e9 + 1000.0)
+    assert record.success is True and record.error is None and record.oom is False
+    assert record.gpu_count == 1
+    assert record.gpu_self_before == record.gpu_self_after == GIB
+    assert record.gpu_self_peak == 5 * GIB
+    assert record.gpu_self_retained == 0
+    assert record.jax_in_use_before == record.jax_in_use_after == GIB
+    assert record.jax_in_use_peak == 5 * GIB  # sampled: JAX's own peak did not move
+    assert record.peak_exact is False
+    assert record.free_at_start == 80 * GIB - DRIVER_BYTES - GIB
+    assert record.free_min == 80 * GIB - DRIVER_BYTES - 5 * GIB
+
+
+def test_when_jaxs_own_peak_rises_during_a_cell_the_peak_is_exact():
+    nb = Notebook()
+    nb.world.jax_up = True
+    nb.world.hold(0, OUR_PID, 14 * GIB)
+    # A 12 GiB temporary lives between two samples: the samples never see it, JAX's peak does.
+    nb.world.jax_devices = [lambda t: jax_gpu(0, 2 * GIB, 2 * GIB if t < 1000.5 else 12 * GIB)]
+    record = nb.run_cell("y = big_intermediate(x).sum()")
+    assert record.jax_in_use_peak == 12 * GIB
+    assert record.peak_exact is True
+    assert record.jax_retained == 0
+
+
+def test_the_cell_that_starts_jax_has_an_exact_peak_but_no_before():
+    nb = Notebook()
+    nb.world.hold(0, OUR_PID, lambda t: 0 if not nb.world.jax_up else 61 * GIB)
+    nb.ledger.cell_started(1, "import jax.numpy as jnp; x = jnp.ones(10)")
+    nb.world.jax_up = True  # the backend came up inside the cell (and preallocated)
+    nb.world.jax_devices = [jax_gpu(0, 40, 3 * MIB)]
+    nb.clock.now += 2.0
+    nb.ledger.cell_finished(True, None)
+    record = nb.ledger.last()
+    assert record.jax_in_use_before is None  # JAX could not be asked: unknown
+    assert record.jax_in_use_after == 40
+    assert record.jax_retained is None
+    assert (record.jax_in_use_peak, record.peak_exact) == (3 * MIB, True)
+    assert (record.gpu_self_before, record.gpu_self_after) == (0, 61 * GIB)
+    assert record.gpu_self_retained == 61 * GIB
+
+
+def test_post_run_cell_without_pre_run_cell_is_harmless():
+    nb = Notebook()
+    nb.ledger.cell_finished(True, None)
+    nb.ledger.cell_finished(False, ValueError("x"))
+    assert nb.ledger.records() == []
+    assert nb.ledger.last_error is None
+    assert nb.world.calls["memory"] == 0
+
+
+class SpySampler:
+    """Passes calls to a real sampler and notes what the ledger opened and closed."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.busy = []
+        self.open_trackers = 0
+
+    def set_busy(self, busy):
+        self.busy.append(busy)
+        self.sampler.set_busy(busy)
+
+    def sample_now(self):
+        return self.sampler.sample_now()
+
+    def track(self):
+        spy, tracker = self, self.sampler.track()
+        spy.open_trackers += 1
+
+        class Closing:
+            def close(self):
+                spy.open_trackers -= 1
+                return tracker.close()
+
+        return Closing()
+
+
+def test_a_syntax_error_still_closes_what_the_cell_opened():
+    nb = Notebook()
+    spy = SpySampler(nb.sampler)
+    ledger = Ledger(spy, clock=nb.wall, monotonic=nb.clock)
+    ledger.cell_started(7, "def broken(:")
+    ledger.cell_finished(False, SyntaxError("invalid syntax"))
+    (record,) = ledger.records()
+    assert (record.success, record.error, record.oom) == (False, "SyntaxError", False)
+    assert spy.busy == [True, False]
+    assert spy.open_trackers == 0
+
+
+def test_a_cell_whose_end_never_came_is_kept_as_unfinished():
+    nb = Notebook()
+    spy = SpySampler(nb.sampler)
+    ledger = Ledger(spy, clock=nb.wall, monotonic=nb.clock)
+    ledger.cell_started(1, "a = 1")
+    ledger.cell_started(2, "b = 2")
+    ledger.cell_finished(True, None)
+    first, second = ledger.records()
+    assert (first.execution_count, first.success) == (1, None)
+    assert (second.execution_count, second.success) == (2, True)
+    assert spy.open_trackers == 0
+    assert spy.busy[-1] is False
+
+
+class JaxRuntimeError(RuntimeError):
+    pass
+
+
+def test_an_out_of_memory_cell_is_marked_oom():
+    nb = Notebook()
+    nb.world.jax_up = True
+    nb.world.jax_devices = [jax_gpu(0, GIB)]
+    error = JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 90 GiB.")
+    record = nb.run_cell("x = jnp.zeros((90, 2**30), jnp.uint8)", error=error)
+    assert (record.success, record.error, record.oom) == (False, "JaxRuntimeError", True)
+    assert "OOM" in format_table([record])
+
+
+class BrokenSampler:
+    def __getattr__(self, name):
+        def fail(*args):
+            raise RuntimeError(f"{name} failed")
+
+        return fail
+
+
+def test_a_broken_sampler_costs_the_numbers_not_the_cell():
+    clock = FakeClock()
+    ledger = Ledger(BrokenSampler(), clock=clock, monotonic=clock)
+    ledger.cell_started(3, "x = 1")
+    clock.now += 0.25
+    ledger.cell_finished(True, None)
+    (record,) = ledger.records()
+    assert record.duration_s == pytest.approx(0.25)
+    assert record.gpu_count == 0 and record.gpu_self_peak is None and record.host_rss_peak is None
+    assert ledger.last_error.startswith("RuntimeError:")
+
+
+def test_without_a_sampler_the_ledger_keeps_timings_and_outcomes():
+    ledger = Ledger(None)
+    ledger.cell_started(1, "")
+    ledger.cell_finished(True)
+    (record,) = ledger.records()
+    assert record.first_line == "" and record.success is True
+    assert record.gpu_self_before is None and record.host_rss_before is None
+
+
+def test_without_a_gpu_the_host_fields_say_what_happened():
+    nb = Notebook()
+    nb.world.visible = ()  # CUDA_VISIBLE_DEVICES="": CPU-only kernel
+    nb.world.jax_up = True
+    record = nb.run_cell("x = np.ones(10**8)")
+    assert record.gpu_count == 0
+    assert record.gpu_self_before is None and record.free_min is None
+    assert record.host_rss_before == record.host_rss_after == record.host_rss_peak == 2 * GIB
+    assert record.live_array_bytes_after == 3 * GIB
+    table = format_table([record])
+    assert "RSS before" in table and "GPU before" not in table
+    assert "2.00 GiB" in table
+
+
+def test_two_gpus_add_up():
+    nb = Notebook(gpus=(0, 1))
+    nb.world.jax_up = True
+    nb.world.hold(0, OUR_PID, 2 * GIB).hold(1, OUR_PID, 3 * GIB)
+    nb.world.jax_devices = [jax_gpu(0, GIB), jax_gpu(1, 2 * GIB)]
+    record = nb.run_cell("pmap_step()")
+    assert record.gpu_count == 2
+    assert record.gpu_self_after == 5 * GIB
+    assert record.jax_in_use_after == 3 * GIB
+    assert record.free_min == 160 * GIB - 2 * DRIVER_BYTES - 5 * GIB
+
+
+def test_two_thousand_cells_stay_bounded():
+    nb = Notebook(max_records=500)
+    nb.world.hold(0, OUR_PID, GIB)
+    for _ in range(2000):
+        nb.count += 1
+        nb.ledger.cell_started(nb.count, f"step({nb.count})")
+        nb.clock.now += 0.05
+        nb.ledger.cell_finished(True, None)
+    records = nb.ledger.records()
+    assert len(records) == 500 == nb.ledger.max_records
+    assert [r.execution_count for r in records] == list(range(1501, 2001))
+    assert Ledger(None).max_records == 10_000
+
+
+def test_records_turn_into_json():
+    nb = Notebook()
+    nb.world.hold(0, OUR_PID, GIB)
+    record = nb.run_cell("x = 1")
+    data = json.loads(json.dumps(record.to_dict()))
+    assert data["execution_count"] == 1
+    assert data["gpu_self_retained"] == 0
+    assert data["jax_retained"] is None
+    assert set(data) >= {f for f in CellRecord.__dataclass_fields__}
+
+
+def table_rows(text):
+    """Split a rendered table into dicts keyed by its header (columns are 2+ spaces apart)."""
+    lines = text.splitlines()
+    header = re.split(r"\s{2,}", lines[0].strip())
+    return [
+        dict(zip(header, re.split(r"\s{2,}", line.strip()), strict=True)) for line in lines[2:-1]
+    ]
+
+
+def test_the_cells_table_reads_like_a_report_and_never_shows_unknown_as_zero():
+    nb = Notebook()
+    nb.world.jax_up = True
+    usage = {"bytes": GIB}
+    nb.world.hold(0, OUR_PID, lambda t: usage["bytes"])
+    nb.world.jax_devices = [lambda t: jax_gpu(0, usage["bytes"], 40 * GIB)]
+    nb.run_cell("params = init(key)")
+    nb.count += 1
+    nb.ledger.cell_started(nb.count, "grads = " + "x" * 80)
+    usage["bytes"] = 3 * GIB
+    nb.clock.now += 65
+    nb.ledger.cell_finished(True, None)
+    nb.world.jax_up = False  # e.g. the backend was torn down: JAX numbers unknown
+    nb.run_cell("del params", error=KeyError("params"))
+
+    text = format_table(nb.ledger.records())
+    first, second, third = table_rows(text)
+    assert first == {
+        "#": "1",
+        "cell": "params = init(key)",
+        "duration": "1.00 s",
+        "status": "ok",
+        "GPU before": "1.00 GiB",
+        "GPU peak": "1.00 GiB",
+        "GPU after": "1.00 GiB",
+        "retained": "0 B",
+        "JAX peak": "≥1.00 GiB",  # sampled, JAX's own peak (40 GiB) is older
+        "free min": "78.5 GiB",
+    }
+    assert second["cell"] == "grads = " + "x" * 19 + "…"
+    assert second["duration"] == "1 min 05 s"
+    assert (second["GPU peak"], second["retained"]) == ("3.00 GiB", "+2.00 GiB")
+    assert third["status"] == "error: KeyError"
+    assert third["JAX peak"] == "—"  # unknown, not "0 B"
+    assert text.splitlines()[-1].startswith("GPU = this process per NVML")
+    assert format_table([]) == "No cells recorded yet."

@@ -1,0 +1,304 @@
+"""The simulated GPU: building the stand-in NVML library, state files, and what the library says.
+
+The library's answers are checked through plain ctypes calls (NVML's C contract), so these tests
+do not depend on pynvml or on jax_nbmem.gpu.nvml.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from jax_nbmem import simgpu
+from jax_nbmem.simgpu import GIB, SimState
+
+MIB = 1024**2
+SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, INSUFFICIENT_SIZE = 0, 1, 2, 7
+DRIVER_NOT_LOADED, GPU_IS_LOST, VERSION_MISMATCH = 9, 15, 25
+NOT_AVAILABLE = 2**64 - 1
+MEMORY_V2 = 0x02000028
+
+
+class Memory(ctypes.Structure):
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class MemoryV2(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class ProcessInfo(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+@pytest.fixture
+def nvml_lib(simgpu_lib):
+    """The stand-in library loaded in this process; each test inits it and shuts it down."""
+    lib = simgpu.preload(simgpu_lib)
+    lib.nvmlErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+@pytest.fixture
+def session(nvml_lib, sim_state, monkeypatch):
+    """An initialized library serving sim_state (written by the test before it calls)."""
+    monkeypatch.setenv(simgpu.STATE_ENV_VAR, str(sim_state.path))
+    sim_state.gpu(0, total=80 * GIB).write()
+    assert nvml_lib.nvmlInit_v2() == SUCCESS
+    yield nvml_lib
+    nvml_lib.nvmlShutdown()
+
+
+def handle(lib, index):
+    device = ctypes.c_void_p()
+    ret = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(device))
+    return ret, device
+
+
+def count(lib):
+    value = ctypes.c_uint()
+    ret = lib.nvmlDeviceGetCount_v2(ctypes.byref(value))
+    return ret, value.value
+
+
+def processes(lib, device, graphics=False):
+    function = (
+        lib.nvmlDeviceGetGraphicsRunningProcesses_v3
+        if graphics
+        else (lib.nvmlDeviceGetComputeRunningProcesses_v3)
+    )
+    size = ctypes.c_uint(0)
+    first = function(device, ctypes.byref(size), None)
+    if first == SUCCESS:
+        return []
+    assert first == INSUFFICIENT_SIZE
+    infos = (ProcessInfo * size.value)()
+    assert function(device, ctypes.byref(size), infos) == SUCCESS
+    return [(info.pid, info.usedGpuMemory) for info in infos[: size.value]]
+
+
+def test_build_is_reused_and_old_driver_is_a_separate_library(tmp_path):
+    first = simgpu.build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert first.name == "libnvidia-ml.so.1"
+    assert simgpu.build(tmp_path) == first
+    assert first.stat().st_mtime_ns == stamp
+    old = simgpu.build(tmp_path, old_driver=True)
+    assert old.name == "libnvidia-ml.so.1" and old.parent != first.parent
+    assert [p.name for p in first.parent.iterdir()] == ["libnvidia-ml.so.1"]
+
+
+def test_old_driver_library_lacks_the_newer_functions(simgpu_lib, simgpu_old_driver_lib):
+    # Checked in a child process: two libraries with one soname must not meet in pytest itself.
+    names = [
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    ]
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]);"
+        "print([hasattr(lib, name) for name in sys.argv[2:]])"
+    )
+    found = {}
+    for lib in (simgpu_lib, simgpu_old_driver_lib):
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(lib), *names],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found[lib] = out.stdout.strip()
+    assert found[simgpu_lib] == "[True, True, True, True, True]"
+    assert found[simgpu_old_driver_lib] == "[True, False, True, False, False]"
+
+
+def test_no_state_means_no_driver(nvml_lib, sim_state, monkeypatch):
+    monkeypatch.delenv(simgpu.STATE_ENV_VAR, raising=False)
+    assert nvml_lib.nvmlInit_v2() == DRIVER_NOT_LOADED
+    monkeypatch.setenv(simgpu.STATE_ENV_VAR, str(sim_state.path))  # not written yet
+    assert nvml_lib.nvmlInit_v2() == DRIVER_NOT_LOADED
+    sim_state.gpu(0, total=GIB).no_driver().write()
+    assert nvml_lib.nvmlInit_v2() == DRIVER_NOT_LOADED
+    assert nvml_lib.nvmlErrorString(DRIVER_NOT_LOADED) == b"Driver Not Loaded"
+
+
+def test_calls_before_init_are_refused(simgpu_lib, sim_state):
+    sim_state.gpu(0, total=GIB).write()
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); n = ctypes.c_uint();"
+        "print(lib.nvmlDeviceGetCount_v2(ctypes.byref(n)), lib.nvmlShutdown(), lib.nvmlInit_v2(),"
+        " lib.nvmlDeviceGetCount_v2(ctypes.byref(n)), n.value)"
+    )
+    env = simgpu.env_for_subprocess(simgpu_lib.parent, sim_state.path)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(simgpu_lib)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == [str(UNINITIALIZED), str(UNINITIALIZED), "0", "0", "1"]
+
+
+def test_memory_follows_processes_and_reserved(session, sim_state):
+    sim_state.gpu(0, total=80 * GIB, reserved=GIB).process(0, 4242, 4 * GIB).process(
+        0, 4243, None
+    ).write()
+    _, device = handle(session, 0)
+    v2 = MemoryV2(version=MEMORY_V2)
+    assert session.nvmlDeviceGetMemoryInfo_v2(device, ctypes.byref(v2)) == SUCCESS
+    assert (v2.total, v2.reserved, v2.used) == (80 * GIB, GIB, 4 * GIB + 500 * MIB)
+    assert v2.free == 80 * GIB - GIB - 4 * GIB - 500 * MIB
+    v1 = Memory()
+    assert session.nvmlDeviceGetMemoryInfo(device, ctypes.byref(v1)) == SUCCESS
+    assert (v1.total, v1.used, v1.free) == (80 * GIB, 5 * GIB + 500 * MIB, v2.free)
+    assert (
+        session.nvmlDeviceGetMemoryInfo_v2(device, ctypes.byref(MemoryV2(version=1)))
+        == VERSION_MISMATCH
+    )
+
+
+def test_pinned_used_overrides_the_process_sum(session, sim_state):
+    sim_state.gpu(0, total=10 * GIB, used=9 * GIB).process(0, 1, GIB).write()
+    _, device = handle(session, 0)
+    v1 = Memory()
+    session.nvmlDeviceGetMemoryInfo(device, ctypes.byref(v1))
+    assert (v1.used, v1.free) == (9 * GIB, GIB)
+
+
+def test_process_lists_use_the_two_call_protocol(session, sim_state):
+    sim_state.gpu(0, total=80 * GIB).process(0, 11, 2 * GIB).process(0, 12, None)
+    sim_state.process(0, 13, GIB, graphics=True).write()
+    _, device = handle(session, 0)
+    assert processes(session, device) == [(11, 2 * GIB), (12, NOT_AVAILABLE)]
+    assert processes(session, device, graphics=True) == [(13, GIB)]
+    sim_state.remove_process(11).remove_process(12).remove_process(13).write()
+    assert processes(session, device) == []
+
+
+def test_every_call_rereads_the_file_and_the_variable(session, sim_state, tmp_path, monkeypatch):
+    assert count(session) == (SUCCESS, 1)
+    sim_state.gpu(1, total=GIB).write()
+    assert count(session) == (SUCCESS, 2)
+    other = SimState(tmp_path / "other.state").gpu(0, total=GIB).gpu(1, total=GIB).gpu(2, total=GIB)
+    other.write()
+    monkeypatch.setenv(simgpu.STATE_ENV_VAR, str(other.path))
+    assert count(session) == (SUCCESS, 3)
+
+
+def test_names_and_uuids_are_honest(session, sim_state):
+    sim_state.gpu(1, total=GIB, uuid="GPU-1234", name="NVIDIA A100 (simulated)").write()
+    buffer = ctypes.create_string_buffer(96)
+    _, first = handle(session, 0)
+    _, second = handle(session, 1)
+    assert session.nvmlDeviceGetName(first, buffer, 96) == SUCCESS
+    assert buffer.value == b"NVIDIA H200 (simulated)"
+    assert session.nvmlDeviceGetUUID(second, buffer, 96) == SUCCESS
+    assert buffer.value == b"GPU-1234"
+    assert session.nvmlDeviceGetUUID(second, buffer, 4) == INSUFFICIENT_SIZE
+    index = ctypes.c_uint()
+    assert session.nvmlDeviceGetIndex(second, ctypes.byref(index)) == SUCCESS and index.value == 1
+    assert handle(session, 2)[0] == INVALID_ARGUMENT
+
+
+def test_a_lost_gpu_refuses_calls_until_it_recovers(session, sim_state):
+    sim_state.gpu(1, total=GIB).write()
+    _, device = handle(session, 1)
+    sim_state.lose(1).write()
+    assert count(session) == (SUCCESS, 2)
+    assert handle(session, 1)[0] == GPU_IS_LOST
+    assert session.nvmlDeviceGetMemoryInfo(device, ctypes.byref(Memory())) == GPU_IS_LOST
+    assert handle(session, 0)[0] == SUCCESS
+    sim_state.recover(1).write()
+    assert session.nvmlDeviceGetMemoryInfo(device, ctypes.byref(Memory())) == SUCCESS
+
+
+def test_writes_are_atomic_for_concurrent_readers(session, sim_state):
+    one = SimState(sim_state.path).gpu(0, total=GIB)
+    two = SimState(sim_state.path).gpu(0, total=GIB).gpu(1, total=GIB)
+    seen, done = set(), threading.Event()
+
+    def read():
+        while not done.is_set():
+            seen.add(count(session))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(200):
+            one.write()
+            two.write()
+    finally:
+        done.set()
+        reader.join()
+    assert seen <= {(SUCCESS, 1), (SUCCESS, 2)}
+    assert [p.name for p in sim_state.path.parent.iterdir()] == [sim_state.path.name]
+
+
+def test_state_rejects_names_that_would_break_the_file(sim_state):
+    with pytest.raises(ValueError):
+        sim_state.gpu(0, total=GIB, name="two\nlines")
+    with pytest.raises(ValueError):
+        sim_state.gpu(0, total=GIB, name="A #comment")
+
+
+def test_env_for_subprocess_prepends_the_library(tmp_path):
+    env = simgpu.env_for_subprocess(
+        tmp_path / "lib", tmp_path / "s", base={"LD_LIBRARY_PATH": "/x", "HOME": "/h"}
+    )
+    assert env == {
+        "LD_LIBRARY_PATH": f"{tmp_path / 'lib'}:/x",
+        "HOME": "/h",
+        simgpu.STATE_ENV_VAR: str(tmp_path / "s"),
+    }
+    assert simgpu.env_for_subprocess("/l", "/s", base={})["LD_LIBRARY_PATH"] == "/l"
+
+
+def test_command_line_builds_and_writes_a_demo_state(tmp_path):
+    built = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.simgpu", "build", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lib_dir = built.stdout.strip()
+    assert os.listdir(lib_dir) == ["libnvidia-ml.so.1"]
+    state = tmp_path / "demo.state"
+    subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.simgpu", "demo-state", str(state)],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import ctypes; lib = ctypes.CDLL('libnvidia-ml.so.1'); d = ctypes.c_void_p();"
+        "b = ctypes.create_string_buffer(96); lib.nvmlInit_v2();"
+        "lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d)); lib.nvmlDeviceGetName(d, b, 96);"
+        "print(b.value.decode())"
+    )
+    env = simgpu.env_for_subprocess(lib_dir, state)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "NVIDIA H200 (simulated)"
