@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jax_nbmem.allocator import modes as allocator  # noqa: E402
+from jax_nbmem.allocator import jaxlib, modes  # noqa: E402
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.units import format_bytes  # noqa: E402
 
@@ -184,9 +184,9 @@ def _fragmentation(make, device, gpu: int) -> dict:
     }
 
 
-def env_for(mode: allocator.AllocatorMode, gpu: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in allocator.MANAGED_VARIABLES}
-    for name, value in allocator.mode_variables(mode).items():
+def env_for(mode: modes.AllocatorMode, gpu: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in jaxlib.MANAGED_VARIABLES}
+    for name, value in modes.mode_variables(mode).items():
         if value is not None:
             env[name] = value
     # One GPU, numbered as NVML and nvidia-smi number it.
@@ -198,8 +198,8 @@ def env_for(mode: allocator.AllocatorMode, gpu: int) -> dict[str, str]:
 
 def run_mode(text: str, gpu: int, timeout: float) -> dict:
     try:
-        mode = allocator.parse_mode(text)
-    except allocator.ModeError as exc:
+        mode = modes.parse_mode(text)
+    except modes.ModeError as exc:
         return {"mode": text, "skipped": str(exc).split(";")[0]}
     command = [sys.executable, __file__, "--child", text, "--gpu", str(gpu)]
     try:
@@ -347,7 +347,7 @@ def main() -> int:
     if why is not None:
         print(f"no NVIDIA GPU: nothing to check ({why})")
         return 0
-    print(f"checking GPU {args.gpu}: {', '.join(MODES)}; {allocator.installed_jaxlib().describe()}")
+    print(f"checking GPU {args.gpu}: {', '.join(MODES)}; {jaxlib.installed_jaxlib().describe()}")
     results = []
     for mode in MODES:
         begin = time.perf_counter()

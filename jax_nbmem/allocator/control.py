@@ -11,15 +11,14 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from jax_nbmem.allocator.modes import (
+from jax_nbmem.allocator.jaxlib import (
     MANAGED_VARIABLES,
-    AllocatorMode,
     Effective,
     JaxlibInfo,
     effective,
     installed_jaxlib,
-    mode_variables,
 )
+from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
 from jax_nbmem.gpu.jaxstats import backend_initialized, initialized_platforms
 
 __all__ = [

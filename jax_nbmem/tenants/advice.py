@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from jax_nbmem.allocator.modes import DEFAULT_FRACTION
+from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant
 from jax_nbmem.tenants.servers import current_user
 from jax_nbmem.units import format_bytes, format_duration

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from jax_nbmem.allocator.modes import MANAGED_VARIABLES, effective
+from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, effective
 from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jax_nbmem.allocator.modes import effective
+from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import warnings_for

@@ -15,7 +15,8 @@ import time
 import psutil
 import pytest
 
-from jax_nbmem.allocator.modes import ALLOCATOR, PREALLOCATE, ModeError
+from jax_nbmem.allocator.jaxlib import ALLOCATOR, PREALLOCATE
+from jax_nbmem.allocator.modes import ModeError
 from jax_nbmem.simgpu import GIB, STATE_ENV_VAR
 from jax_nbmem.tools.compare.advice import recommend
 from jax_nbmem.tools.compare.report import compare_figure, format_compare

@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jax_nbmem.allocator.modes import MANAGED_VARIABLES, AllocatorMode, ModeError, mode_variables
+from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES
+from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables
 from jax_nbmem.allocator.modes import parse_mode as _parse_mode
 from jax_nbmem.gpu import nvml
 from jax_nbmem.tools.compare.advice import recommend
