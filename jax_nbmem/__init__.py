@@ -50,7 +50,7 @@ def cells():
     ``success``, ``oom``, ...) and ``to_dict()``. A value that could not be measured is None.
     """
     session = _session()
-    return session.ledger.records() if session is not None else []
+    return session.cells() if session is not None else []
 
 
 def load_ipython_extension(ipython) -> None:

@@ -1,7 +1,7 @@
 """The layout's rules, checked on the source: which part of jax_nbmem may import which.
 
-The core (allocator, gpu, record, tenants, tools, and the shared `units`) imports no IPython,
-widgets or plotly and no face; only `gpu/nvml.py` imports pynvml; a face (notebook, cli,
+The core (allocator, gpu, record, tenants, tools, and the shared `units` and `text`) imports
+no IPython, widgets or plotly and no face; only `gpu/nvml.py` imports pynvml; a face (notebook, cli,
 server) may import the core but not another face; `simgpu` stands alone; no module imports
 itself back through others. ruff's banned-api says most of this to whoever runs ruff (each
 face has a ruff.toml of its own); this test makes CI say all of it, lazy imports included.
@@ -21,16 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jax_nbmem"
 
 UI = {"IPython", "ipywidgets", "plotly"}
-CORE = {"units", "gpu", "allocator", "record", "tenants", "tools"}
+SHARED = {"units", "text"}
+CORE = SHARED | {"gpu", "allocator", "record", "tenants", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
 MAY_IMPORT = {
     "units": set(),
-    "gpu": {"units"},
-    "allocator": {"gpu", "units"},
-    "record": {"gpu", "units"},
-    "tenants": {"gpu", "allocator", "units"},
-    "tools": {"gpu", "allocator", "record", "units"},
+    "text": set(),
+    "gpu": SHARED,
+    "allocator": {"gpu"} | SHARED,
+    "record": {"gpu"} | SHARED,
+    "tenants": {"gpu", "allocator"} | SHARED,
+    "tools": {"gpu", "allocator", "record"} | SHARED,
     "simgpu": set(),
     **{face: set(CORE) for face in FACES},
     # The package's public functions: the status report, and the notebook face on demand.

@@ -6,7 +6,6 @@ it into the value of every variable the installed jaxlib reads (see :mod:`.jaxli
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from jax_nbmem.allocator.jaxlib import (
@@ -17,6 +16,7 @@ from jax_nbmem.allocator.jaxlib import (
     JaxlibInfo,
     installed_jaxlib,
 )
+from jax_nbmem.text import parse_number, printable
 
 __all__ = ["AllocatorMode", "ModeError", "mode_variables", "parse_mode", "usage"]
 
@@ -76,16 +76,13 @@ def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:
         if len(rest) != 1:
             raise ModeError(f"'fraction' takes exactly one number; {usage(jaxlib)}")
         try:
-            fraction = float(rest[0])
-        except ValueError:
-            raise ModeError(
-                f"fraction must be a number, got {rest[0]!r}; {usage(jaxlib)}"
-            ) from None
-        if not (math.isfinite(fraction) and 0 < fraction <= 1):
-            raise ModeError(f"fraction must be in (0, 1], got {rest[0]}; {usage(jaxlib)}")
+            fraction = parse_number(rest[0], "fraction", low=0.0, high=1.0)
+        except ValueError as exc:
+            raise ModeError(f"{exc}; {usage(jaxlib)}") from None
         return AllocatorMode("fraction", fraction)
     if rest:
-        raise ModeError(f"unexpected arguments after {name!r}: {' '.join(rest)}; {usage(jaxlib)}")
+        extra = printable(" ".join(rest))
+        raise ModeError(f"unexpected arguments after {name!r}: {extra}; {usage(jaxlib)}")
     if name in ("on", "off") or name in jaxlib.allocators:
         return AllocatorMode(name)
     if name in _ALLOCATOR_HELP:

@@ -7,6 +7,12 @@ lazily, once, under a lock; device handles, UUIDs and names are cached for that 
 calls keep answering politely and the session is rebuilt after a short, growing pause, so the
 numbers come back by themselves when NVML does.
 
+Numbers NVML cannot mean (used above total, 2**64 - 1, a petabyte card) are dropped to ``None``
+with a ``problem`` rather than passed on, and a name that is not valid UTF-8 is shown with
+backslash escapes. Each call's duration is kept: a call slower than ``SLOW_CALL_S`` makes
+``status()`` say that NVML is slow, and :func:`last_status` answers without touching NVML at
+all, for callers that must never wait.
+
 Safe to call from a sampler thread and the main thread at once.
 """
 
@@ -22,12 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 __all__ = [
+    "SLOW_CALL_S",
     "GpuMemory",
     "GpuProcess",
+    "GpuProcesses",
     "NvmlStatus",
     "driver_version",
     "gpus",
+    "last_status",
     "memory",
+    "process_lists",
     "processes",
     "shutdown",
     "status",
@@ -67,6 +77,12 @@ _DEVICE_GONE_ERRORS = {
 }
 _PYNVML_MISSING = "nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read"
 _PROCESS_VERSIONS = ("_v3", "_v2")
+# A call slower than this is worth telling users about: a healthy driver answers in ms.
+SLOW_CALL_S = 0.5
+# No GPU has a petabyte; NVML's "not available" (2**64 - 1) and garbage land above it.
+_MAX_PLAUSIBLE_BYTES = 1 << 50
+# used + free may exceed total by rounding in the driver; more than this is not rounding.
+_SUM_SLACK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,19 @@ class GpuProcess:
     pid: int
     gpu: int
     used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcesses:
+    """NVML's process list for GPU ``gpu``: ``processes``, or None with ``problem`` saying why.
+
+    A list that could not be read is not an empty list: who holds memory there is unknown.
+    ``problem`` may also be set beside a list, for entries whose bytes made no sense.
+    """
+
+    gpu: int
+    processes: tuple[GpuProcess, ...] | None
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +186,29 @@ def _import_pynvml() -> Any:
 
 
 def _text(value: str | bytes) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
+def _device_string(nv: Any, handle: Any, function: str, getter: Callable[[Any], Any]) -> str:
+    """A device's name or UUID; one that is not UTF-8 is read again raw and shown escaped.
+
+    pynvml decodes the driver's bytes strictly, so a single bad byte would raise out of it.
+    """
+    try:
+        return _text(getter(handle))
+    except UnicodeDecodeError:
+        import ctypes
+
+        buffer = ctypes.create_string_buffer(256)
+        nv._nvmlCheckReturn(
+            nv._nvmlGetFunctionPointer(function)(handle, buffer, ctypes.c_uint(256))
+        )
+        return _text(buffer.value)
+
+
+def _plausible(value: Any, limit: int = _MAX_PLAUSIBLE_BYTES) -> int | None:
+    """``value`` as bytes if a GPU could report it, else None."""
+    return value if isinstance(value, int) and 0 <= value <= limit else None
 
 
 class _Nvml:
@@ -172,6 +223,14 @@ class _Nvml:
         self._backoff = _RETRY_FIRST_S
         self._refresh_wanted = False
         self._logged: set[str] = set()
+        self.slow: str | None = None  # the latest slow call, in words; None once calls are fast
+
+    def timed(self, what: str, seconds: float) -> None:
+        """Remember how long a call took; a slow one is said until a call is fast again."""
+        if seconds >= SLOW_CALL_S:
+            self.slow = f"NVML is slow: {what} took {seconds:.1f} s (a healthy driver takes ms)"
+        elif self.slow is not None and what in self.slow:
+            self.slow = None
 
     def log_once(self, key: str, message: str) -> None:
         if key not in self._logged:
@@ -222,8 +281,9 @@ class _Nvml:
         for index in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
-                uuid, name = nv.nvmlDeviceGetUUID(handle), nv.nvmlDeviceGetName(handle)
-                devices.append(_Device(index, handle, _text(uuid), _text(name)))
+                uuid = _device_string(nv, handle, "nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID)
+                name = _device_string(nv, handle, "nvmlDeviceGetName", nv.nvmlDeviceGetName)
+                devices.append(_Device(index, handle, uuid, name))
             except nv.NVMLError as error:
                 if _error_name(nv, error) in _SESSION_ENDING:
                     raise
@@ -321,19 +381,52 @@ def _selected(session: _Session, indices: Iterable[int] | None) -> list[_Device]
 
 
 def _read_memory(nv: Any, session: _Session, device: _Device) -> GpuMemory:
-    reading = functools.partial(GpuMemory, device.index, device.uuid, device.name)
     version = getattr(nv, "nvmlMemory_v2", None)
     if session.memory_v2 and version is not None:
         try:
             info = nv.nvmlDeviceGetMemoryInfo(device.handle, version=version)
-            return reading(info.total, info.used + info.reserved, info.free, info.reserved)
+            return _checked_memory(device, info.total, info.used, info.free, info.reserved)
         except nv.NVMLError as error:
             if _error_name(nv, error) not in ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED"):
                 raise
             session.memory_v2 = False
             _nvml.log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
     info = nv.nvmlDeviceGetMemoryInfo(device.handle)
-    return reading(info.total, info.used, info.free)
+    return _checked_memory(device, info.total, info.used, info.free, None)
+
+
+def _checked_memory(
+    device: _Device, total: Any, used: Any, free: Any, reserved: Any | None
+) -> GpuMemory:
+    """The reading as GpuMemory, with figures that cannot be true dropped and said."""
+    reading = functools.partial(GpuMemory, device.index, device.uuid, device.name)
+    good_total = _plausible(total)
+    if not good_total:
+        problem = f"GPU {device.index}: NVML reported an impossible total ({total!r} bytes)"
+        return reading(None, None, None, None, problem=problem + "; not shown")
+    good_reserved = 0 if reserved is None else _plausible(reserved, good_total)
+    good_used = _plausible(used, good_total)
+    good_free = _plausible(free, good_total)
+    if good_reserved is not None and good_used is not None:
+        good_used = _plausible(good_used + good_reserved, good_total)
+    problems = []
+    if good_used is None or good_reserved is None:
+        problems.append(
+            f"used {used!r}" + ("" if reserved is None else f" + reserved {reserved!r}")
+        )
+    if good_free is None:
+        problems.append(f"free {free!r}")
+    if good_used is not None and good_free is not None:
+        if good_used + good_free > good_total + _SUM_SLACK_BYTES:
+            problems.append(f"used {used!r} and free {free!r} exceed the total")
+            good_used = good_free = None
+    if problems:
+        problem = (
+            f"GPU {device.index}: NVML reported {'; '.join(problems)} of {good_total} bytes in "
+            "all, which cannot be; those figures are not shown"
+        )
+        return reading(good_total, good_used, good_free, None, problem=problem)
+    return reading(good_total, good_used, good_free, None if reserved is None else good_reserved)
 
 
 def _unreadable(device: _Device, problem: str | None) -> GpuMemory:
@@ -347,6 +440,14 @@ def memory(indices: Iterable[int] | None = None) -> list[GpuMemory]:
     Unknown indices are skipped. A GPU that cannot be read is still listed, with ``None``
     numbers and a ``problem``. Returns ``[]`` when NVML is unavailable (``status()`` says why).
     """
+    started = time.monotonic()
+    try:
+        return _memory(indices)
+    finally:
+        _nvml.timed("reading memory", time.monotonic() - started)
+
+
+def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
     nv, session = _nvml.session()
     if session is None:
         return []
@@ -384,41 +485,88 @@ def _read_processes(nv: Any, session: _Session, device: _Device, kind: str) -> l
 
 
 @_never_raise(list)
-def processes(indices: Iterable[int] | None = None) -> list[GpuProcess]:
-    """Return the compute and graphics processes on these GPUs (all by default).
+def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
+    """Return each GPU's compute and graphics processes (all GPUs by default), in that order.
 
-    A process on both lists of one GPU appears once. GPUs that cannot be read are left out
-    (``memory()`` and ``status()`` say why). Returns ``[]`` when NVML is unavailable.
+    A process on both lists of one GPU appears once. A GPU whose list cannot be read (the GPU
+    is lost, NVML refuses, the list keeps changing size) has ``processes=None`` and a
+    ``problem``: unknown, never an empty list. Returns ``[]`` when NVML is unavailable.
     """
+    started = time.monotonic()
+    try:
+        return _process_lists(indices)
+    finally:
+        _nvml.timed("listing processes", time.monotonic() - started)
+
+
+def processes(indices: Iterable[int] | None = None) -> list[GpuProcess]:
+    """The processes of :func:`process_lists` as one list; GPUs whose list failed add none."""
+    return [p for listing in process_lists(indices) for p in listing.processes or ()]
+
+
+def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
     nv, session = _nvml.session()
     if session is None:
         return []
-    result: list[GpuProcess] = []
+    result: list[GpuProcesses] = []
     for device in _selected(session, indices):
         if device.handle is None:
+            result.append(GpuProcesses(device.index, None, device.problem))
             continue
+        try:
+            result.append(_one_process_list(nv, session, device))
+        except nv.NVMLError as error:
+            problem = _device_problem(nv, device.index, error)
+            if _error_name(nv, error) not in ("NOT_SUPPORTED", "NO_PERMISSION"):
+                problem = _nvml.device_failed(nv, session, device, error)
+            result.append(GpuProcesses(device.index, None, f"process list unreadable: {problem}"))
+    return result
+
+
+def _one_process_list(nv: Any, session: _Session, device: _Device) -> GpuProcesses:
+    """One GPU's list; a list that changed size between NVML's two calls is asked once more."""
+    for attempt in range(2):
         seen: dict[int, GpuProcess] = {}
+        odd: list[str] = []
         try:
             for kind in ("Compute", "Graphics"):
                 for info in _read_processes(nv, session, device, kind):
-                    used = info.usedGpuMemory
+                    raw = info.usedGpuMemory
+                    used = _plausible(raw)
+                    if raw is not None and used is None:
+                        odd.append(f"PID {info.pid} {raw!r}")
                     earlier = seen.get(info.pid)
                     if earlier is None or (earlier.used_bytes is None and used is not None):
                         seen[info.pid] = GpuProcess(info.pid, device.index, used)
         except nv.NVMLError as error:
-            if _error_name(nv, error) in ("NOT_SUPPORTED", "NO_PERMISSION"):
-                _nvml.log_once(f"processes{device.index}", _device_problem(nv, device.index, error))
-            else:
-                _nvml.device_failed(nv, session, device, error)
-        result.extend(seen.values())
-    return result
+            if attempt == 0 and _error_name(nv, error) == "INSUFFICIENT_SIZE":
+                continue
+            raise
+        problem = None
+        if odd:
+            problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
+        return GpuProcesses(device.index, tuple(seen.values()), problem)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @_never_raise(lambda: NvmlStatus(False, _nvml.reason))
 def status() -> NvmlStatus:
-    """Say whether NVML answers, and the latest problem; tries (re)initializing when due."""
+    """Say whether NVML answers, and the latest problem; tries (re)initializing when due.
+
+    May wait while another thread initializes NVML; :func:`last_status` never does.
+    """
     _, session = _nvml.session()
-    return NvmlStatus(session is not None, _nvml.reason)
+    return _status_now(session is not None)
+
+
+def last_status() -> NvmlStatus:
+    """What :func:`status` said last, without calling NVML or waiting for a lock."""
+    return _status_now(_nvml._session is not None)
+
+
+def _status_now(available: bool) -> NvmlStatus:
+    reasons = [r for r in (_nvml.reason, _nvml.slow if available else None) if r]
+    return NvmlStatus(available, "; ".join(dict.fromkeys(reasons)) or None)
 
 
 @_never_raise(lambda: None)

@@ -6,6 +6,7 @@ into a user's cell (IPython would print a traceback after every cell).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import logging
@@ -21,7 +22,9 @@ from jax_nbmem.allocator.report import format_report
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
 from jax_nbmem.record.ledger import format_table
+from jax_nbmem.tenants.attribution import PID_MAX
 from jax_nbmem.tenants.status import format_status
+from jax_nbmem.text import parse_count, parse_number, printable
 from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
 
 __all__ = ["JaxNbMemMagics", "load", "unload"]
@@ -30,16 +33,60 @@ log = logging.getLogger("jax_nbmem")
 
 _loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
 
+_USAGE = {
+    "jaxalloc": "usage: %jaxalloc [on | off | fraction F | platform | bfc | cuda_async | default"
+    " | vmm | address]; %%jaxalloc compare [MODES...] [--timeout S] (a cell magic)",
+    "jaxmem": "usage: %jaxmem [panel | status [--json] | cells [--json] | top [N] | free NAME..."
+    " [--clear-caches] | shutdown PID [--yes]]",
+}
+# A compare run longer than a day is a typo, not a plan.
+_MAX_TIMEOUT_S = 86_400.0
+_MAX_TOP_ROWS = 100_000
+
+
+def _parse(magic, line: str):
+    """Every magic's arguments, read by one function: any error is a UsageError with the usage.
+
+    Unbalanced quotes and stray backslashes (``shlex``), unknown options, and bad values of
+    typed options all end here, so nothing but a UsageError reaches the user's cell, and
+    nothing has been changed yet when it does.
+    """
+    name = magic.__name__
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        raise UsageError(f"%{name}: {printable(exc)}\n{_USAGE[name]}") from None
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise UsageError(
+            f"%{name}: cannot read the arguments ({printable(exc)})\n{_USAGE[name]}"
+        ) from None
+
+
+def _timeout(text: str) -> float:
+    """Argparse type for ``--timeout``: plain positive seconds, at most a day."""
+    try:
+        return parse_number(text, "--timeout", low=0.0, high=_MAX_TIMEOUT_S)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 def _never_raise(callback):
-    """Log, never propagate: an exception here would follow every cell the user runs."""
+    """Log, never propagate: an exception here would follow every cell the user runs.
+
+    BaseException too: a KeyboardInterrupt that lands in our callback (the user pressed
+    Interrupt at that moment) would otherwise print a traceback from jax_nbmem's code.
+    IPython runs the cell regardless, so swallowing it loses nothing.
+    """
 
     @functools.wraps(callback)
     def guarded(*args, **kwargs):
         try:
             callback(*args, **kwargs)
-        except Exception:
-            log.debug("jax_nbmem: %s failed", callback.__name__, exc_info=True)
+        except BaseException:
+            try:
+                log.debug("jax_nbmem: %s failed", callback.__name__, exc_info=True)
+            except BaseException:  # a second interrupt while logging: still nothing escapes
+                pass
 
     return guarded
 
@@ -62,9 +109,10 @@ class JaxNbMemMagics(Magics):
     )
     @argument(
         "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="%%%%jaxalloc compare: seconds each mode may run (default %(default)s)",
+        type=_timeout,
+        default=None,
+        help="%%%%jaxalloc compare only: seconds each mode may run "
+        f"(default {DEFAULT_TIMEOUT_S:g})",
     )
     @line_cell_magic
     def jaxalloc(self, line: str = "", cell: str | None = None) -> None:
@@ -93,22 +141,27 @@ class JaxNbMemMagics(Magics):
         a one-line recommendation follow. The cell must be self-contained: import and define
         everything it uses inside the cell. Interrupting the kernel stops the subprocess.
         """
-        args = parse_argstring(self.jaxalloc, line)
+        args = _parse(self.jaxalloc, line)
         words = args.mode
         if cell is not None:
             if not words or words[0] != "compare":
                 raise UsageError("%%jaxalloc is a cell magic only as: %%jaxalloc compare [MODES]")
-            self._compare(cell, words[1:], args.timeout)
+            timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
+            self._compare(cell, words[1:], timeout)
             return
         if words and words[0] == "compare":
             raise UsageError("compare runs a cell: use %%jaxalloc compare [MODES] as a cell magic")
+        if args.timeout is not None:
+            raise UsageError(
+                f"%jaxalloc: --timeout is for %%jaxalloc compare\n{_USAGE['jaxalloc']}"
+            )
         if not words:
             print(format_report(self.session.control.report()))
             return
         try:
             _, message = self.session.request(" ".join(words))
         except ModeError as exc:
-            raise UsageError(f"%jaxalloc: {exc}") from None
+            raise UsageError(f"%jaxalloc: {printable(exc)}") from None
         print(message)
 
     def _compare(self, cell: str, modes: list[str], timeout_s: float) -> None:
@@ -121,7 +174,7 @@ class JaxNbMemMagics(Magics):
         try:
             result = run_compare(cell, modes, timeout_s=timeout_s, on_progress=progress)
         except (ModeError, CompareError, ValueError) as exc:
-            raise UsageError(f"%%jaxalloc compare: {exc}") from None
+            raise UsageError(f"%%jaxalloc compare: {printable(exc)}") from None
         print(format_compare(result))
         # Plotly's own mime type, with no renderer of plotly's in between: frontends that know
         # it draw the chart, the others (a terminal, nbconvert to text) show one line.
@@ -167,7 +220,7 @@ class JaxNbMemMagics(Magics):
                             what it would do — add --yes to do it. Refuses other users'
                             processes and processes that are not kernels.
         """
-        args = parse_argstring(self.jaxmem, line)
+        args = _parse(self.jaxmem, line)
         run = {
             "panel": self._panel,
             "status": self._status,
@@ -177,14 +230,13 @@ class JaxNbMemMagics(Magics):
             "free": self._free,
         }.get(args.command)
         if run is None:
-            raise UsageError(
-                f"%jaxmem: unknown command {args.command!r}; use {' | '.join(_JAXMEM_COMMANDS)}"
-            )
+            raise UsageError(f"%jaxmem: unknown command {args.command!r}\n{_USAGE['jaxmem']}")
         run(args)
 
     def _no_more(self, args) -> None:
         if args.rest:
-            raise UsageError(f"%jaxmem {args.command}: unexpected arguments: {' '.join(args.rest)}")
+            extra = printable(" ".join(args.rest))
+            raise UsageError(f"%jaxmem {args.command}: unexpected arguments: {extra}")
 
     def _panel(self, args) -> None:
         self._no_more(args)
@@ -199,7 +251,7 @@ class JaxNbMemMagics(Magics):
 
     def _cells(self, args) -> None:
         self._no_more(args)
-        records = self.session.ledger.records()
+        records = self.session.cells()
         if args.json:
             print(json.dumps([record.to_dict() for record in records], indent=1))
         else:
@@ -209,11 +261,12 @@ class JaxNbMemMagics(Magics):
         from jax_nbmem.tools.arrays import top_arrays
         from jax_nbmem.tools.arrays_report import format_top
 
-        if len(args.rest) > 1 or (args.rest and not args.rest[0].isdigit()):
+        if len(args.rest) > 1:
             raise UsageError("%jaxmem top: at most one number of rows, e.g. %jaxmem top 20")
-        count = int(args.rest[0]) if args.rest else 10
-        if count < 1:
-            raise UsageError("%jaxmem top: the number of rows must be at least 1")
+        try:
+            count = parse_count(args.rest[0], "rows", high=_MAX_TOP_ROWS) if args.rest else 10
+        except ValueError as exc:
+            raise UsageError(f"%jaxmem top: {exc}, e.g. %jaxmem top 20") from None
         print(format_top(top_arrays(self.shell.user_ns, count)))
 
     def _free(self, args) -> None:
@@ -229,16 +282,17 @@ class JaxNbMemMagics(Magics):
         print(format_free(report))
 
     def _shutdown(self, args) -> None:
-        if len(args.rest) != 1 or not args.rest[0].isdigit():
-            raise UsageError("%jaxmem shutdown: give one PID, e.g. %jaxmem shutdown 4242 [--yes]")
-        pid = int(args.rest[0])
+        example = "e.g. %jaxmem shutdown 4242 [--yes]"
+        if len(args.rest) != 1:
+            raise UsageError(f"%jaxmem shutdown: give one PID, {example}")
+        try:
+            pid = parse_count(args.rest[0], "the PID", high=PID_MAX)
+        except ValueError as exc:
+            raise UsageError(f"%jaxmem shutdown: {exc}, {example}") from None
         result = self.session.shutdown(pid, confirm=args.yes)
-        print(result.message)
+        print(printable(result.message))
         if not args.yes and result.how is not None:
             print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
-
-
-_JAXMEM_COMMANDS = ("panel", "status", "cells", "top [N]", "free NAME...", "shutdown PID")
 
 
 def _settings_for(shell) -> JaxNbMem:

@@ -11,7 +11,12 @@ Three ways to show it (``c.JaxNbMem.panel``):
   from a thread would land in whatever cell runs at that moment.
 * ``static``: a plotly figure (with an HTML and a text fallback in the same output) refreshed
   after each cell through a display handle, for frontends without widgets.
-* ``text``: a text table, refreshed the same way.
+* ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
+  update would print the table again after every command, printed once, when asked.
+
+After a cell the panel only re-reads a few facts of the session (the mode, the banner lines,
+both in memory) and is marked dirty; the figure is rebuilt on the update thread, from the
+last cells' records only, so the cost after a cell does not grow with the notebook.
 
 ``auto`` picks ``widget`` in a Jupyter kernel, ``static`` in Colab (no custom widget manager
 by default) and ``text`` in a terminal. Each session has one live panel: showing it again
@@ -35,13 +40,13 @@ from IPython.display import display
 from jax_nbmem.notebook.figure import (
     FigureLimits,
     LiveFigure,
-    build_figure,
     changed_traces,
     gpu_indices,
     header_text,
 )
 from jax_nbmem.notebook.panel_actions import ShutdownActions
 from jax_nbmem.record.ledger import format_table
+from jax_nbmem.text import printable
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = ["cell_finished", "close_panels", "show_panel"]
@@ -51,6 +56,7 @@ log = logging.getLogger("jax_nbmem")
 _MIN_UPDATE_INTERVAL_S = 0.25  # at most four figure updates a second
 _IDLE_CHECK_S = 1.0
 _TABLE_CELLS = 10
+_FIRST_SAMPLE_WAIT_S = 0.5
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
@@ -62,6 +68,8 @@ class _PanelState:
     handle: Any = None  # DisplayHandle of the static or text fallback
     kind: str | None = None
     listener: Any = None  # our cell listener on the session, once registered
+    timeline: Any = None  # LiveFigure of the static fallback, kept between its updates
+    refresh_after_cells: bool = True  # False in a terminal: an update would print again
 
 
 def _state(session: Any) -> _PanelState:
@@ -120,13 +128,14 @@ def _sampler_status(sampler: Any, latest: Any) -> list[str]:
 
 
 def _unique(lines: list[str]) -> list[str]:
-    return list(dict.fromkeys(lines))
+    # Other people's notebook paths and GPU names reach these lines: neutralised once here.
+    return list(dict.fromkeys(printable(line) for line in lines))
 
 
 def _summary_text(session: Any, gpu_index: int | None) -> str:
     sampler = getattr(session, "sampler", None)
     latest = sampler.latest() if sampler is not None else None
-    lines = [header_text(latest, gpu_index, _mode_text(session))]
+    lines = [printable(header_text(latest, gpu_index, _mode_text(session)))]
     lines += _unique(_session_banner(session) + _sampler_status(sampler, latest))
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
@@ -134,11 +143,15 @@ def _summary_text(session: Any, gpu_index: int | None) -> str:
             f"JAX in use {format_bytes(gpu.jax_in_use)}, reserved {format_bytes(gpu.jax_reserved)}"
             f", others {format_bytes(gpu.others_bytes)}, total {format_bytes(gpu.total_bytes)}"
         )
-    ledger = getattr(session, "ledger", None)
-    records = ledger.records()[-_TABLE_CELLS:] if ledger is not None else []
+    records = _recent_records(session, _TABLE_CELLS)
     if records:
         lines += ["", format_table(records)]
     return "\n".join(lines)
+
+
+def _recent_records(session: Any, count: int) -> list[Any]:
+    ledger = getattr(session, "ledger", None)
+    return ledger.recent(count) if ledger is not None else []
 
 
 def _first_gpu(sampler: Any) -> int | None:
@@ -147,7 +160,9 @@ def _first_gpu(sampler: Any) -> int | None:
     return indices[0] if indices else None
 
 
-def _fallback_bundle(session: Any, with_figure: bool) -> dict[str, Any]:
+def _fallback_bundle(
+    session: Any, with_figure: bool, timeline: LiveFigure | None = None
+) -> dict[str, Any]:
     sampler = getattr(session, "sampler", None)
     gpu = _first_gpu(sampler)
     text = _summary_text(session, gpu)
@@ -156,11 +171,11 @@ def _fallback_bundle(session: Any, with_figure: bool) -> dict[str, Any]:
         "text/html": f"<pre class='jax-nbmem-text'>{html.escape(text)}</pre>",
     }
     if with_figure:
-        samples = sampler.history() if sampler is not None else []
-        ledger = getattr(session, "ledger", None)
-        records = ledger.records() if ledger is not None else []
+        timeline = timeline or LiveFigure()
+        records = _recent_records(session, timeline.limits.max_cells)
         title = html.escape(text.splitlines()[0])
-        figure = build_figure(samples, records, gpu, title=title)
+        history = sampler.history if sampler is not None else lambda since: []
+        figure = timeline.build(history, records, gpu, title=title)
         bundle[_PLOTLY_MIME] = {**figure, "config": {"displaylogo": False}}
     return bundle
 
@@ -211,7 +226,10 @@ class _LivePanel:
         return self.sampler.history(since) if self.sampler is not None else []
 
     def _records(self) -> list[Any]:
-        return self._ledger.records() if self._ledger is not None else []
+        # Only the cells the figure draws: reading all of them would grow with the notebook.
+        if self._ledger is None:
+            return []
+        return self._ledger.recent(self._timeline.limits.max_cells)
 
     def start(self) -> None:
         """Subscribe to the sampler and start the update thread (no-op when running)."""
@@ -238,12 +256,18 @@ class _LivePanel:
         """Whether the update thread runs (False after :meth:`close`)."""
         return self._thread is not None and self._thread.is_alive()
 
-    def refresh_from_session(self, session: Any) -> None:
-        """Re-read what only the main thread may read (mode, banner lines), then update."""
+    def refresh_from_session(self, session: Any, *, now: bool = True) -> None:
+        """Re-read what only the main thread may read (mode, banner lines), then update.
+
+        With ``now=False`` (after a cell) the figure is left to the update thread.
+        """
         self._mode = _mode_text(session)
         self._banner_lines = _session_banner(session)
         self.actions.refresh()
-        self.update()
+        if now:
+            self.update()
+        else:
+            self._dirty.set()
 
     def _on_sample(self, sample: Any) -> None:
         self._dirty.set()  # the sampler's thread: nothing more here
@@ -302,7 +326,7 @@ class _LivePanel:
                     ]
             self._sent = figure
             self.header.value = (
-                f"<b>{html.escape(header_text(latest, self.gpu_index, self._mode))}</b>"
+                f"<b>{html.escape(printable(header_text(latest, self.gpu_index, self._mode)))}</b>"
             )
             self._render_banner(latest, paused=False)
             self.updates += 1
@@ -337,12 +361,21 @@ def show_panel(session: Any) -> None:
             log.debug("jax_nbmem: widget panel failed; showing the static one", exc_info=True)
             kind = "static"
     state.kind = kind
+    state.refresh_after_cells = _in_a_kernel()
+    if state.timeline is None:
+        state.timeline = LiveFigure()
     try:
-        bundle = _fallback_bundle(session, with_figure=kind == "static")
+        bundle = _fallback_bundle(session, kind == "static", state.timeline)
     except Exception:
         log.debug("jax_nbmem: static panel failed; showing text", exc_info=True)
         state.kind, bundle = "text", {"text/plain": _summary_text(session, None)}
     state.handle = display(bundle, raw=True, display_id=True)
+
+
+def _in_a_kernel() -> bool:
+    """Whether outputs can be replaced in place (a Jupyter kernel), not printed anew."""
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _listen_to_cells(session: Any, state: _PanelState) -> None:
@@ -354,11 +387,20 @@ def _listen_to_cells(session: Any, state: _PanelState) -> None:
 
 
 def _ensure_a_sample(sampler: Any) -> None:
-    """Take a first sample now if the sampler has none yet, so the panel opens with numbers."""
+    """Let the panel open with numbers: wait briefly for the sampler's first sample.
+
+    The wait is bounded: with a slow NVML the panel opens at once and fills in later. Only a
+    sampler without its thread is read here, on the caller's thread.
+    """
     if sampler is None or sampler.latest() is not None:
         return
     try:
-        sampler.sample_now(include_live_arrays=False)
+        if not sampler.running:
+            sampler.sample_now(include_live_arrays=False)
+            return
+        deadline = time.monotonic() + _FIRST_SAMPLE_WAIT_S
+        while sampler.latest() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
     except Exception:
         log.debug("jax_nbmem: first sample failed", exc_info=True)
 
@@ -390,9 +432,11 @@ def cell_finished(session: Any, record: Any = None) -> None:
         if state is None:
             return
         if state.live is not None:
-            state.live.refresh_from_session(session)
-        if state.handle is not None and state.kind in ("static", "text"):
-            state.handle.update(_fallback_bundle(session, state.kind == "static"), raw=True)
+            state.live.refresh_from_session(session, now=False)
+        fallback = state.kind in ("static", "text") and state.refresh_after_cells
+        if state.handle is not None and fallback:
+            bundle = _fallback_bundle(session, state.kind == "static", state.timeline)
+            state.handle.update(bundle, raw=True)
     except Exception:
         log.debug("jax_nbmem: panel refresh after a cell failed", exc_info=True)
 

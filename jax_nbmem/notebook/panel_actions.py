@@ -12,6 +12,8 @@ import html
 import logging
 from typing import Any
 
+from jax_nbmem.text import printable
+
 __all__ = ["ShutdownActions"]
 
 log = logging.getLogger("jax_nbmem")
@@ -57,7 +59,8 @@ class ShutdownActions:
             notebook = tenant.notebook if tenant is not None else None
         except Exception:
             log.debug("jax_nbmem: no tenant record for PID %s", pid, exc_info=True)
-        return f"Shut down PID {pid}" + (f" ({notebook.rsplit('/', 1)[-1]})" if notebook else "")
+        name = f" ({printable(notebook.rsplit('/', 1)[-1])})" if notebook else ""
+        return f"Shut down PID {pid}{name}"
 
     def _draw(self) -> None:
         widgets, rows = self._widgets, []
@@ -93,7 +96,8 @@ class ShutdownActions:
         except Exception as exc:  # a click must never raise into the kernel
             message, done = f"Could not shut down PID {pid}: {type(exc).__name__}: {exc}", False
         colour = "#0f5132" if done else "#842029"
-        self.result.value = f"<span style='color:{colour}'>{html.escape(message)}</span>"
+        text = html.escape(printable(message))
+        self.result.value = f"<span style='color:{colour}'>{text}</span>"
         self._pending = None
         if done:
             self._pids = tuple(p for p in self._pids if p != pid)

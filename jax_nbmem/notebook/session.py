@@ -25,6 +25,12 @@ __all__ = ["KernelSession"]
 
 log = logging.getLogger("jax_nbmem")
 
+# How long a magic or the OOM diagnosis waits for a fresh look at the GPU (NVML, /proc, the
+# Jupyter servers) before it answers from the last one.
+_FRESH_STATUS_WAIT_S = 1.5
+# How long a reader of the cell records waits for the last cells' after-readings.
+_SETTLE_S = 1.0
+
 
 class KernelSession:
     """The extension's state for one IPython shell."""
@@ -82,9 +88,26 @@ class KernelSession:
             return result, too_late(mode, self.control.report())
         message = format_applied(result)
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
-        report = self.watcher.refresh()
-        fits = [w for w in (report or {}).get("warnings", []) if w["kind"] == "prealloc-will-fail"]
-        return result, "\n".join([message, *map(warning_line, fits)])
+        report, fresh = self.watcher.fresh(_FRESH_STATUS_WAIT_S)
+        lines = [message]
+        if not fresh:
+            lines.append(
+                "  (Whether it fits this GPU is not checked yet: NVML did not answer within "
+                f"{_FRESH_STATUS_WAIT_S:g} s. `%jaxmem status` shows it later.)"
+            )
+        elif report is not None:
+            fits = [w for w in report.get("warnings", []) if w["kind"] == "prealloc-will-fail"]
+            lines.extend(map(warning_line, fits))
+        return result, "\n".join(lines)
+
+    def cells(self) -> list[CellRecord]:
+        """Every kept record, after waiting (at most a second) for the last cells' readings.
+
+        For ``%jaxmem cells`` and ``jax_nbmem.cells()``: the reading after a cell is taken by
+        the sampler's thread and may still be on its way when the next cell asks.
+        """
+        self.ledger.settle(_SETTLE_S)
+        return self.ledger.records()
 
     def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
         """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
@@ -125,9 +148,15 @@ class KernelSession:
 
     def _explain_oom(self) -> None:
         """Under a RESOURCE_EXHAUSTED traceback: who holds the GPU and what to do (once)."""
-        report = self.watcher.refresh()
+        report, fresh = self.watcher.fresh(_FRESH_STATUS_WAIT_S)
         if report is None:
+            self._say(
+                "jax_nbmem: JAX ran out of memory; who holds the GPU is not known yet (NVML "
+                f"did not answer within {_FRESH_STATUS_WAIT_S:g} s). Try `%jaxmem status`."
+            )
             return
+        if not fresh:
+            self._say("jax_nbmem: NVML is slow; this is the GPU as it was a few seconds ago.")
         ours = {gpu["index"] for gpu in report["gpus"] if gpu["ours"]}
         gpus = [gpu for gpu in report.gpu_memory() if gpu.index in ours]
         if not gpus:
@@ -153,7 +182,7 @@ class KernelSession:
         latest = self.sampler.latest() if self.sampler else None
         from jax_nbmem.gpu import nvml  # lazily: loading the extension must not load NVML
 
-        state = nvml.status()
+        state = nvml.last_status()  # never waits for NVML: the panel calls this
         if not state.available:
             messages.append(f"NVML unavailable: {state.reason}.")
         elif state.reason:

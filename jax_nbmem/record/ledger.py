@@ -1,10 +1,18 @@
 """Per-cell memory records: what each cell took, held at its peak, and left behind.
 
 The magics' ``pre_run_cell``/``post_run_cell`` callbacks call :meth:`Ledger.cell_started` and
-:meth:`Ledger.cell_finished`. The ledger asks its sampler (anything with ``sample_now()``,
-``track()`` and ``set_busy()``, see :mod:`jax_nbmem.record.sampler`) for a sample at each end of the
-cell and for the extremes in between. Neither method raises: IPython prints a traceback after
-every cell when a callback raises.
+:meth:`Ledger.cell_finished`. Both are cheap and never wait for NVML: each takes a timestamp and
+the readings that cannot block (host RSS, JAX's allocator counters, through the sampler's
+:meth:`~jax_nbmem.record.sampler.Sampler.quick_reading`), takes the sampler's latest sample as
+"before", and asks the sampler's thread for a complete reading after the cell
+(``request_after``), which is folded into the record when it arrives, with its delay. When cells
+follow each other faster than that reading (Run All), the first cell's "after" is read while the
+next one runs and the next cell's "before" is the latest reading from before it started, which
+may be from inside the previous cell: both records say so in their ``notes``, as does a record
+read before its reading arrived. Never a guess. Neither method raises: IPython prints a
+traceback after every cell when a callback raises. Nothing of a cell's exception is kept but its
+type and message, so a failed cell's frames (and the arrays they hold) are not kept alive by the
+ledger.
 
 GPU fields are totals over this kernel's GPUs. With one GPU (the usual case) they are that
 GPU's values; with several, each peak or minimum is the sum of per-GPU peaks or minima, which
@@ -13,21 +21,27 @@ may fall at different moments. A field is ``None`` when any of the GPUs could no
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from jax_nbmem.gpu import jaxstats
+from jax_nbmem.text import printable
 from jax_nbmem.units import MISSING, format_bytes, format_bytes_delta, format_duration
 
 __all__ = ["CellRecord", "Ledger", "format_table"]
 
 _FIRST_LINE_CHARS = 60
 _TABLE_CELL_CHARS = 28
-# A sample this recent (seconds) stands for "before" a cell instead of taking a new one.
-_FRESH_BEFORE_S = 0.5
+_ERROR_MESSAGE_CHARS = 300
+# A "before" sample older than this (seconds) is worth a note: NVML may be slow.
+_STALE_BEFORE_S = 1.0
+_AFTER_WAITING = "GPU figures after the cell: not read yet (the sampler reads them next)"
+_AFTER_MISSED = "GPU figures after the cell: not read (the sampler could not be asked)"
 
 
 @dataclass(frozen=True)
@@ -38,11 +52,16 @@ class CellRecord:
     first). ``gpu_count`` is how many GPUs the GPU fields add up (0: no GPU was seen; then
     only the ``host_*`` and ``live_array_*`` fields, which describe host memory, say anything).
 
-    ``gpu_self_*`` is this process's memory per NVML; ``jax_in_use_*`` is JAX's allocator.
-    Peaks come from the sampler's samples, so a spike shorter than its interval can be missed,
-    except ``jax_in_use_peak`` when ``peak_exact``: JAX's own ``peak_bytes_in_use`` rose during
-    the cell (or the backend started in it), so that new peak is the cell's peak exactly.
-    ``free_at_start`` and ``free_min`` are the GPU's free memory (all processes).
+    ``gpu_self_*`` is this process's memory per NVML; ``jax_in_use_*`` is JAX's allocator,
+    read exactly at the cell's two ends. ``gpu_self_after`` comes from the sampler's first
+    complete reading after the cell, taken ``gpu_after_delay_s`` seconds after it ended
+    (``None`` until it arrives, and for good when it never came; ``notes`` then say why).
+    Peaks come from the sampler's samples, so a spike shorter than its interval can be
+    missed, except ``jax_in_use_peak`` when ``peak_exact``: JAX's own ``peak_bytes_in_use``
+    rose during the cell (or the backend started in it), so that new peak is the cell's peak
+    exactly. A peak is never below its cell's before or after. ``free_at_start`` and
+    ``free_min`` are the GPU's free memory (all processes). ``error`` is the exception's type
+    name and ``error_message`` its message (shortened); the exception itself is not kept.
     """
 
     execution_count: int | None
@@ -67,6 +86,9 @@ class CellRecord:
     host_rss_after: int | None
     live_array_bytes_before: int | None
     live_array_bytes_after: int | None
+    error_message: str | None = None
+    gpu_after_delay_s: float | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def gpu_self_retained(self) -> int | None:
@@ -86,36 +108,53 @@ class CellRecord:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly dict of every field plus the ``*_retained`` values."""
         data = asdict(self)
+        data["notes"] = list(self.notes)
         data["gpu_self_retained"] = self.gpu_self_retained
         data["jax_retained"] = self.jax_retained
         data["host_rss_retained"] = self.host_rss_retained
         return data
 
 
-@dataclass
-class _OpenCell:
-    execution_count: int | None
-    first_line: str
-    started_at: float
-    started_mono: float
-    before: Any = None
-    tracker: Any = None
+class _Cell:
+    """One cell while its record forms. The after reading arrives on the sampler's thread."""
 
+    __slots__ = (
+        "execution_count", "first_line", "started_at", "started_mono", "quick_before",
+        "before", "tracker", "ended_mono", "success", "error", "error_message", "oom",
+        "quick_after", "peaks", "after", "after_started", "after_state", "next_started",
+        "ended_at", "before_early",
+    )  # fmt: skip
 
-class _Unbuilt(NamedTuple):
-    cell: _OpenCell
-    ended_mono: float
-    success: bool | None
-    error: BaseException | None
-    after: Any
-    peaks: Any
+    def __init__(self, execution_count: int | None, first_line: str, now: float, mono: float):
+        self.execution_count = execution_count
+        self.first_line = first_line
+        self.started_at = now
+        self.started_mono = mono
+        self.quick_before: Any = None
+        self.before: Any = None
+        self.tracker: Any = None
+        self.ended_mono: float | None = None
+        self.success: bool | None = None
+        self.error: str | None = None
+        self.error_message: str | None = None
+        self.oom = False
+        self.quick_after: Any = None
+        self.peaks: Any = None
+        self.after: Any = None
+        self.after_started: float | None = None
+        # "none" (no sampler to ask), "waiting", "taken" or "missed".
+        self.after_state = "none"
+        self.next_started: float | None = None
+        self.ended_at: float | None = None
+        self.before_early = False  # "before" was read before the previous cell had ended
 
 
 class Ledger:
     """Keeps a :class:`CellRecord` per executed cell, the last ``max_records`` of them.
 
-    *sampler* may be ``None``: records then hold timings and outcomes only. Call from one
-    thread (IPython's callbacks all run on the main thread).
+    *sampler* may be ``None``: records then hold timings and outcomes only. The cell hooks
+    are called from one thread (IPython's main thread); after-cell readings arrive from the
+    sampler's thread, and records may be read from any thread.
     """
 
     def __init__(
@@ -131,8 +170,11 @@ class Ledger:
         self._sampler = sampler
         self._clock = clock
         self._monotonic = monotonic
-        self._records: deque[CellRecord | _Unbuilt] = deque(maxlen=max_records)
-        self._open: _OpenCell | None = None
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._records: deque[CellRecord | _Cell] = deque(maxlen=max_records)
+        self._open: _Cell | None = None
+        self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
         self.last_error: str | None = None
 
     @property
@@ -145,18 +187,31 @@ class Ledger:
         if self._open is not None:
             self.cell_finished(None, None)  # its end was never reported; keep what we know
         try:
-            self._open = _OpenCell(
-                execution_count, _first_line(source), self._clock(), self._monotonic()
-            )
+            cell = _Cell(execution_count, _first_line(source), self._clock(), self._monotonic())
         except Exception as exc:
             self._remember(exc)
             return
+        with self._lock:
+            previous = self._records[-1] if self._records else None
+            if not isinstance(previous, _Cell) or previous.after_state != "waiting":
+                previous = None
+            else:
+                previous.next_started = cell.started_mono
+        self._open = cell
+        if self._sampler is None:
+            return
+        cell.quick_before = _sample(self._call_sampler("quick_reading"))
+        # Between cells nothing of ours changes, so the sampler's latest sample stands for
+        # "before" (it carries its own time). Without its thread, one is taken here.
+        before = _sample(self._call_sampler("latest"))
+        if before is None and not getattr(self._sampler, "running", True):
+            before = _sample(self._call_sampler("sample_now"))
+        cell.before = before
+        if previous is not None and before is not None and previous.ended_at is not None:
+            # The previous cell's own reading has not come yet: the latest is older.
+            cell.before_early = before.t < previous.ended_at
+        cell.tracker = _sample(self._call_sampler("track"))
         self._call_sampler("set_busy", True)
-        self._open.tracker = self._call_sampler("track")
-        # Between cells nothing of ours changes, so a sample taken since the last cell ended is
-        # as good as a new one, and costs nothing on the cell's critical path.
-        before = self._call_sampler("recent", _FRESH_BEFORE_S)
-        self._open.before = before if before is not None else self._call_sampler("sample_now")
 
     def cell_finished(
         self,
@@ -166,7 +221,8 @@ class Ledger:
     ) -> None:
         """Close the open record (from ``post_run_cell``). Harmless without a start; never raises.
 
-        *error* is the exception the cell raised (before or during execution), if any.
+        *error* is the exception the cell raised (before or during execution), if any; only
+        its type name, message and whether it was an out-of-memory error are kept.
         *execution_count*, when given, is the cell's number as the result reports it; it wins
         over the one given at the start (IPython 9 counts the cell up before ``pre_run_cell``,
         IPython 8 after it, so only the result's number is the same in both).
@@ -174,33 +230,82 @@ class Ledger:
         cell, self._open = self._open, None
         if cell is None:
             return
-        if execution_count is not None:
-            cell.execution_count = execution_count
-        after = self._call_sampler("sample_now")
-        peaks = None
-        if cell.tracker is not None:
-            try:
-                peaks = cell.tracker.close()
-            except Exception as exc:
-                self._remember(exc)
-        self._call_sampler("set_busy", False)
-        # Built when first read: most records are never looked at one by one.
-        self._records.append(_Unbuilt(cell, self._monotonic(), success, error, after, peaks))
+        try:
+            cell.ended_mono, cell.ended_at = self._monotonic(), self._clock()
+            if execution_count is not None:
+                cell.execution_count = execution_count
+            cell.success = success
+            if error is not None:
+                cell.error = type(error).__name__
+                cell.error_message = _message(error)
+                cell.oom = jaxstats.is_resource_exhausted(error)
+        except Exception as exc:
+            self._remember(exc)
+        if self._sampler is not None:
+            cell.quick_after = _sample(self._call_sampler("quick_reading"))
+            if cell.tracker is not None:
+                try:
+                    cell.peaks = _sample(cell.tracker.close())
+                except Exception as exc:
+                    self._remember(exc)
+                cell.tracker = None
+            self._call_sampler("set_busy", False)
+            cell.after_state = "waiting"
+        with self._lock:
+            self._records.append(cell)
+            self.finished += 1
+        if self._sampler is not None:
+            arrived = functools.partial(self._after_arrived, cell)
+            if self._call_sampler("request_after", arrived) is _FAILED:
+                with self._lock:
+                    cell.after_state = "missed"
+
+    def _after_arrived(self, cell: _Cell, sample: Any, started: float) -> None:
+        """The sampler's reading after ``cell`` (its thread, or ours without a thread)."""
+        with self._lock:
+            if cell.after_state != "waiting":
+                return
+            cell.after, cell.after_started, cell.after_state = sample, started, "taken"
+            self._arrived.notify_all()
 
     def _built(self, index: int) -> CellRecord | None:
-        entry = self._records[index]
-        if isinstance(entry, _Unbuilt):
+        with self._lock:
+            entry = self._records[index]
+            if isinstance(entry, CellRecord):
+                return entry
             try:
-                entry = _build_record(*entry)
+                record = _build_record(entry)
             except Exception as exc:
                 self._remember(exc)
                 return None
-            self._records[index] = entry
-        return entry
+            if entry.after_state != "waiting":
+                self._records[index] = record  # final: the samples it came from can go
+            return record
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the readings that finished cells still wait for.
+
+        For a reader about to show records (``%jaxmem cells``), never for a cell hook.
+        Returns whether none is left waiting.
+        """
+
+        def settled() -> bool:
+            return not any(isinstance(e, _Cell) and e.after_state == "waiting" for e in tail)
+
+        with self._arrived:
+            # Only the newest cells can still be waiting: their readings come in order.
+            tail = [self._records[-i] for i in range(1, min(len(self._records), 8) + 1)]
+            return self._arrived.wait_for(settled, timeout)
 
     def records(self) -> list[CellRecord]:
         """The kept records, oldest first."""
         built = (self._built(i) for i in range(len(self._records)))
+        return [record for record in built if record is not None]
+
+    def recent(self, count: int) -> list[CellRecord]:
+        """The last ``count`` records, oldest first, without building the others."""
+        size = len(self._records)
+        built = (self._built(i) for i in range(max(0, size - count), size))
         return [record for record in built if record is not None]
 
     def last(self) -> CellRecord | None:
@@ -209,7 +314,8 @@ class Ledger:
 
     def clear(self) -> None:
         """Forget every record (a cell now running is still recorded when it ends)."""
-        self._records.clear()
+        with self._lock:
+            self._records.clear()
 
     def _call_sampler(self, method: str, *args: Any) -> Any:
         if self._sampler is None:
@@ -218,66 +324,131 @@ class Ledger:
             return getattr(self._sampler, method)(*args)
         except Exception as exc:
             self._remember(exc)
-            return None
+            return _FAILED
 
     def _remember(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
 
 
-def _build_record(
-    cell: _OpenCell,
-    now_mono: float,
-    success: bool | None,
-    error: BaseException | None,
-    after: Any,
-    peaks: Any,
-) -> CellRecord:
-    before = cell.before
+class _Failed:
+    """What ``_call_sampler`` returns when the sampler raised (a method may return None)."""
+
+    def __repr__(self) -> str:
+        return "<sampler call failed>"
+
+
+_FAILED = _Failed()
+
+
+def _message(error: BaseException) -> str | None:
+    try:
+        text = str(error)
+    except Exception:
+        return None
+    return _truncate(" ".join(text.split()), _ERROR_MESSAGE_CHARS) or None
+
+
+def _sample(value: Any) -> Any:
+    """A sample, or None for a failed sampler call."""
+    return None if value is None or value is _FAILED else value
+
+
+def _build_record(cell: _Cell) -> CellRecord:
+    before, peaks = cell.before, cell.peaks
+    after = cell.after if cell.after_state == "taken" else None
+    quick_before, quick_after = cell.quick_before, cell.quick_after
     indices = sorted(
         {g.index for sample in (before, after) if sample is not None for g in sample.gpus}
         | {g.index for g in (peaks.gpus if peaks is not None else ())}
     )
-    jax_peaks = [_jax_peak(index, before, after, peaks) for index in indices]
+    notes = []
+    if cell.after_state == "waiting":
+        notes.append(_AFTER_WAITING)
+    elif cell.after_state == "missed":
+        notes.append(_AFTER_MISSED)
+    elif cell.next_started is not None and (cell.after_started or 0.0) > cell.next_started:
+        into = format_duration(cell.after_started - cell.next_started)
+        notes.append(f"GPU figures after the cell: read {into} after the next cell started")
+    if cell.before_early and indices and before is not None:
+        age = format_duration(cell.started_at - before.t)
+        notes.append(
+            f"GPU figures before the cell: read {age} before it started, while the previous "
+            "cell still ran"
+        )
+    elif before is not None and indices and cell.started_at - before.t > _STALE_BEFORE_S:
+        age = format_duration(cell.started_at - before.t)
+        notes.append(f"GPU figures before the cell: read {age} before it started")
+    delay = None
+    if after is not None and cell.after_started is not None and cell.ended_mono is not None:
+        delay = max(0.0, cell.after_started - cell.ended_mono)
+    jax_before = quick_before.jax_in_use() if quick_before is not None else None
+    jax_after = quick_after.jax_in_use() if quick_after is not None else None
+    jax_peak, exact = _jax_peak(quick_before, quick_after, peaks, indices, jax_before, jax_after)
+    rss_before = getattr(quick_before, "rss_bytes", None)
+    rss_after = getattr(quick_after, "rss_bytes", None)
     host_before = before.host if before is not None else None
     host_after = after.host if after is not None else None
+    ended = cell.ended_mono
     return CellRecord(
         execution_count=cell.execution_count,
         first_line=cell.first_line,
         started_at=cell.started_at,
-        duration_s=max(0.0, now_mono - cell.started_mono),
-        success=success,
-        error=type(error).__name__ if error is not None else None,
-        oom=jaxstats.is_resource_exhausted(error),
+        duration_s=None if ended is None else max(0.0, ended - cell.started_mono),
+        success=cell.success,
+        error=cell.error,
+        oom=cell.oom,
         gpu_count=len(indices),
         gpu_self_before=_total(before, indices, "self_bytes"),
         gpu_self_peak=_peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes"),
         gpu_self_after=_total(after, indices, "self_bytes"),
-        jax_in_use_before=_total(before, indices, "jax_in_use"),
-        jax_in_use_peak=_sum([value for value, _ in jax_peaks]) if indices else None,
-        jax_in_use_after=_total(after, indices, "jax_in_use"),
-        peak_exact=bool(jax_peaks) and all(exact for _, exact in jax_peaks),
+        jax_in_use_before=jax_before,
+        jax_in_use_peak=jax_peak,
+        jax_in_use_after=jax_after,
+        peak_exact=exact,
         free_at_start=_total(before, indices, "free_bytes"),
         free_min=_peak_total(peaks, indices, "min_free_bytes", before, after, "free_bytes", min),
-        host_rss_before=getattr(host_before, "rss_bytes", None),
-        host_rss_peak=_host_peak(peaks, host_before, host_after),
-        host_rss_after=getattr(host_after, "rss_bytes", None),
+        host_rss_before=rss_before,
+        host_rss_peak=_extreme([getattr(peaks, "max_rss_bytes", None), rss_before, rss_after]),
+        host_rss_after=rss_after,
         live_array_bytes_before=getattr(host_before, "live_array_bytes", None),
         live_array_bytes_after=getattr(host_after, "live_array_bytes", None),
+        error_message=cell.error_message,
+        gpu_after_delay_s=delay,
+        notes=tuple(notes),
     )
 
 
-def _jax_peak(index: int, before: Any, after: Any, peaks: Any) -> tuple[int | None, bool]:
-    """This GPU's JAX peak during the cell and whether it is exact (see CellRecord)."""
-    peak_before = _gpu_field(before, index, "jax_peak")
-    peak_after = _gpu_field(after, index, "jax_peak")
-    if peak_after is not None and (peak_before is None or peak_after > peak_before):
-        return peak_after, True
-    sampled = _gpu_field(peaks, index, "max_jax_in_use")
-    if sampled is None:
-        sampled = _extreme(
-            [_gpu_field(before, index, "jax_in_use"), _gpu_field(after, index, "jax_in_use")]
-        )
-    return sampled, False
+def _jax_peak(
+    quick_before: Any,
+    quick_after: Any,
+    peaks: Any,
+    indices: list[int],
+    jax_before: int | None,
+    jax_after: int | None,
+) -> tuple[int | None, bool]:
+    """JAX's peak during the cell over its GPU devices, and whether it is exact.
+
+    Exact when every device's own ``peak_bytes_in_use`` rose during the cell (or the backend
+    started in it); otherwise the largest of the sampled values and the two ends.
+    """
+    after_devices = getattr(quick_after, "jax", ()) or ()
+    before_peaks = {
+        getattr(d, "id", None): getattr(d, "peak_bytes_in_use", None)
+        for d in getattr(quick_before, "jax", ()) or ()
+    }
+    rose = []
+    for device in after_devices:
+        peak_after = getattr(device, "peak_bytes_in_use", None)
+        peak_before = before_peaks.get(getattr(device, "id", None))
+        if peak_after is None or (peak_before is not None and peak_after <= peak_before):
+            break
+        rose.append(peak_after)
+    else:
+        if rose:
+            return sum(rose), True
+    sampled = _sum([_gpu_field(peaks, index, "max_jax_in_use") for index in indices])
+    known = [v for v in (sampled, jax_before, jax_after) if v is not None]
+    return (max(known) if known else None), False
 
 
 def _gpu_field(holder: Any, index: int, name: str) -> int | None:
@@ -302,25 +473,18 @@ def _peak_total(
     sample_name: str,
     choose: Callable[[Iterable[int]], int] = max,
 ) -> int | None:
-    """Sum over GPUs of the tracked extreme, or of the before/after extreme without a tracker."""
+    """Sum over GPUs of the extreme of the tracked value and the cell's two ends.
+
+    The ends count too: the tracker sees the samples taken while the cell ran, and memory
+    may have moved (an array freed, say) before the first of them.
+    """
     if not indices:
         return None
     values = []
     for index in indices:
-        value = _gpu_field(peaks, index, peak_name)
-        if value is None:
-            ends = [_gpu_field(before, index, sample_name), _gpu_field(after, index, sample_name)]
-            value = _extreme(ends, choose)
-        values.append(value)
+        ends = [_gpu_field(before, index, sample_name), _gpu_field(after, index, sample_name)]
+        values.append(_extreme([_gpu_field(peaks, index, peak_name), *ends], choose))
     return _sum(values)
-
-
-def _host_peak(peaks: Any, host_before: Any, host_after: Any) -> int | None:
-    tracked = getattr(peaks, "max_rss_bytes", None)
-    if tracked is not None:
-        return tracked
-    ends = [getattr(host_before, "rss_bytes", None), getattr(host_after, "rss_bytes", None)]
-    return _extreme(ends)
 
 
 def _extreme(values: list[int | None], choose: Callable[[Iterable[int]], int] = max) -> int | None:
@@ -377,7 +541,7 @@ def format_table(records: Iterable[CellRecord]) -> str:
     for r in rows_in:
         row = [
             MISSING if r.execution_count is None else str(r.execution_count),
-            _truncate(r.first_line, _TABLE_CELL_CHARS),
+            printable(_truncate(r.first_line, _TABLE_CELL_CHARS)),
             format_duration(r.duration_s),
             _status(r),
         ]

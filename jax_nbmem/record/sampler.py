@@ -30,6 +30,7 @@ __all__ = [
     "HostSample",
     "PeakTracker",
     "Peaks",
+    "QuickReading",
     "Sample",
     "SampleHistory",
     "Sampler",
@@ -40,6 +41,10 @@ __all__ = [
 # starting JAX; re-reading it every few seconds (and at every sample_now) is plenty.
 _GPU_SET_REFRESH_S = 10.0
 _JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+# Walking jax.live_arrays() may take at most this share of one core.
+_LIVE_ARRAY_BUDGET = 0.005
+# Cells that end in quick succession share one after-cell reading at most this often.
+_MIN_AFTER_GAP_S = 0.02
 
 
 def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
@@ -51,7 +56,7 @@ def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
 def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
     from jax_nbmem.gpu import nvml
 
-    return nvml.processes(indices)
+    return nvml.process_lists(indices)
 
 
 def _visible_gpu_indices() -> Sequence[int] | None:
@@ -67,9 +72,11 @@ def _visible_gpu_indices() -> Sequence[int] | None:
 class SamplerSource:
     """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
 
-    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when first
-    called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX numbers
-    its GPU devices, or ``None`` for "all GPUs NVML sees".
+    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when
+    first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
+    numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
+    NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
+    a list failed) or flat process records.
     """
 
     memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
@@ -163,12 +170,21 @@ class Sampler:
 
     ``start()`` and ``stop()`` are idempotent; ``stop()`` joins the thread. Without the thread,
     :meth:`tick` takes the same scheduled samples on demand and :meth:`sample_now` takes a
-    fresh complete one (for cell boundaries).
+    fresh complete one.
+
+    Readings are taken outside the sampler's lock, which guards only what is published (the
+    history, the latest sample, the schedule), so a slow NVML holds up the thread that reads
+    it and nobody else: :meth:`latest`, :meth:`track`, :meth:`set_busy`,
+    :meth:`request_after` and :meth:`quick_reading` never wait for NVML or JAX. Cell hooks use
+    only those; the complete reading after a cell is taken by the thread, woken at once
+    (:meth:`request_after`).
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
-    ``last_error`` (text of the latest failed reading or callback, ``None`` if none yet) and
-    ``last_error_at`` (its ``time.time()``); ``error_count`` and ``callback_errors``.
+    ``live_array_budget``, the share of a core that reading ``jax.live_arrays()`` may take
+    (its interval grows with its measured cost); ``last_error`` (text of the latest failed
+    reading or callback, ``None`` if none yet) and ``last_error_at`` (its ``time.time()``);
+    ``error_count`` and ``callback_errors``.
     """
 
     def __init__(
@@ -179,6 +195,7 @@ class Sampler:
         process_interval: float = 1.0,
         busy_process_interval: float = 0.2,
         live_array_interval: float = 1.5,
+        live_array_budget: float = _LIVE_ARRAY_BUDGET,
         history: SampleHistory | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -190,18 +207,22 @@ class Sampler:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
+        self._wake = threading.Event()
         self._callbacks: list[Callable[[Sample], Any]] = []
         self._trackers: list[PeakTracker] = []
+        self._after_requests: list[tuple[float, Callable[[Sample, float], Any]]] = []
+        self._last_forced = -math.inf
         self._latest: Sample | None = None
         self._busy = False
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
-        self._processes: dict[int, list[Any]] | None = None
+        self._split: dict[int, _ProcessSplit] | None = None
         self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
         self._live_bytes: int | None = None
         self._live_due = -math.inf
+        self.live_array_budget = live_array_budget
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.error_count = 0
@@ -227,7 +248,9 @@ class Sampler:
             "live_array_interval": live_array_interval,
         }
         for name, value in updates.items():
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            if value is not None and not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         with self._lock:
             for name, value in updates.items():
@@ -237,9 +260,8 @@ class Sampler:
     @property
     def running(self) -> bool:
         """Whether the sampling thread is alive and has not been asked to stop."""
-        with self._lock:
-            thread = self._thread
-            return thread is not None and thread.is_alive() and not self._stop_event.is_set()
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop_event.is_set()
 
     def start(self, timeout: float = 5.0) -> None:
         """Start the sampling thread; does nothing if it is already running.
@@ -262,11 +284,13 @@ class Sampler:
         """Stop the sampling thread and wait up to *timeout* s for it; a no-op when stopped.
 
         Called from the sampler's own thread (a subscriber), it only asks: the thread ends
-        after the current tick, and a later ``stop()`` from elsewhere joins it.
+        after the current tick, and a later ``stop()`` from elsewhere joins it. A thread stuck
+        in a slow NVML call is left to finish it (it is a daemon) once *timeout* has passed.
         """
         with self._lock:
             thread = self._thread
             self._stop_event.set()
+            self._wake.set()
         self._join(thread, timeout)
 
     def _join(self, thread: threading.Thread | None, timeout: float) -> None:
@@ -329,6 +353,38 @@ class Sampler:
             self._trackers.append(tracker)
         return tracker
 
+    def quick_reading(self) -> QuickReading:
+        """What a cell hook may read itself: host RSS and JAX's counters; never NVML.
+
+        JAX's ``memory_stats()`` answers from its allocator in microseconds; the backend is
+        asked only once it is up, and ``jax.live_arrays()`` never.
+        """
+        source = self._source
+        mono = self._monotonic()
+        rss = self._read(source.host_rss_bytes, None)
+        jax_up = bool(self._read(source.backend_initialized, False))
+        stats: tuple = ()
+        if jax_up:
+            every = self._read(source.device_stats, []) or []
+            stats = tuple(_jax_gpus(every))
+        return QuickReading(self._clock(), mono, rss, jax_up, stats)
+
+    def request_after(self, callback: Callable[[Sample, float], Any]) -> None:
+        """Have a complete sample taken as soon as possible and given to ``callback``.
+
+        ``callback(sample, started)`` runs on the sampler's thread, which is woken at once;
+        ``started`` is the monotonic time the reading began. Requests that arrive while one
+        reading is under way are served by the next. Without a running thread the sample is
+        taken at once, on the caller's thread. Errors in ``callback`` are counted, not raised.
+        """
+        if not self.running:
+            started = self._monotonic()
+            self._deliver([(started, callback)], self._record(force=True), started)
+            return
+        with self._lock:
+            self._after_requests.append((self._monotonic(), callback))
+        self._wake.set()
+
     def tick(self) -> Sample:
         """Take one scheduled sample, as the thread does every ``interval``; notify subscribers.
 
@@ -346,19 +402,38 @@ class Sampler:
         return sample
 
     def sample_now(self, *, include_live_arrays: bool = True) -> Sample:
-        """Take a complete sample at once (fresh process list; live arrays unless told not to).
+        """Take a complete sample at once, on this thread; it waits for NVML.
 
-        Subscribers are not called: they hear from the thread's next tick.
+        The process list is read fresh, and the live arrays unless told not to. Not for a
+        cell's path. Subscribers are not called: they hear from the thread's next tick.
         """
         return self._record(force=True, force_live=include_live_arrays)
 
-    def _record(self, force: bool, force_live: bool = False) -> Sample:
+    def _serve_after(self) -> None:
+        """Take the sample that the cells which ended so far asked for, and hand it over."""
         with self._lock:
+            requests, self._after_requests = self._after_requests, []
+        if not requests:
+            return
+        started = self._monotonic()
+        self._last_forced = started
+        self._deliver(requests, self._record(force=True), started)
+
+    def _deliver(self, requests: list, sample: Sample, started: float) -> None:
+        for _, callback in requests:
             try:
-                sample = self._collect(self._monotonic(), force, force_live)
-            except Exception as exc:  # a source broke its contract: an empty sample, said
+                callback(sample, started)
+            except Exception as exc:
+                self.callback_errors += 1
                 self._remember(exc)
-                sample = Sample(t=self._clock(), gpus=(), host=None)
+
+    def _record(self, force: bool, force_live: bool = False) -> Sample:
+        try:
+            sample = self._collect(self._monotonic(), force, force_live)
+        except Exception as exc:  # a source broke its contract: an empty sample, said
+            self._remember(exc)
+            sample = Sample(t=self._clock(), gpus=(), host=None)
+        with self._lock:
             self._history.add(sample)
             self._latest = sample
             for tracker in self._trackers:
@@ -366,92 +441,56 @@ class Sampler:
         return sample
 
     def _collect(self, now: float, force: bool, force_live: bool) -> Sample:
+        """Read everything that is due, outside the lock; publish the schedule under it."""
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
         if not self._gpu_set_final and (force or now + slack >= self._gpu_indices_due):
             indices = self._read(source.gpu_indices, None)
-            self._gpu_indices = None if indices is None else tuple(indices)
-            self._gpu_indices_due = now + _GPU_SET_REFRESH_S
-            # JAX fixed its devices when its backend started; a later CUDA_VISIBLE_DEVICES
-            # edit changes nothing for this process, so the set read now is final.
-            self._gpu_set_final = jax_up and indices is not None
+            with self._lock:
+                self._gpu_indices = None if indices is None else tuple(indices)
+                self._gpu_indices_due = now + _GPU_SET_REFRESH_S
+                # JAX fixed its devices when its backend started; a later CUDA_VISIBLE_DEVICES
+                # edit changes nothing for this process, so the set read now is final.
+                self._gpu_set_final = jax_up and indices is not None
         indices = self._gpu_indices
         memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         used = {reading.index: reading.used_bytes for reading in memory}
-        # A forced sample (a cell boundary) needs this process's bytes as they are now. When no
+        # A forced sample (after a cell) needs this process's bytes as they are now. When no
         # GPU's used memory moved since the last process list, nobody's bytes did, and the
         # list (the costly NVML call) would say the same again.
         moved = used != self._used_at_process_read or None in used.values()
         if (force and moved) or now + slack >= self._process_due:
-            self._processes = self._group_by_gpu(self._read(source.processes, None, indices))
-            self._used_at_process_read = used
-            pace = self.busy_process_interval if self._busy else self.process_interval
-            self._process_due = now + pace
+            listing = self._read(source.processes, None, indices)
+            split = _split_by_gpu(listing, source.pid)
+            with self._lock:
+                self._split, self._used_at_process_read = split, used
+                pace = self.busy_process_interval if self._busy else self.process_interval
+                self._process_due = now + pace
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
-        if not jax_up:
+        gpu_stats = _jax_gpus(stats)
+        if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
+            # JAX's allocator counts its bytes itself: no need to walk every live array.
             self._live_bytes = None
         elif force_live or now + slack >= self._live_due:
+            began = time.perf_counter()
             self._live_bytes = self._read(source.live_array_bytes, None)
-            self._live_due = now + self.live_array_interval
+            cost = time.perf_counter() - began
+            # Walking the arrays costs time per array: read them less often the more there
+            # are, so that it never takes more than its budget of a core.
+            self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
         # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
         order = list(indices) if indices is not None else sorted(g.index for g in memory)
-        gpu_stats = sorted(
-            (s for s in stats if getattr(s, "platform", None) in _JAX_GPU_PLATFORMS),
-            key=lambda s: getattr(s, "id", None) or 0,
-        )
         stats_by_index = dict(zip(order, gpu_stats, strict=False))
+        split = self._split
         gpus = []
         for reading in memory:
             try:
-                gpus.append(self._gpu_sample(reading, stats_by_index.get(reading.index)))
+                gpus.append(_gpu_sample(reading, stats_by_index.get(reading.index), split))
             except Exception as exc:  # a malformed reading loses its GPU, not the sample
                 self._remember(exc)
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
-
-    def _gpu_sample(self, reading: Any, stats: Any) -> GpuSample:
-        used = reading.used_bytes
-        self_bytes: int | None = None
-        others: int | None = None
-        if self._processes is not None:
-            entries = self._processes.get(reading.index, [])
-            mine = [p.used_bytes for p in entries if p.pid == self._source.pid]
-            theirs = [p.used_bytes for p in entries if p.pid != self._source.pid]
-            if mine:
-                self_bytes = None if None in mine else sum(mine)
-            elif stats is None and used is not None:
-                self_bytes = 0
-            # Otherwise our pid is missing from a GPU that NVML could not read, or from one
-            # JAX holds (e.g. NVML sees another PID namespace in a container): unknown, not 0.
-            if used is not None and self_bytes is not None:
-                others = max(0, used - self_bytes)
-            elif None not in theirs:
-                others = sum(theirs)
-        return GpuSample(
-            index=reading.index,
-            uuid=reading.uuid,
-            name=reading.name,
-            total_bytes=reading.total_bytes,
-            used_bytes=used,
-            free_bytes=reading.free_bytes,
-            self_bytes=self_bytes,
-            others_bytes=others,
-            jax_in_use=getattr(stats, "bytes_in_use", None),
-            jax_peak=getattr(stats, "peak_bytes_in_use", None),
-            jax_reserved=getattr(stats, "bytes_reserved", None),
-            jax_limit=getattr(stats, "bytes_limit", None),
-            problem=getattr(reading, "problem", None),
-        )
-
-    @staticmethod
-    def _group_by_gpu(processes: Sequence[Any] | None) -> dict[int, list[Any]] | None:
-        if processes is None:
-            return None
-        grouped: dict[int, list[Any]] = {}
-        for process in processes:
-            grouped.setdefault(process.gpu, []).append(process)
-        return grouped
 
     def _read(self, reader: Callable[..., Any], default: Any, *args: Any) -> Any:
         try:
@@ -475,13 +514,129 @@ class Sampler:
         deadline = self._monotonic()
         while not stop_event.is_set():
             try:
-                self.tick()
-            except Exception as exc:
+                if self._after_requests:
+                    # Back-to-back cells share one reading rather than keep NVML busy.
+                    pause = self._last_forced + _MIN_AFTER_GAP_S - self._monotonic()
+                    if pause > 0 and stop_event.wait(pause):
+                        break
+                    self._serve_after()
+                else:
+                    self.tick()
+            except BaseException as exc:  # never out of the thread, whatever happens
                 self._remember(exc)
             now = self._monotonic()
-            deadline = _next_deadline(deadline, now, self.interval)
-            if stop_event.wait(max(0.0, deadline - now)):
-                break
+            if now >= deadline:
+                deadline = _next_deadline(deadline, now, self.interval)
+            if not self._after_requests:
+                self._wake.wait(max(0.0, deadline - now))
+            self._wake.clear()
+
+
+@dataclass(frozen=True)
+class QuickReading:
+    """What a cell hook reads itself (see :meth:`Sampler.quick_reading`).
+
+    ``jax`` holds JAX's GPU devices' counters (anything with ``id``, ``bytes_in_use`` and
+    ``peak_bytes_in_use``), in device order; empty before the backend starts or on the CPU.
+    """
+
+    t: float
+    mono: float
+    rss_bytes: int | None
+    jax_up: bool
+    jax: tuple[Any, ...]
+
+    def jax_in_use(self) -> int | None:
+        """Bytes JAX's arrays use over its GPU devices; None when any device cannot say."""
+        values = [getattr(d, "bytes_in_use", None) for d in self.jax]
+        return None if not values or None in values else sum(values)
+
+
+@dataclass(frozen=True)
+class _ProcessSplit:
+    """One GPU's process list, split once into this process's bytes and everyone else's.
+
+    ``mine`` is None when our PID is listed without bytes; ``listed`` says whether it is
+    listed at all; ``others`` is None when another process's bytes are unknown. A GPU whose
+    list could not be read has no split at all.
+    """
+
+    listed: bool
+    mine: int | None
+    others: int | None
+
+
+def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
+    """Per GPU, our bytes and the others' from one process-list reading; None if unread.
+
+    ``listing`` is what ``SamplerSource.processes`` returned: flat process records (``pid``,
+    ``gpu``, ``used_bytes``), or per-GPU lists (``gpu``, ``processes`` — None when that GPU's
+    list failed).
+    """
+    if listing is None:
+        return None
+    entries: dict[int, list[Any] | None] = {}
+    for item in listing:
+        if hasattr(item, "processes"):
+            entries[item.gpu] = None if item.processes is None else list(item.processes)
+        else:
+            found = entries.setdefault(item.gpu, [])
+            if found is not None:
+                found.append(item)
+    split: dict[int, _ProcessSplit] = {}
+    for gpu, processes in entries.items():
+        if processes is None:
+            continue
+        mine = [p.used_bytes for p in processes if p.pid == pid]
+        theirs = [p.used_bytes for p in processes if p.pid != pid]
+        split[gpu] = _ProcessSplit(
+            listed=bool(mine),
+            mine=None if not mine or None in mine else sum(mine),
+            others=None if None in theirs else sum(theirs),
+        )
+    return split
+
+
+def _jax_gpus(stats: Sequence[Any]) -> list[Any]:
+    """JAX's GPU devices among ``stats``, in device-id order."""
+    return sorted(
+        (s for s in stats if getattr(s, "platform", None) in _JAX_GPU_PLATFORMS),
+        key=lambda s: getattr(s, "id", None) or 0,
+    )
+
+
+def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None) -> GpuSample:
+    used = reading.used_bytes
+    self_bytes: int | None = None
+    others: int | None = None
+    mine = split.get(reading.index) if split is not None else None
+    if mine is not None:
+        if mine.listed:
+            self_bytes = mine.mine
+        elif stats is None and used is not None:
+            self_bytes = 0  # JAX does not use this GPU and NVML does not list us: nothing
+        # Otherwise our pid is missing from a GPU that JAX holds (e.g. NVML sees another PID
+        # namespace in a container): unknown, not 0.
+        if used is not None and self_bytes is not None:
+            others = max(0, used - self_bytes)
+        else:
+            others = mine.others
+    # No split: the GPU's process list could not be read, so who holds what is unknown.
+    return GpuSample(
+        index=reading.index,
+        uuid=reading.uuid,
+        name=reading.name,
+        total_bytes=reading.total_bytes,
+        used_bytes=used,
+        free_bytes=reading.free_bytes,
+        self_bytes=self_bytes,
+        others_bytes=others,
+        jax_in_use=getattr(stats, "bytes_in_use", None),
+        jax_peak=getattr(stats, "peak_bytes_in_use", None),
+        jax_reserved=getattr(stats, "bytes_reserved", None),
+        jax_limit=getattr(stats, "bytes_limit", None),
+        problem=getattr(reading, "problem", None),
+    )
 
 
 def _next_deadline(previous: float, now: float, interval: float) -> float:

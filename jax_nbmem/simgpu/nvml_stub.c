@@ -9,10 +9,16 @@
  *
  * Line format (see jax_nbmem/simgpu/simulator.py, which writes it):
  *   driver VERSION
- *   gpu INDEX UUID total=BYTES [used=BYTES] [reserved=BYTES] [name=REST OF LINE]
+ *   gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [raw]
+ *       [namehex=HEX] [name=REST OF LINE]
  *   proc GPU PID used=BYTES|na [kind=compute|graphics]
  *   lost GPU
  *   nodriver
+ *   slow CALL MILLISECONDS         every CALL waits that long before it answers
+ *   fail CALL ERROR [GPU]          every CALL (on GPU, or on all) returns NVML error ERROR
+ * CALL is one of init, count, name, uuid, memory, processes, driver, or any. A gpu line with
+ * `raw` reports total, used and free exactly as given (no clamping), to simulate a driver that
+ * returns nonsense; `namehex=` gives the name as raw bytes (not necessarily UTF-8).
  * Lines starting with '#' and anything after whitespace + '#' are comments.
  *
  * Functions that are not defined here are simply not exported; pynvml then raises
@@ -26,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -35,6 +42,7 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_GPU_IS_LOST = 15,
@@ -50,6 +58,12 @@ enum {
 #define SIM_BASE_USED (500ULL * 1024 * 1024)
 #define SIM_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
 #define SIM_MEMORY_V2_VERSION 0x02000028u
+#define SIM_MAX_FAULTS 32
+
+enum { CALL_INIT, CALL_COUNT, CALL_NAME, CALL_UUID, CALL_MEMORY, CALL_PROCESSES, CALL_DRIVER,
+       CALL_KINDS };
+static const char *const sim_call_names[CALL_KINDS] = {
+    "init", "count", "name", "uuid", "memory", "processes", "driver"};
 
 typedef struct { unsigned int index; } sim_device;
 typedef sim_device *nvmlDevice_t;
@@ -59,8 +73,8 @@ static sim_device sim_handles[SIM_MAX_GPUS];
 static int sim_init_count;
 
 typedef struct {
-    unsigned long long total, used, reserved;
-    int used_given, present;
+    unsigned long long total, used, free, reserved;
+    int used_given, free_given, raw, present;
     char uuid[SIM_TEXT];
     char name[SIM_TEXT];
 } sim_gpu;
@@ -71,7 +85,16 @@ typedef struct {
 } sim_proc;
 
 typedef struct {
+    int call; /* CALL_*, or -1 for any */
+    int error;
+    int gpu;  /* -1: every GPU */
+} sim_fault;
+
+typedef struct {
     int nodriver;
+    unsigned int slow_ms[CALL_KINDS];
+    unsigned int fault_count;
+    sim_fault faults[SIM_MAX_FAULTS];
     unsigned int gpu_count;
     unsigned char lost[SIM_MAX_GPUS];
     unsigned int proc_count;
@@ -130,10 +153,33 @@ static void parse_gpu_options(sim_gpu *gpu, char *rest) {
         } else if (strncmp(token, "used=", 5) == 0) {
             gpu->used = strtoull(token + 5, NULL, 10);
             gpu->used_given = 1;
+        } else if (strncmp(token, "free=", 5) == 0) {
+            gpu->free = strtoull(token + 5, NULL, 10);
+            gpu->free_given = 1;
         } else if (strncmp(token, "reserved=", 9) == 0) {
             gpu->reserved = strtoull(token + 9, NULL, 10);
+        } else if (strcmp(token, "raw") == 0) {
+            gpu->raw = 1;
+        } else if (strncmp(token, "namehex=", 8) == 0) {
+            const char *hex = token + 8;
+            size_t i, n = strlen(hex) / 2;
+            if (n >= SIM_TEXT) n = SIM_TEXT - 1;
+            for (i = 0; i < n; i++) {
+                char pair[3] = {hex[2 * i], hex[2 * i + 1], 0};
+                gpu->name[i] = (char)strtoul(pair, NULL, 16);
+            }
+            gpu->name[n] = '\0';
         }
     }
+}
+
+static int call_kind(const char *word) {
+    int i;
+    if (strcmp(word, "any") == 0) return -1;
+    for (i = 0; i < CALL_KINDS; i++) {
+        if (strcmp(word, sim_call_names[i]) == 0) return i;
+    }
+    return -2;
 }
 
 static void parse_line(sim_state *state, char *line) {
@@ -165,6 +211,23 @@ static void parse_line(sim_state *state, char *line) {
         proc->pid = pid;
         proc->graphics = strcmp(kind, "graphics") == 0;
         proc->used = strcmp(used, "na") == 0 ? SIM_NOT_AVAILABLE : strtoull(used, NULL, 10);
+    } else if (strcmp(word, "slow") == 0) {
+        unsigned int ms;
+        int kind, i;
+        if (sscanf(line + consumed, "%15s %u", text, &ms) != 2) return;
+        if ((kind = call_kind(text)) == -2) return;
+        for (i = 0; i < CALL_KINDS; i++) {
+            if (kind == -1 || kind == i) state->slow_ms[i] = ms;
+        }
+    } else if (strcmp(word, "fail") == 0) {
+        int error, gpu = -1, kind, fields;
+        if (state->fault_count >= SIM_MAX_FAULTS) return;
+        fields = sscanf(line + consumed, "%15s %d %d", text, &error, &gpu);
+        if (fields < 2 || (kind = call_kind(text)) == -2) return;
+        state->faults[state->fault_count].call = kind;
+        state->faults[state->fault_count].error = error;
+        state->faults[state->fault_count].gpu = fields == 3 ? gpu : -1;
+        state->fault_count++;
     } else if (strcmp(word, "lost") == 0) {
         if (sscanf(line + consumed, "%u", &index) == 1 && index < SIM_MAX_GPUS)
             state->lost[index] = 1;
@@ -202,6 +265,40 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     return state;
 }
 
+/* Waits as long as the state says CALL is slow (a hung or overloaded driver). */
+static void sim_wait(const sim_state *state, int call) {
+    unsigned int ms = state->slow_ms[call];
+    struct timespec pause;
+    if (!ms) return;
+    pause.tv_sec = ms / 1000;
+    pause.tv_nsec = (long)(ms % 1000) * 1000000L;
+    while (nanosleep(&pause, &pause) != 0) {
+    }
+}
+
+/* The error CALL returns on GPU `gpu` (-1: not a device call), or NVML_SUCCESS. */
+static nvmlReturn_t sim_fault_for(const sim_state *state, int call, int gpu) {
+    unsigned int i;
+    for (i = 0; i < state->fault_count; i++) {
+        const sim_fault *fault = &state->faults[i];
+        if ((fault->call == -1 || fault->call == call) && (fault->gpu == -1 || fault->gpu == gpu))
+            return fault->error;
+    }
+    return NVML_SUCCESS;
+}
+
+/* Waits if CALL is slow, then says whether it must fail; frees the state when it does. */
+static nvmlReturn_t sim_enter(sim_state **state, int call, int gpu) {
+    nvmlReturn_t fault;
+    sim_wait(*state, call);
+    fault = sim_fault_for(*state, call, gpu);
+    if (fault != NVML_SUCCESS) {
+        free(*state);
+        *state = NULL;
+    }
+    return fault;
+}
+
 /* Loads the state for a call that needs an initialized library. */
 static sim_state *begin_call(nvmlReturn_t *ret) {
     if (__atomic_load_n(&sim_init_count, __ATOMIC_SEQ_CST) <= 0) {
@@ -232,7 +329,7 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
     const sim_gpu *gpu = &state->gpus[index];
     unsigned long long used = SIM_BASE_USED;
     unsigned int i, j;
-    if (gpu->used_given) return gpu->used;
+    if (gpu->used_given) return gpu->raw || gpu->used <= gpu->total ? gpu->used : gpu->total;
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
@@ -257,6 +354,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     sim_state *state = load_state(&ret);
     (void)flags;
     if (!state) return ret;
+    if ((ret = sim_enter(&state, CALL_INIT, -1)) != NVML_SUCCESS) return ret;
     free(state);
     __atomic_add_fetch(&sim_init_count, 1, __ATOMIC_SEQ_CST);
     return NVML_SUCCESS;
@@ -281,6 +379,7 @@ API const char *nvmlErrorString(nvmlReturn_t result) {
         case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
         case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
         case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+        case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
         case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
         case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
         case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
@@ -294,6 +393,7 @@ API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) 
     nvmlReturn_t ret;
     sim_state *state = begin_call(&ret);
     if (!state) return ret;
+    if ((ret = sim_enter(&state, CALL_DRIVER, -1)) != NVML_SUCCESS) return ret;
     ret = copy_string(version, length, state->driver);
     free(state);
     return ret;
@@ -303,6 +403,7 @@ API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     nvmlReturn_t ret;
     sim_state *state = begin_call(&ret);
     if (!state) return ret;
+    if ((ret = sim_enter(&state, CALL_COUNT, -1)) != NVML_SUCCESS) return ret;
     if (!count) ret = NVML_ERROR_INVALID_ARGUMENT;
     else *count = state->gpu_count;
     free(state);
@@ -340,6 +441,7 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int
     sim_state *state;
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
+    if ((ret = sim_enter(&state, CALL_UUID, (int)device->index)) != NVML_SUCCESS) return ret;
     ret = copy_string(uuid, length, gpu->uuid);
     free(state);
     return ret;
@@ -350,6 +452,7 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     sim_state *state;
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
+    if ((ret = sim_enter(&state, CALL_NAME, (int)device->index)) != NVML_SUCCESS) return ret;
     ret = copy_string(name, length, gpu->name);
     free(state);
     return ret;
@@ -361,8 +464,13 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memo
     sim_state *state;
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
+    if ((ret = sim_enter(&state, CALL_MEMORY, (int)device->index)) != NVML_SUCCESS) return ret;
     if (!memory) {
         ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (gpu->raw) {
+        memory->total = gpu->total;
+        memory->used = device_used(state, device->index);
+        memory->free = gpu->free_given ? gpu->free : gpu->total - memory->used;
     } else {
         unsigned long long used = device_used(state, device->index) + gpu->reserved;
         if (used > gpu->total) used = gpu->total;
@@ -380,10 +488,16 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
     sim_state *state;
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
+    if ((ret = sim_enter(&state, CALL_MEMORY, (int)device->index)) != NVML_SUCCESS) return ret;
     if (!memory) {
         ret = NVML_ERROR_INVALID_ARGUMENT;
     } else if (memory->version != SIM_MEMORY_V2_VERSION) {
         ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    } else if (gpu->raw) {
+        memory->total = gpu->total;
+        memory->reserved = gpu->reserved;
+        memory->used = device_used(state, device->index);
+        memory->free = gpu->free_given ? gpu->free : gpu->total - memory->used - gpu->reserved;
     } else {
         unsigned long long reserved = gpu->reserved > gpu->total ? gpu->total : gpu->reserved;
         unsigned long long used = device_used(state, device->index);
@@ -405,6 +519,11 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
     sim_state *state;
     unsigned int i, found = 0;
     if (!begin_device_call(device, &state, &ret)) return ret;
+    if ((ret = sim_enter(&state, CALL_PROCESSES, (int)device->index)) != NVML_SUCCESS) {
+        /* A persistent INSUFFICIENT_SIZE, as when processes come and go between the calls. */
+        if (ret == NVML_ERROR_INSUFFICIENT_SIZE && count) *count = *count + 1;
+        return ret;
+    }
     if (!count) {
         free(state);
         return NVML_ERROR_INVALID_ARGUMENT;

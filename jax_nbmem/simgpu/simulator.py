@@ -34,7 +34,9 @@ from pathlib import Path
 
 __all__ = [
     "GIB",
+    "CALLS",
     "LIBRARY_NAME",
+    "NVML_ERRORS",
     "STATE_ENV_VAR",
     "SimState",
     "build",
@@ -119,13 +121,30 @@ def env_for_subprocess(
     return env
 
 
+# NVML's error codes (nvml.h) that the simulation can be told to return.
+NVML_ERRORS = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "INSUFFICIENT_SIZE": 7,
+    "DRIVER_NOT_LOADED": 9,
+    "GPU_IS_LOST": 15,
+    "UNKNOWN": 999,
+}
+# The calls a fault or a delay can target (see nvml_stub.c); "any" is every one of them.
+CALLS = ("init", "count", "name", "uuid", "memory", "processes", "driver", "any")
+
+
 @dataclass
 class _Gpu:
     total: int
     uuid: str
-    name: str
+    name: str | bytes
     used: int | None
     reserved: int
+    free: int | None = None
+    raw: bool = False
 
 
 @dataclass
@@ -150,6 +169,8 @@ class SimState:
     _gpus: dict[int, _Gpu] = field(default_factory=dict, init=False, repr=False)
     _processes: list[_Process] = field(default_factory=list, init=False, repr=False)
     _lost: set[int] = field(default_factory=set, init=False, repr=False)
+    _slow: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _faults: list[tuple[str, int, int | None]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -159,22 +180,56 @@ class SimState:
         index: int,
         total: int,
         uuid: str | None = None,
-        name: str | None = None,
+        name: str | bytes | None = None,
         used: int | None = None,
         reserved: int = 0,
+        *,
+        free: int | None = None,
+        raw: bool = False,
     ) -> SimState:
         """Add (or replace) GPU ``index`` with ``total`` bytes.
 
-        ``uuid`` defaults to one derived from the index; ``name`` to a simulated H200. ``used``
-        pins the device's used bytes; by default it is the sum of its processes plus 500 MiB
-        for the driver. ``reserved`` is memory the driver keeps back (NVML's v2 memory info).
+        ``uuid`` defaults to one derived from the index; ``name`` to a simulated H200 (bytes
+        are passed as they are, so a name need not be valid UTF-8). ``used`` pins the device's
+        used bytes; by default it is the sum of its processes plus 500 MiB for the driver.
+        ``reserved`` is memory the driver keeps back (NVML's v2 memory info). ``raw=True``
+        reports ``total``, ``used`` and ``free`` exactly as given, even when they make no
+        sense (used above total, 2**64 - 1), as a confused driver would.
         """
         name = _DEFAULT_NAME if name is None else name
-        if "\n" in name or " #" in name:
+        if isinstance(name, str) and ("\n" in name or " #" in name):
             raise ValueError(f"a simulated GPU name cannot hold a newline or ' #': {name!r}")
+        if isinstance(name, bytes) and (len(name) >= 96 or b"\0" in name):
+            raise ValueError("a simulated GPU name in bytes must be < 96 bytes without NUL")
         if uuid is None:
             uuid = "GPU-" + str(uuid_module.uuid5(uuid_module.NAMESPACE_OID, f"simgpu-{index}"))
-        self._gpus[index] = _Gpu(total=total, uuid=uuid, name=name, used=used, reserved=reserved)
+        self._gpus[index] = _Gpu(total, uuid, name, used, reserved, free, raw)
+        return self
+
+    def slow(self, call: str, seconds: float) -> SimState:
+        """Make every ``call`` (see :data:`CALLS`) take ``seconds`` before it answers."""
+        if call not in CALLS:
+            raise ValueError(f"unknown NVML call {call!r}; one of {', '.join(CALLS)}")
+        self._slow[call] = max(0, round(seconds * 1000))
+        return self
+
+    def fail(self, call: str, error: str | int, gpu: int | None = None) -> SimState:
+        """Make ``call`` return NVML error ``error`` (a name of :data:`NVML_ERRORS` or a code).
+
+        Only on ``gpu`` when given, else on every GPU. ``fail("processes",
+        "INSUFFICIENT_SIZE")`` keeps saying the buffer is too small, as when processes come
+        and go between NVML's two calls.
+        """
+        if call not in CALLS:
+            raise ValueError(f"unknown NVML call {call!r}; one of {', '.join(CALLS)}")
+        code = NVML_ERRORS[error] if isinstance(error, str) else int(error)
+        self._faults.append((call, code, gpu))
+        return self
+
+    def heal(self) -> SimState:
+        """Take back every :meth:`slow` and :meth:`fail`."""
+        self._slow.clear()
+        self._faults.clear()
         return self
 
     def process(self, gpu: int, pid: int, used: int | None, graphics: bool = False) -> SimState:
@@ -209,15 +264,23 @@ class SimState:
             lines.append("nodriver")
         for index, gpu in sorted(self._gpus.items()):
             used = "" if gpu.used is None else f" used={gpu.used}"
+            free = "" if gpu.free is None else f" free={gpu.free}"
+            raw = " raw" if gpu.raw else ""
+            name = (
+                f" namehex={gpu.name.hex()}" if isinstance(gpu.name, bytes) else f" name={gpu.name}"
+            )
             lines.append(
-                f"gpu {index} {gpu.uuid} total={gpu.total}{used} reserved={gpu.reserved}"
-                f" name={gpu.name}"
+                f"gpu {index} {gpu.uuid} total={gpu.total}{used}{free} reserved={gpu.reserved}"
+                f"{raw}{name}"
             )
         for proc in self._processes:
             used = "na" if proc.used is None else str(proc.used)
             kind = "graphics" if proc.graphics else "compute"
             lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}")
         lines.extend(f"lost {index}" for index in sorted(self._lost))
+        lines.extend(f"slow {call} {ms}" for call, ms in sorted(self._slow.items()))
+        for call, code, gpu in self._faults:
+            lines.append(f"fail {call} {code}" + ("" if gpu is None else f" {gpu}"))
         return "\n".join(lines) + "\n"
 
     def write(self) -> Path:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant
 from jax_nbmem.tenants.servers import current_user
+from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -33,6 +34,11 @@ class MemoryWarning:
     gpu: int | None
     pid: int | None
     message: str
+
+    def __post_init__(self) -> None:
+        # Notebook paths, command lines and user names are other people's text: whatever a
+        # terminal would act on is shown as an escape, here and in every copy of the message.
+        object.__setattr__(self, "message", printable_lines(self.message))
 
     def to_dict(self) -> dict:
         """JSON-ready dict: ``kind``, ``gpu``, ``pid``, ``message``."""
@@ -236,7 +242,7 @@ def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
             "  - Nothing else preallocated this GPU: this kernel's arrays need more than is "
             "free. Free arrays you no longer need (`del x`) or use smaller batches."
         )
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))
 
 
 def _bytes_first(tenant: Tenant) -> int:

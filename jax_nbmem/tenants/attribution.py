@@ -19,11 +19,13 @@ import psutil
 
 from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, effective
 from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
+from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
     from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 
 __all__ = [
+    "PID_MAX",
     "PID_NAMESPACE_REASON",
     "PREALLOCATION_ABOVE_BYTES",
     "PREALLOCATION_BELOW_BYTES",
@@ -42,12 +44,28 @@ PREALLOCATION_BELOW_BYTES = 512 << 20
 # Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
 PID_NAMESPACE_REASON = "pid-namespace"
 
-_CONNECTION_FILE = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
+_KERNEL_ID = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
+# How a kernel is told its connection file: ipykernel's -f, and the long spellings of it.
+_CONNECTION_OPTIONS = ("-f", "--f", "--IPKernelApp.connection_file", "--connection-file")
 # Paths that only a process running jaxlib maps (checked against jaxlib 0.10.2 and the CUDA
 # plugin package): the jaxlib package's shared objects and the PJRT plugins.
 _JAXLIB_MARKERS = ("/jaxlib/", "xla_extension", "/jax_plugins/", "/jax_cuda")
 _GPU_DEVICE_MARKER = "/dev/nvidia"
 _CMDLINE_CHARS = 120
+
+
+def _pid_max() -> int:
+    """The largest PID this system hands out (Linux's pid_max; 2**31 - 1 elsewhere)."""
+    try:
+        with open("/proc/sys/kernel/pid_max", encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 2**31 - 1
+
+
+# A PID above this comes from another PID namespace (NVML reports the host's) or is garbage:
+# it is reported as foreign, never looked up (psutil raises OverflowError beyond 2**31).
+PID_MAX = _pid_max()
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,10 @@ def inspect_process(
     keeps the name the notebook had when its kernel started. ``own_environ`` stands for our own
     environment, which ``%jaxalloc`` may have changed since the process started.
     """
+    if not 0 < pid <= PID_MAX:
+        return ProcessInfo(
+            pid, "unknown", reason=f"PID outside this system's range (1 to {PID_MAX})"
+        )
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -124,9 +146,11 @@ def inspect_process(
         return ProcessInfo(pid, "unknown", reason="exited, or not in this PID namespace")
     except (psutil.AccessDenied, KeyError):  # KeyError: a uid without a name
         return ProcessInfo(pid, "unknown", reason="access denied (another user's process)")
-    kernel_id = _kernel_id(args)
-    is_kernel = kernel_id is not None or _runs_ipykernel(args)
-    kind = "self" if pid == own_pid else "kernel" if is_kernel else "process"
+    # A kernel runs a kernel program *and* was given a connection file: `tail -f
+    # kernel-1.json` is no kernel, nor is `pip install ipykernel`.
+    connection_file = _connection_file(args) if _runs_ipykernel(args) else None
+    kernel_id = _kernel_id(connection_file)
+    kind = "self" if pid == own_pid else "kernel" if connection_file else "process"
     problems = []
     if kind == "self" and own_environ is not None:
         environ = own_environ
@@ -189,21 +213,32 @@ def _memory_map_paths(proc: psutil.Process) -> str:
         raise psutil.AccessDenied(proc.pid) from None
 
 
-def _kernel_id(args: Sequence[str]) -> str | None:
-    for arg in args:
-        match = _CONNECTION_FILE.search(arg)
-        if match:
-            return match.group(1)
+def _kernel_id(connection_file: str | None) -> str | None:
+    """The kernel id in Jupyter's ``kernel-<id>.json`` file name, if it is named so."""
+    match = _KERNEL_ID.search(connection_file) if connection_file else None
+    return match.group(1) if match else None
+
+
+def _connection_file(args: Sequence[str]) -> str | None:
+    """The connection file a kernel's command line names (``-f FILE``, ``--f=FILE``, ...)."""
+    for before, arg in zip(["", *args], args, strict=False):
+        if before in _CONNECTION_OPTIONS and arg:
+            return arg
+        name, equals, value = arg.partition("=")
+        if equals and name in _CONNECTION_OPTIONS and value:
+            return value
     return None
 
 
 def _runs_ipykernel(args: Sequence[str]) -> bool:
-    # `python -m ipykernel_launcher`, `-m ipykernel` or the launcher's path: not `pip install
-    # ipykernel`, nor a script in a folder named so.
+    # `python -m ipykernel_launcher`, `-m ipykernel`, the launcher's path or `ipython kernel`:
+    # not `pip install ipykernel`, nor a script in a folder named so.
     for before, arg in zip(["", *args], args, strict=False):
         if before == "-m" and arg in ("ipykernel", "ipykernel_launcher"):
             return True
         if arg.endswith("/ipykernel_launcher.py"):
+            return True
+        if arg == "kernel" and os.path.basename(before) in ("ipython", "ipython3"):
             return True
     return False
 
@@ -211,8 +246,10 @@ def _runs_ipykernel(args: Sequence[str]) -> bool:
 def _short_cmdline(args: Sequence[str]) -> str:
     if not args:
         return ""
-    # Newlines and runs of spaces (a `python -c` script) would break a one-line display.
-    text = " ".join(" ".join([os.path.basename(args[0]), *args[1:]]).split())
+    # Tokens, passwords and the kernel's signing key never leave this function; newlines and
+    # runs of spaces (a `python -c` script) would break a one-line display.
+    shown = mask_secrets([os.path.basename(args[0]), *args[1:]])
+    text = " ".join(" ".join(shown).split())
     return text if len(text) <= _CMDLINE_CHARS else text[: _CMDLINE_CHARS - 1] + "…"
 
 
@@ -331,7 +368,7 @@ def _foreign_namespace(
     """
     if not infos:
         return None
-    if not any(psutil.pid_exists(pid) for pid in infos):
+    if not any(0 < pid <= PID_MAX and psutil.pid_exists(pid) for pid in infos):
         pids = ", ".join(str(pid) for pid in sorted(infos))
         return f"none of NVML's PIDs ({pids}) exists in this PID namespace"
     if own_on_gpu and own_pid not in infos:

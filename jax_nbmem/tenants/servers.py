@@ -2,21 +2,29 @@
 
 Servers are found through the runtime files they write (``jpserver-*.json``; ``nbserver-*.json``
 from the classic notebook server) and asked over HTTP with the standard library only. A server's
-token travels only in the ``Authorization`` header: it is kept out of every repr, message and
-exception this module makes. A slow or dead server costs at most the query's time budget.
+token travels only in the ``Authorization`` header, and only to this machine: a server is asked
+through loopback (or its unix socket), never at another address, where the token would cross
+the network. It is kept out of every repr, message and exception this module makes.
+
+A slow, dead or trickling server costs at most the query's time budget, whatever it does: each
+request runs against one deadline (a watchdog closes its socket when the deadline passes, so a
+server that sends a byte now and then cannot stretch it), each server has at most one request
+in flight, and no thread or socket outlives the query.
 """
 
 from __future__ import annotations
 
 import glob
+import http.client
+import ipaddress
 import json
 import os
 import signal
+import socket
+import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,33 +45,140 @@ __all__ = [
 
 # The sampler may ask every second or so; a server's sessions change far less often than that.
 _CACHE_SECONDS = 3.0
-# Jupyter's own proxies do not apply to its loopback servers; an http_proxy variable would
-# otherwise route the token through a proxy.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# An answer bigger than this is not a list of kernels: it is cut off, not read to the end.
+_MAX_BODY_BYTES = 8 << 20
+_WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+class ServerError(OSError):
+    """A request to a Jupyter server that failed or was refused; the message says why."""
 
 
 @dataclass(frozen=True)
 class JupyterServer:
-    """A Jupyter server found through its runtime file; ``token`` never shows in its repr."""
+    """A Jupyter server found through its runtime file; ``token`` never shows in its repr.
+
+    ``url`` is what the runtime file says (for messages); requests go to ``connect_host`` and
+    ``port`` on loopback, or through the unix socket ``sock``. ``refused`` says why the server
+    is not asked at all (it listens at an address that is not this machine's loopback).
+    """
 
     url: str
     root_dir: str | None
     pid: int | None
     runtime_file: str
     token: str = field(default="", repr=False, compare=False)
+    connect_host: str | None = None
+    port: int | None = None
+    sock: str | None = None
+    secure: bool = False
+    base_path: str = "/"
+    refused: str | None = None
 
     def request(self, method: str, endpoint: str, timeout: float) -> object:
-        """Send one API request with the token as a header; return the decoded JSON (or None)."""
-        headers = {"Authorization": f"token {self.token}"} if self.token else {}
-        req = urllib.request.Request(self.url + endpoint, headers=headers, method=method)
-        with _OPENER.open(req, timeout=timeout) as response:
-            body = response.read()
+        """Send one API request with the token as a header; return the decoded JSON (or None).
+
+        The whole request, connection and every byte of the answer included, ends within
+        ``timeout`` seconds or raises TimeoutError. Raises ServerError for a refused server
+        or an HTTP error status.
+        """
+        if self.refused:
+            raise ServerError(self.refused)
+        deadline = time.monotonic() + timeout
+        connection = self._connection(timeout)
+        # Closing the socket at the deadline breaks any read in progress, however the
+        # server trickles its bytes: the per-read timeout alone would not.
+        watchdog = threading.Timer(timeout, _abort, args=(connection,))
+        watchdog.daemon = True
+        watchdog.name = "jax-nbmem-jpy-deadline"
+        watchdog.start()
+        try:
+            headers = {"Authorization": f"token {self.token}"} if self.token else {}
+            connection.request(method, self.base_path + endpoint, headers=headers)
+            response = connection.getresponse()
+            body = response.read(_MAX_BODY_BYTES + 1)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no full answer within {timeout:g} s") from None
+            raise ServerError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            watchdog.cancel()
+            connection.close()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no full answer within {timeout:g} s")
+        if response.status >= 400:
+            raise ServerError(f"HTTP {response.status} {response.reason}")
+        if len(body) > _MAX_BODY_BYTES:
+            raise ServerError(f"answer larger than {_MAX_BODY_BYTES >> 20} MiB")
         return json.loads(body) if body else None
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self.sock:
+            return _UnixConnection(self.sock, timeout)
+        if self.secure:  # loopback only: the certificate is the server's own, not checked
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            return http.client.HTTPSConnection(
+                self.connect_host, self.port, timeout=timeout, context=context
+            )
+        return http.client.HTTPConnection(self.connect_host, self.port, timeout=timeout)
 
     def describe_error(self, exc: BaseException) -> str:
         """Say why a request failed, with the token (should any library echo it) blotted out."""
+        if self.refused:
+            return f"{self.url} not asked: {self.refused}"
         text = f"{self.url} did not answer: {type(exc).__name__}: {exc}"
         return text.replace(self.token, "***") if self.token else text
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Jupyter server's unix socket (``--ServerApp.sock``)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _abort(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed or never connected
+            pass
+
+
+def _loopback_host(host: str) -> tuple[str | None, str | None]:
+    """Where to reach a server that says it listens at ``host``: (address, None) or (None, why).
+
+    Loopback names and addresses are asked as they are; a server listening on every address
+    is asked through loopback; any other address is not asked.
+    """
+    name = host.strip("[]").lower()
+    if name in _WILDCARDS:
+        return ("::1" if name == "::" else "127.0.0.1"), None
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return "127.0.0.1", None
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        address = None
+    if address is not None and address.is_loopback:
+        return str(address), None
+    return None, (
+        f"it listens at {host}, not on this machine's loopback, and its token would cross the "
+        "network in the request"
+    )
 
 
 @dataclass(frozen=True)
@@ -109,8 +224,9 @@ class ShutdownResult:
 def find_servers(runtime_dir: str | None = None) -> list[JupyterServer]:
     """Jupyter servers whose runtime files are in ``runtime_dir`` (default: Jupyter's own).
 
-    Files whose server process is gone, that cannot be read, or that describe a server on a
-    UNIX socket (which ``urllib`` cannot reach) are skipped.
+    Files whose server process is gone or that cannot be read are skipped; a server on a
+    unix socket is reached through it; one at a non-loopback address is listed with
+    ``refused`` set and never asked.
     """
     runtime_dir = runtime_dir or _default_runtime_dir()
     servers = []
@@ -132,27 +248,42 @@ def _read_runtime_file(path: str) -> JupyterServer | None:
         with open(path, encoding="utf-8") as f:
             info = json.load(f)
         pid = info.get("pid")
-        if info.get("sock") or (isinstance(pid, int) and not psutil.pid_exists(pid)):
+        if isinstance(pid, int) and not psutil.pid_exists(pid):
             return None
+        sock = info.get("sock") or None
         url = info.get("url") or "http://{}:{}{}".format(
-            info.get("hostname", "localhost"), info["port"], info.get("base_url", "/")
+            info.get("hostname", "localhost"), info.get("port", ""), info.get("base_url", "/")
         )
+        # Keep scheme, host and base path only: a query string could carry a token.
+        parts = urllib.parse.urlsplit(url)
+        port = info.get("port") or parts.port
+        host = info.get("hostname") or parts.hostname or ""
+        base_path = parts.path if parts.path.endswith("/") else parts.path + "/"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    # Keep scheme, host and base path only: a query string could carry a token.
-    parts = urllib.parse.urlsplit(url)
-    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    connect_host, refused = (None, None) if sock else _loopback_host(str(host))
+    if not sock and not isinstance(port, int):
+        refused = refused or "its runtime file names no port"
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, base_path, "", ""))
     return JupyterServer(
-        url=base if base.endswith("/") else base + "/",
+        url=f"http+unix://{sock}{base_path}" if sock else base,
         root_dir=info.get("root_dir") or info.get("notebook_dir"),
         pid=pid if isinstance(pid, int) else None,
         runtime_file=path,
         token=str(info.get("token") or ""),
+        connect_host=connect_host,
+        port=port if isinstance(port, int) else None,
+        sock=str(sock) if sock else None,
+        secure=parts.scheme == "https" or bool(info.get("secure")),
+        base_path=base_path,
+        refused=refused,
     )
 
 
 _cache_lock = threading.Lock()
 _cache: dict[str, tuple[float, SessionIndex]] = {}
+# Runtime files whose server is being asked right now: never a second request to one of them.
+_in_flight: set[str] = set()
 
 
 def kernel_sessions(
@@ -178,13 +309,22 @@ def kernel_sessions(
     deadline = time.monotonic() + timeout
     threads = []
     for server in servers:
+        if server.refused:
+            answers[server.runtime_file] = server.describe_error(ServerError(server.refused))
+            continue
+        with _cache_lock:
+            if server.runtime_file in _in_flight:
+                answers[server.runtime_file] = f"{server.url} is still answering an earlier query"
+                continue
+            _in_flight.add(server.runtime_file)
         thread = threading.Thread(
             target=_ask_server, args=(server, deadline, answers), daemon=True, name="jax-nbmem-jpy"
         )
         thread.start()
         threads.append(thread)
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        # Each request ends at the deadline by itself (its watchdog): the grace is for that.
+        thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
     kernels: dict[str, ServerKernel] = {}
     unreachable = []
     for server in servers:
@@ -207,10 +347,11 @@ def _ask_server(server: JupyterServer, deadline: float, answers: dict) -> None:
         sessions = server.request("GET", "api/sessions", max(0.01, deadline - time.monotonic()))
         answers[server.runtime_file] = _sessions_from(server, kernels, sessions)
     except Exception as exc:  # any failure, a malformed answer too, is said in the index
-        timed_out = isinstance(exc, TimeoutError) or isinstance(
-            getattr(exc, "reason", None), TimeoutError
-        )
+        timed_out = isinstance(exc, (TimeoutError, socket.timeout))
         answers[server.runtime_file] = None if timed_out else server.describe_error(exc)
+    finally:
+        with _cache_lock:
+            _in_flight.discard(server.runtime_file)
 
 
 def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> dict:

@@ -17,6 +17,7 @@ from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.attribution import attribute
+from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = ["StatusReport", "collect", "format_status", "warning_line"]
@@ -153,7 +154,7 @@ def _process_line(process: Mapping[str, Any]) -> str:
 
 def warning_line(warning: Mapping[str, Any]) -> str:
     """One warning as printed everywhere: ``WARNING [kind]: message``."""
-    return f"WARNING [{warning['kind']}]: {warning['message']}"
+    return printable_lines(f"WARNING [{warning['kind']}]: {warning['message']}")
 
 
 def format_status(report: Mapping[str, Any]) -> str:
@@ -197,4 +198,6 @@ def format_status(report: Mapping[str, Any]) -> str:
     lines.extend(map(warning_line, report["warnings"]))
     if not report["warnings"] and nvml_state["available"]:
         lines.append("No warnings.")
-    return "\n".join(lines)
+    # Process names, notebook paths and GPU names come from others: nothing in them may act
+    # on the reader's terminal (escape sequences) or reorder the line (bidi controls).
+    return "\n".join(printable(line) for line in lines)

@@ -267,3 +267,62 @@ def test_importing_loads_nothing_until_asked():
         no_nvml_env(),
     )
     assert seen == {"before": [], "after": ["pynvml"]}
+
+
+# --- faults a real driver shows: failed lists, impossible numbers, bad names, slowness ------
+
+
+@pytest.mark.parametrize(
+    "error", ["UNKNOWN", "INSUFFICIENT_SIZE", "NOT_SUPPORTED", "NO_PERMISSION"]
+)
+def test_a_process_list_nvml_cannot_give_is_unknown_not_empty(sim_state, simgpu_env, error):
+    sim_state.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB)
+    sim_state.process(0, 4242, 4 * GIB).process(1, 4343, GIB).fail("processes", error, gpu=0)
+    sim_state.write()
+    seen, _ = run_nvml("report(lists=nvml.process_lists(), flat=nvml.processes())", simgpu_env)
+    broken, fine = seen["lists"]
+    assert broken["gpu"] == 0 and broken["processes"] is None
+    assert "process list unreadable" in broken["problem"]
+    assert fine == {"gpu": 1, "processes": [{"pid": 4343, "gpu": 1, "used_bytes": GIB}],
+                    "problem": None}  # fmt: skip
+    assert seen["flat"] == [{"pid": 4343, "gpu": 1, "used_bytes": GIB}]
+
+
+def test_impossible_numbers_are_dropped_and_said(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB, used=90 * GIB, free=0, raw=True)  # used above total
+    sim_state.gpu(1, total=2**64 - 1, raw=True)  # "not available" as a total
+    sim_state.gpu(2, total=80 * GIB).process(2, 4242, 2**62).write()  # 4 EiB for one process
+    seen, _ = run_nvml("report(gpus=nvml.gpus(), lists=nvml.process_lists())", simgpu_env)
+    over, nonsense, fine = seen["gpus"]
+    assert over["total_bytes"] == 80 * GIB and over["used_bytes"] is None
+    assert "cannot be" in over["problem"] and "not shown" in over["problem"]
+    assert nonsense["total_bytes"] is None and "impossible total" in nonsense["problem"]
+    assert fine["problem"] is None
+    listed = seen["lists"][2]
+    assert listed["processes"] == [{"pid": 4242, "gpu": 2, "used_bytes": None}]
+    assert "impossible process bytes" in listed["problem"]
+
+
+def test_a_name_that_is_not_utf8_is_shown_escaped(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB, name=b"NVIDIA \xff\xfe H200").write()
+    seen, _ = run_nvml("report(status=nvml.status(), gpus=nvml.gpus())", simgpu_env)
+    assert seen["status"]["available"] is True
+    assert seen["gpus"][0]["name"] == "NVIDIA \\xff\\xfe H200"
+    assert seen["gpus"][0]["total_bytes"] == 80 * GIB
+
+
+def test_a_slow_nvml_is_said_and_last_status_never_waits(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).slow("memory", 0.6).write()
+    seen, _ = run_nvml(
+        "import threading, time\n"
+        "nvml.status()\n"
+        "reader = threading.Thread(target=nvml.gpus); reader.start()\n"
+        "time.sleep(0.1)\n"
+        "began = time.monotonic(); quick = nvml.last_status(); waited = time.monotonic() - began\n"
+        "reader.join()\n"
+        "report(quick=quick, waited=waited, after=nvml.status())",
+        simgpu_env,
+    )
+    assert seen["quick"]["available"] is True
+    assert seen["waited"] < 0.3  # answered while another thread sat in NVML
+    assert "NVML is slow: reading memory took 0.6 s" in seen["after"]["reason"]

@@ -50,17 +50,19 @@ def test_cells_record_before_peak_after_including_a_300ms_transient(gpu_env):
     out = run_cells(
         [
             "%load_ext jax_nbmem",
-            SETUP,
+            SETUP + "time.sleep(0.3)  # the user reads the output",
             "hold(5 * GIB); time.sleep(0.3); hold(1 * GIB); time.sleep(0.05)",
+            "time.sleep(0.3)",
             "hold(3 * GIB)",
+            "time.sleep(0.3)",
             RECORDS,
             "%jaxmem cells",
         ],
         env=gpu_env,
     )
     assert all(o.error is None for o in out), [o.text for o in out]
-    records = {r["execution_count"]: r for r in _json(out[4])}
-    transient, retained = records[3], records[4]
+    records = {r["execution_count"]: r for r in _json(out[6])}
+    transient, retained = records[3], records[5]
     assert transient["gpu_self_before"] == 1 * GIB
     assert transient["gpu_self_peak"] == 5 * GIB
     assert transient["gpu_self_after"] == 1 * GIB
@@ -72,7 +74,14 @@ def test_cells_record_before_peak_after_including_a_300ms_transient(gpu_env):
     assert retained["gpu_self_after"] == 3 * GIB
     assert retained["gpu_self_retained"] == 2 * GIB
     assert retained["success"] is True and retained["oom"] is False
-    table = out[5].stdout
+    for record in (transient, retained):
+        # The "after" reading is the sampler's, taken right after the cell, and says when.
+        # Cells here follow each other at once (a script, not a person), so the readings
+        # overlap the neighbouring cells (pauses, here), and the records say that too.
+        assert 0 <= record["gpu_after_delay_s"] < 0.25
+        overlaps = ("after the next cell started", "while the previous cell still ran")
+        assert all(any(o in note for o in overlaps) for note in record["notes"]), record
+    table = out[7].stdout
     assert "5.00 GiB" in table and "+2.00 GiB" in table
 
 
@@ -142,7 +151,8 @@ def test_old_driver_without_newer_functions_still_measures(simgpu_old_driver_lib
 
     sim_state.gpu(0, total=80 * GIB, uuid=UUID).write()
     env = env_for_subprocess(simgpu_old_driver_lib.parent, sim_state.path)
-    out = run_cells(["%load_ext jax_nbmem", SETUP, "hold(4 * GIB)", RECORDS], env=env)
+    setup = SETUP + "time.sleep(0.3)"
+    out = run_cells(["%load_ext jax_nbmem", setup, "hold(4 * GIB)", RECORDS], env=env)
     assert all(o.error is None for o in out), [o.text for o in out]
     cell = {r["execution_count"]: r for r in _json(out[3])}[3]
     assert (cell["gpu_self_before"], cell["gpu_self_after"]) == (1 * GIB, 4 * GIB)

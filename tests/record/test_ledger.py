@@ -114,6 +114,9 @@ class SpySampler:
         self.busy = []
         self.open_trackers = 0
 
+    def __getattr__(self, name):  # everything else goes straight to the sampler
+        return getattr(self.sampler, name)
+
     def set_busy(self, busy):
         self.busy.append(busy)
         self.sampler.set_busy(busy)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -165,12 +166,40 @@ def test_jax_is_asked_only_once_its_backend_is_up_and_live_arrays_seldom(world, 
     assert world.calls["device_stats"] == 0 and world.calls["live_array_bytes"] == 0
     assert sampler.latest().host == HostSample(rss_bytes=2 * GIB, live_array_bytes=None)
 
-    world.jax_up = True  # the user's first array started the backend
-    world.jax_devices = [jax_gpu(0, 1 * GIB)]
+    world.jax_up = True  # the user's first array started the backend, on the CPU
+    world.jax_devices = [SimpleNamespace(id=0, platform="cpu", bytes_in_use=None)]
     samples = run_ticks(sampler, clock, 3.0)
     assert world.calls["device_stats"] == 30
     assert world.calls["live_array_bytes"] == 2  # at most every 1.5 s
     assert all(s.host.live_array_bytes == 3 * GIB for s in samples)
+
+
+def test_live_arrays_are_not_walked_where_jax_counts_its_bytes(world, clock):
+    world.jax_up = True
+    world.jax_devices = [jax_gpu(0, 1 * GIB)]
+    sampler = make_sampler(world, clock)
+    samples = run_ticks(sampler, clock, 5.0)
+    sampler.sample_now()
+    assert world.calls["live_array_bytes"] == 0
+    assert all(s.host.live_array_bytes is None and s.gpu(0).jax_in_use == GIB for s in samples)
+
+
+def test_a_costly_live_array_walk_is_read_less_often_within_its_budget(world, clock):
+    world.jax_up = True
+    world.jax_devices = [SimpleNamespace(id=0, platform="cpu", bytes_in_use=None)]
+
+    def slow_walk():  # 20 ms of real work per walk, as with some 25,000 live arrays
+        world.calls["live_array_bytes"] += 1
+        deadline = time.perf_counter() + 0.02
+        while time.perf_counter() < deadline:
+            pass
+        return GIB
+
+    world.live_array_bytes = slow_walk
+    sampler = make_sampler(world, clock)  # budget: 0.5% of a core
+    run_ticks(sampler, clock, 12.0)
+    # 20 ms at 0.5% of a core: one walk every 4 s or more (instead of every 1.5 s).
+    assert 2 <= world.calls["live_array_bytes"] <= 3
 
 
 def test_a_sample_tells_our_bytes_from_everyone_elses(world, clock):
@@ -537,3 +566,57 @@ def test_a_cell_boundary_skips_the_process_list_only_when_no_memory_moved(world,
     clock.now += 0.05
     assert sampler.sample_now().gpus[0].self_bytes == 3 * GIB
     assert world.calls["processes"] == reads + 1
+
+
+def test_a_gpu_whose_process_list_failed_has_unknown_owners(world, clock):
+    world.hold(0, OUR_PID, 4 * GIB).hold(0, 777, GIB)
+    world.processes = lambda indices: [SimpleNamespace(gpu=0, processes=None, problem="UNKNOWN")]
+    gpu = make_sampler(world, clock).tick().gpu(0)
+    assert gpu.used_bytes == DRIVER_BYTES + 5 * GIB  # the memory counters still came
+    assert gpu.self_bytes is None and gpu.others_bytes is None  # not 0: nobody knows
+
+
+def test_per_gpu_lists_are_split_into_ours_and_theirs(world, clock):
+    world.hold(0, OUR_PID, 4 * GIB)
+    listed = [SimpleNamespace(pid=OUR_PID, gpu=0, used_bytes=4 * GIB)]
+    listed += [SimpleNamespace(pid=1000 + i, gpu=0, used_bytes=MIB) for i in range(200)]
+    world.processes = lambda indices: [SimpleNamespace(gpu=0, processes=tuple(listed))]
+    gpu = make_sampler(world, clock).tick().gpu(0)
+    assert gpu.self_bytes == 4 * GIB
+    assert gpu.others_bytes == gpu.used_bytes - 4 * GIB
+
+
+def test_nothing_a_cell_hook_calls_waits_for_a_hung_nvml(world):
+    release = threading.Event()
+    entered = threading.Event()
+    memory = world.memory
+
+    def hung_memory(indices):
+        entered.set()
+        release.wait(30)
+        return memory(indices)
+
+    world.memory = hung_memory
+    sampler = Sampler(world.source(), interval=0.05)
+    sampler.start()
+    try:
+        assert entered.wait(10), "the thread never reached NVML"
+        arrived = []
+        began = time.monotonic()
+        sampler.latest()
+        tracker = sampler.track()
+        sampler.set_busy(True)
+        sampler.quick_reading()
+        sampler.request_after(lambda sample, started: arrived.append(sample))
+        sampler.set_busy(False)
+        tracker.close()
+        assert time.monotonic() - began < 0.5  # while NVML hangs (it would for 30 s)
+        assert arrived == []  # the after-reading waits its turn on the sampler's thread
+        release.set()
+        deadline = time.monotonic() + 10
+        while not arrived and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert arrived and arrived[0].gpu(0) is not None
+    finally:
+        release.set()
+        sampler.stop()
