@@ -1,19 +1,24 @@
-"""Overhead of jax_nbmem on the cells a user runs, as ratios against bare IPython in the same run.
+"""jax_nbmem's cost on the cells a user runs, as ratios against bare IPython in the same run.
 
-    python benchmarks/overhead.py [--cells 2000] [--rounds 5]
+    python benchmarks/overhead.py [--cells 1000] [--rounds 4] [--only NAME ...] [--json PATH]
 
-Two figures, each measured in rounds of alternating order (bare then loaded, loaded then bare,
-...) inside one IPython process so that drift in the machine's speed hits both sides alike;
-medians are reported:
+Every figure compares two long-lived shells (or two real kernels) side by side: one bare,
+one with ``%load_ext jax_nbmem``, both set up alike (the same live JAX arrays, the same
+simulated GPUs), measured in alternating rounds (bare, loaded, loaded, bare, ...) so that
+drift in the machine's speed hits both alike; medians of the per-round ratios are reported.
 
-- trivial cell: wall time per `x = 1` cell, extension loaded and sampling vs. not loaded
-  (goal: <= 1.05x);
-- the same trivial cell through a real ipykernel (what a notebook user waits for);
-- CPU-bound cell: a pure-Python loop of about half a second, with the sampler thread running
-  vs. not loaded (goal: <= 1.01x).
+Rows (goals from the issue: <= 1.10x in-process, <= 1.05x through a kernel):
 
-Each is run twice: without NVML (as on this CI machine) and against the simulated GPU (the C
-stand-in for libnvidia-ml.so.1, so the sampler's NVML calls are real calls through pynvml).
+- trivial cell ``x = 1`` with 0, 1,000, 10,000 and 50,000 live JAX arrays (JAX on the CPU);
+- the same on a simulated GPU, and on 8 simulated GPUs x 200 processes whose memory moves
+  (another process rewrites the GPUs' state every 20 ms);
+- the widget panel live, after 10,000 cells;
+- a CPU-bound pure-Python cell (~0.5 s) with the sampler live (goal <= 1.02x).
+
+Then, for the loaded side alone: the sampler thread's CPU share with 20,000 live arrays and
+with 8 GPUs x 1,000 moving processes (goal <= 0.5% of a core); a trivial cell while every
+NVML memory call takes 2 s (goal <= 50 ms); and 10,000 cells: memory growth and per-cell time
+at the end against the start.
 """
 
 from __future__ import annotations
@@ -26,153 +31,315 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jax_nbmem import simgpu  # noqa: E402
 
-DRIVER = textwrap.dedent(
+# A shell that takes commands as JSON lines on stdin and answers one JSON line each.
+SHELL = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, threading, time
     from IPython.testing.globalipapp import start_ipython
-    cells, rounds = int(sys.argv[1]), int(sys.argv[2])
     shell = start_ipython()
-    BURN = "def burn(n=15_000_000):\\n    t = 0\\n    for i in range(n):\\n        t += i * i\\n"
-    shell.run_cell(BURN, store_history=True)
-    def per_cell():
-        start = time.perf_counter()
-        for _ in range(cells):
-            shell.run_cell("x = 1", store_history=True)
-        return (time.perf_counter() - start) / cells
-    def cpu_bound():
-        start = time.perf_counter()
-        shell.run_cell("burn()", store_history=True)
-        return time.perf_counter() - start
-    per_cell(); cpu_bound()  # warm up both paths
-    shell.run_line_magic("load_ext", "jax_nbmem"); per_cell(); cpu_bound()
-    shell.run_line_magic("unload_ext", "jax_nbmem")
-    bare_cell, ext_cell, bare_cpu, ext_cpu = [], [], [], []
-    def bare():
-        bare_cell.append(per_cell()); bare_cpu.append(cpu_bound())
-    def loaded():
-        shell.run_line_magic("load_ext", "jax_nbmem")
-        time.sleep(0.3)  # let the sampler reach its steady rate
-        ext_cell.append(per_cell()); ext_cpu.append(cpu_bound())
-        shell.run_line_magic("unload_ext", "jax_nbmem")
-    for round_ in range(rounds):
-        # ABBA order: a drift in the machine's speed favours neither side.
-        for step in ((bare, loaded) if round_ % 2 == 0 else (loaded, bare)):
-            step()
-    print("@@" + json.dumps([bare_cell, ext_cell, bare_cpu, ext_cpu]))
+    out = sys.__stdout__
+    for line in sys.stdin:
+        command = json.loads(line)
+        if "run" in command:
+            result = shell.run_cell(command["run"], store_history=True)
+            error = result.error_in_exec or result.error_before_exec
+            answer = {"error": repr(error) if error else None}
+        elif "measure" in command:
+            code, count = command.get("code", "x = 1"), command["measure"]
+            times = []
+            for _ in range(count):
+                began = time.perf_counter()
+                shell.run_cell(code, store_history=True)
+                times.append(time.perf_counter() - began)
+            answer = {"median": sorted(times)[len(times) // 2], "mean": sum(times) / len(times),
+                      "max": max(times), "first": times[: count // 10 or 1],
+                      "last": times[-(count // 10 or 1):]}
+        elif "sampler_cpu" in command:
+            import psutil
+            threads = {t.native_id: t.name for t in threading.enumerate()}
+            wanted = [i for i, name in threads.items() if name == "jax_nbmem-sampler"]
+            def cpu():
+                mine = {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+                return sum(mine.get(i, 0.0) for i in wanted)
+            start, began = cpu(), time.monotonic()
+            time.sleep(command["sampler_cpu"])
+            answer = {"share": (cpu() - start) / (time.monotonic() - began), "found": len(wanted)}
+        elif "rss" in command:
+            import psutil
+            answer = {"rss": psutil.Process().memory_info().rss}
+        out.write(json.dumps(answer) + "\\n")
+        out.flush()
     """
 )
 
 
-KERNEL_DRIVER = textwrap.dedent(
-    """
-    import json, sys, time
-    from jupyter_client.manager import start_new_kernel
-    cells, rounds = int(sys.argv[1]), int(sys.argv[2])
-    km, kc = start_new_kernel(kernel_name="python3")
-    def run(code):
-        kc.execute_interactive(code, timeout=60, output_hook=lambda msg: None)
-    def per_cell():
-        start = time.perf_counter()
-        for _ in range(cells):
-            run("x = 1")
-        return (time.perf_counter() - start) / cells
+class Shell:
+    """One long-lived IPython shell in a subprocess, driven through its stdin."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SHELL],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+
+    def ask(self, **command) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the benchmark shell died ({self.process.poll()})")
+        return json.loads(line)
+
+    def run(self, code: str) -> None:
+        answer = self.ask(run=code)
+        if answer["error"]:
+            raise RuntimeError(f"setup cell failed: {answer['error']}\n{code}")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(60)
+
+
+class Kernel:
+    """A real ipykernel, driven as a notebook frontend drives it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel(env=env)
+        self.client = self.manager.blocking_client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str) -> None:
+        reply = self.client.execute_interactive(code, timeout=300, output_hook=lambda m: None)
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"setup cell failed in the kernel: {code}")
+
+    def ask(self, measure: int, code: str = "x = 1") -> dict:
+        times = []
+        for _ in range(measure):
+            began = time.perf_counter()
+            self.client.execute_interactive(code, timeout=60, output_hook=lambda m: None)
+            times.append(time.perf_counter() - began)
+        return {"median": statistics.median(times), "max": max(times)}
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+def compare(make: Callable[[dict[str, str]], object], env, setup: str, loaded_setup: str,
+            cells: int, rounds: int, code: str = "x = 1") -> dict:  # fmt: skip
+    """Bare against loaded, alternating rounds; medians of per-cell times and of the ratios."""
+    bare, loaded = make(env), make(env)
     try:
-        per_cell()
-        bare, ext = [], []
-        for _ in range(rounds):
-            bare.append(per_cell())
-            run("%load_ext jax_nbmem")
-            time.sleep(0.3)
-            ext.append(per_cell())
-            run("%unload_ext jax_nbmem")
-        print("@@" + json.dumps([bare, ext]))
+        for side in (bare, loaded):
+            side.run(setup)
+        loaded.run("%load_ext jax_nbmem\n" + loaded_setup)
+        time.sleep(0.5)  # let the sampler reach its steady rate
+        for side in (bare, loaded):
+            side.ask(measure=max(5, cells // 10), code=code)  # warm both paths
+        bare_times, loaded_times = [], []
+        for round_ in range(rounds):
+            order = ((bare, bare_times), (loaded, loaded_times))
+            for side, times in order if round_ % 2 == 0 else order[::-1]:
+                times.append(side.ask(measure=cells, code=code)["median"])
     finally:
-        kc.stop_channels(); km.shutdown_kernel(now=True)
-    """
+        for side in (bare, loaded):
+            side.close()
+    ratios = [b and e / b for b, e in zip(bare_times, loaded_times, strict=True)]
+    return {
+        "bare_s": statistics.median(bare_times),
+        "loaded_s": statistics.median(loaded_times),
+        "ratio": statistics.median(ratios),
+    }
+
+
+def arrays(count: int) -> str:
+    return f"import jax.numpy as jnp\n_live = [jnp.ones(4) for _ in range({count})]\n"
+
+
+BURN = "def burn(n=15_000_000):\n    t = 0\n    for i in range(n):\n        t += i * i\n"
+PANEL_AFTER_10K = (
+    "get_ipython().run_line_magic('jaxmem', '')\n"
+    "for _ in range(10_000):\n"
+    "    get_ipython().run_cell('x = 1', store_history=True)\n"
 )
 
 
-def _run_driver(driver: str, env: dict[str, str], cells: int, rounds: int) -> list:
-    """Run a driver script in a fresh process; returns the lists of timings it printed."""
-    done = subprocess.run(
-        [sys.executable, "-c", driver, str(cells), str(rounds)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("@@")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"benchmark driver failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return json.loads(line[2:])
+class Mover:
+    """Rewrites a simulated state every 20 ms so that every process's memory keeps moving."""
 
+    def __init__(self, state_path: Path, gpus: int, processes: int) -> None:
+        code = textwrap.dedent(
+            f"""
+            import time
+            from jax_nbmem.simgpu import GIB, SimState
+            step = 0
+            while True:
+                state = SimState({str(state_path)!r})
+                for gpu in range({gpus}):
+                    state.gpu(gpu, total=141 * GIB)
+                    for pid in range({processes}):
+                        used = (1 + (pid + step) % 7) << 24
+                        state.process(gpu, 100_000 + gpu * 10_000 + pid, used)
+                state.write()
+                step += 1
+                time.sleep(0.02)
+            """
+        )
+        self.process = subprocess.Popen([sys.executable, "-c", code])
+        deadline = time.monotonic() + 30
+        while not state_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
-def measure_kernel(env: dict[str, str], cells: int, rounds: int) -> dict[str, float]:
-    """Round trip of a trivial cell through a real ipykernel, as a notebook frontend sees it."""
-    bare, ext = _run_driver(KERNEL_DRIVER, env, cells, rounds)
-    return {
-        "bare_us": statistics.median(bare) * 1e6,
-        "ext_us": statistics.median(ext) * 1e6,
-        "ratio": statistics.median(e / b for e, b in zip(ext, bare, strict=True)),
-    }
-
-
-def measure(env: dict[str, str], cells: int, rounds: int) -> dict[str, float]:
-    """Trivial and CPU-bound cells in one in-process IPython shell; medians and ratios."""
-    bare_cell, ext_cell, bare_cpu, ext_cpu = _run_driver(DRIVER, env, cells, rounds)
-    cell_ratio = statistics.median(e / b for e, b in zip(ext_cell, bare_cell, strict=True))
-    cpu_ratio = statistics.median(e / b for e, b in zip(ext_cpu, bare_cpu, strict=True))
-    return {
-        "bare_cell_us": statistics.median(bare_cell) * 1e6,
-        "ext_cell_us": statistics.median(ext_cell) * 1e6,
-        "cell_ratio": cell_ratio,
-        "bare_cpu_s": statistics.median(bare_cpu),
-        "ext_cpu_s": statistics.median(ext_cpu),
-        "cpu_ratio": cpu_ratio,
-    }
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(30)
 
 
 def main() -> None:
-    """Measure both configurations and print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cells", type=int, default=1000, help="cells per round, in-process")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--only", nargs="*", help="run only the rows whose name has this text")
+    parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_NBMEM"))}
     base["JAX_PLATFORMS"] = "cpu"
-    configs = {"no NVML": {**base, "LD_LIBRARY_PATH": "/nonexistent"}}
-    with tempfile.TemporaryDirectory() as folder:
-        lib = simgpu.build(folder)
-        state = simgpu.SimState(Path(folder) / "gpu.state").gpu(0, total=80 * simgpu.GIB)
-        state.process(0, 4242, 2 * simgpu.GIB).write()
-        configs["simulated GPU"] = simgpu.env_for_subprocess(lib.parent, state.path, base=base)
-        rows = {name: measure(env, args.cells, args.rounds) for name, env in configs.items()}
-        kernel_rows = {
-            name: measure_kernel(env, max(50, args.cells // 4), args.rounds)
-            for name, env in configs.items()
-        }
-    print(f"jax_nbmem overhead ({args.cells} cells x {args.rounds} alternating rounds, medians)")
-    print(
-        f"{'configuration':<15} {'bare cell':>10} {'loaded':>10} {'ratio':>7}   "
-        f"{'bare CPU':>9} {'loaded':>9} {'ratio':>7}"
-    )
-    for name, r in rows.items():
-        print(
-            f"{name:<15} {r['bare_cell_us']:>8.0f}us {r['ext_cell_us']:>8.0f}us "
-            f"{r['cell_ratio']:>6.3f}x   {r['bare_cpu_s']:>8.3f}s {r['ext_cpu_s']:>8.3f}s "
-            f"{r['cpu_ratio']:>6.3f}x"
+    no_nvml = {**base, "LD_LIBRARY_PATH": "/nonexistent"}
+    folder = Path(tempfile.mkdtemp(prefix="jax_nbmem_bench_"))
+    lib = simgpu.build(folder)
+    one_gpu = simgpu.SimState(folder / "one.state").gpu(0, total=80 * simgpu.GIB)
+    one_gpu.process(0, 4242, 2 * simgpu.GIB).write()
+    sim_env = simgpu.env_for_subprocess(lib.parent, one_gpu.path, base=base)
+    busy_env = simgpu.env_for_subprocess(lib.parent, folder / "busy.state", base=base)
+    huge_env = simgpu.env_for_subprocess(lib.parent, folder / "huge.state", base=base)
+    slow = simgpu.SimState(folder / "slow.state").gpu(0, total=80 * simgpu.GIB)
+    slow.slow("memory", 2.0).write()
+    slow_env = simgpu.env_for_subprocess(lib.parent, slow.path, base=base)
+    cells, rounds = args.cells, args.rounds
+    kernel_cells = max(50, cells // 5)
+    rows: dict[str, dict] = {}
+
+    def wanted(name: str) -> bool:
+        return not args.only or any(part in name for part in args.only)
+
+    def row(name: str, figure: Callable[[], dict]) -> None:
+        if wanted(name):
+            print(f"... {name}", file=sys.stderr, flush=True)
+            rows[name] = figure()
+
+    for count in (0, 1_000, 10_000, 50_000):
+        row(
+            f"in-process, {count:,} live arrays",
+            lambda c=count: compare(Shell, no_nvml, arrays(c), "", cells, rounds),
         )
-    print()
-    print("Trivial cell through a real ipykernel (execute request to idle, as a notebook sees it)")
-    print(f"{'configuration':<15} {'bare':>10} {'loaded':>10} {'ratio':>7}")
-    for name, r in kernel_rows.items():
-        print(f"{name:<15} {r['bare_us']:>8.0f}us {r['ext_us']:>8.0f}us {r['ratio']:>6.3f}x")
-    print("goals: trivial cell <= 1.05x, CPU-bound cell <= 1.01x")
+    for count in (0, 10_000, 50_000):
+        row(
+            f"kernel, {count:,} live arrays",
+            lambda c=count: compare(Kernel, no_nvml, arrays(c), "", kernel_cells, rounds),
+        )
+    row("in-process, simulated GPU", lambda: compare(Shell, sim_env, "", "", cells, rounds))
+    row("kernel, simulated GPU", lambda: compare(Kernel, sim_env, "", "", kernel_cells, rounds))
+    if any(wanted(n) for n in ("8 GPUs", "sampler CPU")):
+        mover = Mover(folder / "busy.state", gpus=8, processes=200)
+        try:
+            row("in-process, 8 GPUs x 200 moving processes",
+                lambda: compare(Shell, busy_env, "", "", cells, rounds))  # fmt: skip
+            row("kernel, 8 GPUs x 200 moving processes",
+                lambda: compare(Kernel, busy_env, "", "", kernel_cells, rounds))  # fmt: skip
+        finally:
+            mover.close()
+    row("in-process, widget panel live after 10,000 cells",
+        lambda: compare(Shell, sim_env, "get_ipython().config.JaxNbMem.panel = 'widget'",
+                        PANEL_AFTER_10K, cells, rounds))  # fmt: skip
+    row("in-process, CPU-bound cell (~0.5 s), simulated GPU",
+        lambda: compare(Shell, sim_env, BURN, "", 1, max(rounds, 6), code="burn()"))  # fmt: skip
+
+    def sampler_share(env: dict, setup: str) -> dict:
+        shell = Shell(env)
+        try:
+            shell.run(setup)
+            shell.run("%load_ext jax_nbmem")
+            time.sleep(1.0)
+            return shell.ask(sampler_cpu=10.0)
+        finally:
+            shell.close()
+
+    row("sampler CPU, 20,000 live arrays", lambda: sampler_share(no_nvml, arrays(20_000)))
+    if wanted("sampler CPU, 8 GPUs"):
+        mover = Mover(folder / "huge.state", gpus=8, processes=1000)
+        try:
+            row("sampler CPU, 8 GPUs x 1,000 moving processes",
+                lambda: sampler_share(huge_env, ""))  # fmt: skip
+        finally:
+            mover.close()
+
+    def slow_nvml(make) -> dict:
+        side = make(slow_env)
+        try:
+            side.run("%load_ext jax_nbmem")
+            time.sleep(0.5)
+            return side.ask(measure=20)
+        finally:
+            side.close()
+
+    row("in-process, NVML takes 2 s per call", lambda: slow_nvml(Shell))
+    row("kernel, NVML takes 2 s per call", lambda: slow_nvml(Kernel))
+
+    def long_session() -> dict:
+        shell = Shell(sim_env)
+        try:
+            shell.run("%load_ext jax_nbmem")
+            before = shell.ask(rss=True)["rss"]
+            timing = shell.ask(measure=10_000)
+            after = shell.ask(rss=True)["rss"]
+            return {
+                "rss_growth_bytes": after - before,
+                "first_ms": statistics.median(timing["first"]) * 1e3,
+                "last_ms": statistics.median(timing["last"]) * 1e3,
+            }
+        finally:
+            shell.close()
+
+    row("10,000 cells, simulated GPU", long_session)
+
+    print(
+        f"jax_nbmem overhead ({cells} cells x {rounds} alternating rounds in-process, "
+        f"{kernel_cells} through a kernel; medians)"
+    )
+    for name, figures in rows.items():
+        if "ratio" in figures:
+            unit, scale = ("ms", 1e3) if figures["bare_s"] > 1e-3 else ("us", 1e6)
+            bare, loaded = figures["bare_s"] * scale, figures["loaded_s"] * scale
+            shown = f"{bare:9.1f} {unit} -> {loaded:9.1f} {unit}  {figures['ratio']:6.3f}x"
+        elif "share" in figures:
+            shown = f"{figures['share']:.2%} of a core ({figures['found']} thread)"
+        elif "rss_growth_bytes" in figures:
+            growth = figures["rss_growth_bytes"] / 2**20
+            first, last = figures["first_ms"], figures["last_ms"]
+            shown = f"RSS +{growth:.1f} MiB, {first:.3f} ms/cell first, {last:.3f} ms last"
+        else:
+            median, longest = figures["median"] * 1e3, figures["max"] * 1e3
+            shown = f"median {median:.1f} ms, max {longest:.1f} ms"
+        print(f"{name:<52} {shown}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -27,9 +27,6 @@ __all__ = [
     "live_array_bytes",
 ]
 
-# How long backend_initialized() waits for JAX's backend lock. The lock is held for the whole
-# of backend start-up (seconds on a GPU); a background sampler must not stall that long.
-_BACKEND_LOCK_TIMEOUT_S = 0.05
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # Exception classes JAX raises for a failed XLA operation: JaxRuntimeError in recent
@@ -38,6 +35,10 @@ _RUNTIME_ERROR_NAMES = frozenset({"JaxRuntimeError", "XlaRuntimeError"})
 _OOM_MARKER = "RESOURCE_EXHAUSTED"
 
 _process_handle: Any = None
+# jax.local_devices() takes JAX's backend lock; the devices do not change once the backend is
+# up, so they are listed once and kept, with the backends table they came from (a new table,
+# after jax.clear_backends(), means new devices).
+_devices_of: tuple[Any, list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,10 @@ class DeviceStats:
 def backend_initialized() -> bool:
     """Say whether the user's code has started JAX's backend, without starting or importing it.
 
-    ``False`` when JAX is not imported, when JAX's internals cannot be found, or while the
-    backend is still starting up (its lock is held by another thread).
+    ``False`` when JAX is not imported or JAX's internals cannot be found. Never waits: JAX's
+    table of backends is read without its lock (a dict's length is read atomically), so a
+    thread that holds the lock (the sampler listing devices, or a backend starting up, which
+    fills the table one platform at a time) cannot make the answer wrong or slow.
     """
     try:
         if "jax" not in sys.modules:
@@ -71,15 +74,9 @@ def backend_initialized() -> bool:
         bridge = sys.modules.get("jax._src.xla_bridge")
         if bridge is None:
             return False
-        lock = getattr(bridge, "_backend_lock", None)
         backends = getattr(bridge, "_backends", None)
-        if lock is not None and isinstance(backends, dict):
-            if not lock.acquire(timeout=_BACKEND_LOCK_TIMEOUT_S):
-                return False
-            try:
-                return len(backends) != 0
-            finally:
-                lock.release()
+        if isinstance(backends, dict):
+            return len(backends) != 0
         public_check = getattr(bridge, "backends_are_initialized", None)
         return bool(public_check()) if callable(public_check) else False
     except Exception:
@@ -96,17 +93,17 @@ def initialized_platforms() -> tuple[str, ...]:
         return ()
 
 
-def device_stats() -> list[DeviceStats]:
+def device_stats(*, may_wait: bool = True) -> list[DeviceStats]:
     """List the local JAX devices with their allocator counters, in device-id order.
 
-    Empty when the backend is not initialized (we never start it) or cannot be read.
+    Empty when the backend is not initialized (we never start it) or cannot be read. The
+    devices are listed once (``jax.local_devices()``, which takes JAX's backend lock) and
+    kept; with ``may_wait=False`` (a cell hook) they are never listed here, so before the
+    sampler's thread has listed them this returns nothing rather than wait for the lock.
+    ``memory_stats()`` itself asks the allocator and takes no Python lock.
     """
-    jax = _jax_if_initialized()
-    if jax is None:
-        return []
-    try:
-        devices = list(jax.local_devices())
-    except Exception:
+    devices = _local_devices(may_wait)
+    if devices is None:
         return []
     stats = []
     for device in devices:
@@ -187,6 +184,28 @@ def is_resource_exhausted(exc: BaseException | None) -> bool:
         pending.append(current.__cause__)
         pending.append(current.__context__)
     return False
+
+
+def _local_devices(may_wait: bool) -> list[Any] | None:
+    global _devices_of
+    if not backend_initialized():
+        return None
+    try:
+        table = sys.modules["jax._src.xla_bridge"]._backends
+    except Exception:
+        table = None
+    cached = _devices_of
+    if cached is not None and cached[0] is table and table is not None:
+        return cached[1]
+    if not may_wait:
+        return None
+    jax = sys.modules.get("jax")
+    try:
+        devices = list(jax.local_devices())
+    except Exception:
+        return None
+    _devices_of = (table, devices)
+    return devices
 
 
 def _jax_if_initialized() -> Any:

@@ -33,6 +33,12 @@ log = logging.getLogger("jax_nbmem")
 
 _loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
 
+# Which %jaxmem commands take which option.
+_JAXMEM_OPTIONS = {
+    "--json": ("status", "cells"),
+    "--yes": ("shutdown",),
+    "--clear-caches": ("free",),
+}
 _USAGE = {
     "jaxalloc": "usage: %jaxalloc [on | off | fraction F | platform | bfc | cuda_async | default"
     " | vmm | address]; %%jaxalloc compare [MODES...] [--timeout S] (a cell magic)",
@@ -42,6 +48,11 @@ _USAGE = {
 # A compare run longer than a day is a typo, not a plan.
 _MAX_TIMEOUT_S = 86_400.0
 _MAX_TOP_ROWS = 100_000
+
+
+def _refuse(magic: str, message: str) -> UsageError:
+    """A UsageError that says what is wrong, then the magic's valid forms."""
+    return UsageError(f"{message}\n{_USAGE[magic]}")
 
 
 def _parse(magic, line: str):
@@ -55,11 +66,9 @@ def _parse(magic, line: str):
     try:
         return parse_argstring(magic, line)
     except UsageError as exc:
-        raise UsageError(f"%{name}: {printable(exc)}\n{_USAGE[name]}") from None
+        raise _refuse(name, f"%{name}: {printable(exc)}") from None
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
-        raise UsageError(
-            f"%{name}: cannot read the arguments ({printable(exc)})\n{_USAGE[name]}"
-        ) from None
+        raise _refuse(name, f"%{name}: cannot read the arguments ({printable(exc)})") from None
 
 
 def _timeout(text: str) -> float:
@@ -145,23 +154,21 @@ class JaxNbMemMagics(Magics):
         words = args.mode
         if cell is not None:
             if not words or words[0] != "compare":
-                raise UsageError("%%jaxalloc is a cell magic only as: %%jaxalloc compare [MODES]")
+                raise _refuse("jaxalloc", "%%jaxalloc is a cell magic only as %%jaxalloc compare")
             timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
             self._compare(cell, words[1:], timeout)
             return
         if words and words[0] == "compare":
-            raise UsageError("compare runs a cell: use %%jaxalloc compare [MODES] as a cell magic")
+            raise _refuse("jaxalloc", "compare runs a cell: use %%jaxalloc compare as a cell magic")
         if args.timeout is not None:
-            raise UsageError(
-                f"%jaxalloc: --timeout is for %%jaxalloc compare\n{_USAGE['jaxalloc']}"
-            )
+            raise _refuse("jaxalloc", "%jaxalloc: --timeout is for %%jaxalloc compare")
         if not words:
             print(format_report(self.session.control.report()))
             return
         try:
             _, message = self.session.request(" ".join(words))
         except ModeError as exc:
-            raise UsageError(f"%jaxalloc: {printable(exc)}") from None
+            raise UsageError(f"%jaxalloc: {printable(exc)}") from None  # names the modes
         print(message)
 
     def _compare(self, cell: str, modes: list[str], timeout_s: float) -> None:
@@ -174,7 +181,7 @@ class JaxNbMemMagics(Magics):
         try:
             result = run_compare(cell, modes, timeout_s=timeout_s, on_progress=progress)
         except (ModeError, CompareError, ValueError) as exc:
-            raise UsageError(f"%%jaxalloc compare: {printable(exc)}") from None
+            raise _refuse("jaxalloc", f"%%jaxalloc compare: {printable(exc)}") from None
         print(format_compare(result))
         # Plotly's own mime type, with no renderer of plotly's in between: frontends that know
         # it draw the chart, the others (a terminal, nbconvert to text) show one line.
@@ -230,13 +237,16 @@ class JaxNbMemMagics(Magics):
             "free": self._free,
         }.get(args.command)
         if run is None:
-            raise UsageError(f"%jaxmem: unknown command {args.command!r}\n{_USAGE['jaxmem']}")
+            raise _refuse("jaxmem", f"%jaxmem: unknown command {args.command!r}")
+        for option, takes in _JAXMEM_OPTIONS.items():
+            if getattr(args, option.lstrip("-").replace("-", "_")) and args.command not in takes:
+                raise _refuse("jaxmem", f"%jaxmem {args.command}: {option} does not apply")
         run(args)
 
     def _no_more(self, args) -> None:
         if args.rest:
             extra = printable(" ".join(args.rest))
-            raise UsageError(f"%jaxmem {args.command}: unexpected arguments: {extra}")
+            raise _refuse("jaxmem", f"%jaxmem {args.command}: unexpected arguments: {extra}")
 
     def _panel(self, args) -> None:
         self._no_more(args)

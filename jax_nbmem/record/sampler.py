@@ -13,6 +13,7 @@ the error is kept as text in :attr:`Sampler.last_error`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -87,6 +88,16 @@ class SamplerSource:
     live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
     host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
     pid: int = field(default_factory=os.getpid)
+    # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock.
+    # None: device_stats itself (a fake source's, in tests), or JAX's no-wait variant.
+    quick_device_stats: Callable[[], Sequence[Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.quick_device_stats is None:
+            quick = self.device_stats
+            if quick is jaxstats.device_stats:
+                quick = functools.partial(jaxstats.device_stats, may_wait=False)
+            object.__setattr__(self, "quick_device_stats", quick)
 
 
 @dataclass(frozen=True)
@@ -365,7 +376,7 @@ class Sampler:
         jax_up = bool(self._read(source.backend_initialized, False))
         stats: tuple = ()
         if jax_up:
-            every = self._read(source.device_stats, []) or []
+            every = self._read(source.quick_device_stats, []) or []
             stats = tuple(_jax_gpus(every))
         return QuickReading(self._clock(), mono, rss, jax_up, stats)
 
@@ -558,12 +569,17 @@ class _ProcessSplit:
 
     ``mine`` is None when our PID is listed without bytes; ``listed`` says whether it is
     listed at all; ``others`` is None when another process's bytes are unknown. A GPU whose
-    list could not be read has no split at all.
+    list could not be read has ``readable`` False (and its ``problem``): nothing is known.
     """
 
     listed: bool
     mine: int | None
     others: int | None
+    readable: bool = True
+    problem: str | None = None
+
+
+_UNLISTED = -1  # the split that stands for every GPU a flat process list does not name
 
 
 def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
@@ -576,9 +592,13 @@ def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
     if listing is None:
         return None
     entries: dict[int, list[Any] | None] = {}
+    problems: dict[int, str | None] = {}
+    flat = True
     for item in listing:
         if hasattr(item, "processes"):
+            flat = False
             entries[item.gpu] = None if item.processes is None else list(item.processes)
+            problems[item.gpu] = getattr(item, "problem", None)
         else:
             found = entries.setdefault(item.gpu, [])
             if found is not None:
@@ -586,6 +606,7 @@ def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
     split: dict[int, _ProcessSplit] = {}
     for gpu, processes in entries.items():
         if processes is None:
+            split[gpu] = _ProcessSplit(False, None, None, readable=False, problem=problems[gpu])
             continue
         mine = [p.used_bytes for p in processes if p.pid == pid]
         theirs = [p.used_bytes for p in processes if p.pid != pid]
@@ -593,7 +614,10 @@ def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
             listed=bool(mine),
             mine=None if not mine or None in mine else sum(mine),
             others=None if None in theirs else sum(theirs),
+            problem=problems.get(gpu),
         )
+    if flat:  # a flat list names only GPUs with processes: the others have none
+        split[_UNLISTED] = _ProcessSplit(listed=False, mine=None, others=0)
     return split
 
 
@@ -609,8 +633,8 @@ def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None
     used = reading.used_bytes
     self_bytes: int | None = None
     others: int | None = None
-    mine = split.get(reading.index) if split is not None else None
-    if mine is not None:
+    mine = split.get(reading.index, split.get(_UNLISTED)) if split is not None else None
+    if mine is not None and mine.readable:
         if mine.listed:
             self_bytes = mine.mine
         elif stats is None and used is not None:
@@ -635,7 +659,10 @@ def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None
         jax_peak=getattr(stats, "peak_bytes_in_use", None),
         jax_reserved=getattr(stats, "bytes_reserved", None),
         jax_limit=getattr(stats, "bytes_limit", None),
-        problem=getattr(reading, "problem", None),
+        problem="; ".join(
+            filter(None, [getattr(reading, "problem", None), mine.problem if mine else None])
+        )
+        or None,
     )
 
 

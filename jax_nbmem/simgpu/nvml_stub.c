@@ -52,7 +52,7 @@ enum {
 };
 
 #define SIM_MAX_GPUS 64
-#define SIM_MAX_PROCS 1024
+#define SIM_MAX_PROCS 16384
 #define SIM_TEXT 96
 /* Memory a real device shows as used with no process on it (driver, contexts). */
 #define SIM_BASE_USED (500ULL * 1024 * 1024)

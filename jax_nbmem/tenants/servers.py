@@ -103,6 +103,7 @@ class JupyterServer:
             raise ServerError(f"{type(exc).__name__}: {exc}") from None
         finally:
             watchdog.cancel()
+            watchdog.join()  # returns at once once cancelled: no thread outlives the request
             connection.close()
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no full answer within {timeout:g} s")

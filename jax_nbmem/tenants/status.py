@@ -72,11 +72,14 @@ def collect(
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
-    state = nvml.status()
     gpus = nvml.gpus()
     visible = visible_gpus(gpus, environ)
     ours = set(visible.indices)
-    processes = nvml.processes(None)
+    listings = nvml.process_lists(None)
+    processes = [p for listing in listings for p in listing.processes or ()]
+    # A GPU whose process list failed has unknown tenants, not none: its problem says so.
+    list_problems = {listing.gpu: listing.problem for listing in listings if listing.problem}
+    state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in ("cuda", "gpu", "rocm") for p in jaxstats.initialized_platforms())
     tenants = attribute(
@@ -114,7 +117,7 @@ def collect(
                 "used_bytes": g.used_bytes,
                 "free_bytes": g.free_bytes,
                 "ours": g.index in ours,
-                "problem": g.problem,
+                "problem": "; ".join(filter(None, [g.problem, list_problems.get(g.index)])) or None,
             }
             for g in gpus
         ],
@@ -182,7 +185,7 @@ def format_status(report: Mapping[str, Any]) -> str:
             lines.append(f"  {gpu['problem']}")
         on_gpu = [p for p in report["processes"] if p["gpu"] == gpu["index"]]
         lines.extend("  " + _process_line(p) for p in on_gpu)
-        if not on_gpu:
+        if not on_gpu and "process list unreadable" not in (gpu.get("problem") or ""):
             lines.append("  no processes")
     lines.extend(f"Note: {note}" for note in report.get("notes", []))
     allocator = report.get("allocator")

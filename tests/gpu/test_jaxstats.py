@@ -222,13 +222,40 @@ def test_live_arrays_deleted_while_counting_are_skipped(fake_jax):
     assert jaxstats.live_array_bytes() == 100
 
 
-def test_a_backend_still_starting_in_another_thread_counts_as_not_started(fake_jax):
-    _, bridge = fake_jax
-    assert jaxstats.backend_initialized()
-    with bridge._backend_lock:  # as while backends() is busy creating the GPU client
-        assert not jaxstats.backend_initialized()
+def test_a_held_backend_lock_neither_blocks_nor_changes_the_answer(fake_jax):
+    jax, bridge = fake_jax
+    jax.devices_listed = [FakeDevice(0, {"bytes_in_use": 7})]
+    assert [d.bytes_in_use for d in jaxstats.device_stats()] == [7]  # lists and keeps them
+    held, release = threading.Event(), threading.Event()
+
+    def hold():  # as the sampler inside jax.local_devices(), or a backend starting up
+        with bridge._backend_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        # Answered at once, and right: the table of backends is filled.
+        assert jaxstats.backend_initialized()
+        assert [d.bytes_in_use for d in jaxstats.device_stats(may_wait=False)] == [7]
+    finally:
+        release.set()
+        holder.join()
     bridge._backends.clear()
     assert not jaxstats.backend_initialized()
+
+
+def test_a_hook_does_not_list_devices_itself_and_new_backends_are_listed_anew(fake_jax):
+    jax, bridge = fake_jax
+    jax.devices_listed = [FakeDevice(0, {"bytes_in_use": 1})]
+    assert jaxstats.device_stats(may_wait=False) == []  # not listed yet: nothing, no wait
+    assert [d.bytes_in_use for d in jaxstats.device_stats()] == [1]
+    bridge._backends = {"cuda": object()}  # jax.clear_backends() and a new start
+    jax.devices_listed = [FakeDevice(0, {"bytes_in_use": 2}), FakeDevice(1, {})]
+    assert jaxstats.device_stats(may_wait=False) == []
+    assert [d.bytes_in_use for d in jaxstats.device_stats()] == [2, None]
 
 
 def test_a_jax_whose_internals_moved_counts_as_not_started(fake_jax, monkeypatch):

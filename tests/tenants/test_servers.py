@@ -341,3 +341,116 @@ def test_shutdown_signals_a_kernel_no_server_knows():
         assert (done.done, done.how) == (True, "signal")
         # Stopped: gone, or a zombie waiting for its parent (the kernel manager) to reap it.
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+class _Trickler:
+    """A 'Jupyter server' that answers one byte every 0.3 s, forever: slow, never silent."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000
+        with conn:
+            for byte in reply:
+                if self.stop.wait(0.3):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def close(self):
+        self.stop.set()
+        self.listener.close()
+
+
+def _asking_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("jax-nbmem-jpy")]
+
+
+def test_a_trickling_server_costs_one_deadline_and_leaves_nothing_behind(tmp_path):
+    trickler = _Trickler()
+    info = {"url": f"http://127.0.0.1:{trickler.port}/", "token": "t", "pid": os.getpid()}
+    (tmp_path / "jpserver-5.json").write_text(json.dumps(info))
+    own = psutil.Process()
+    sockets_before = len(own.net_connections(kind="tcp"))
+    try:
+        for _ in range(4):
+            began = time.monotonic()
+            index = kernel_sessions(runtime_dir=str(tmp_path), timeout=0.6, max_age=0)
+            took = time.monotonic() - began
+            assert took < 0.6 + 0.5, took  # one deadline, however the server trickles
+            assert any("did not answer within 0.6 s" in why for why in index.unreachable)
+            assert _asking_threads() == []
+        # One connection per query: no request kept going in the background.
+        assert trickler.connections == 4
+        assert len(own.net_connections(kind="tcp")) <= sockets_before
+    finally:
+        trickler.close()
+
+
+def test_a_server_at_another_address_is_never_sent_its_token(tmp_path):
+    # 192.0.2.1 is a documentation address: contacting it would hang until the deadline.
+    secret = secrets.token_hex(24)
+    info = {"url": "http://192.0.2.1:8888/", "hostname": "192.0.2.1", "port": 8888,
+            "token": secret, "pid": os.getpid()}  # fmt: skip
+    (tmp_path / "jpserver-6.json").write_text(json.dumps(info))
+    began = time.monotonic()
+    index = kernel_sessions(runtime_dir=str(tmp_path), timeout=1.0, max_age=0)
+    assert time.monotonic() - began < 0.5  # refused at once, not tried
+    (why,) = index.unreachable
+    assert "not asked" in why and "not on this machine's loopback" in why
+    assert secret not in why
+
+
+def test_a_server_on_every_address_or_a_unix_socket_is_asked_on_this_machine(tmp_path):
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"[]"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    path = str(tmp_path / "jupyter.sock")
+    unix = http.server.ThreadingHTTPServer(path, Answer, bind_and_activate=False)
+    unix.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.socket.bind(path)
+    unix.socket.listen(4)
+    unix.server_address = ("localhost", 0)  # what the handler reports as the client
+    threading.Thread(target=unix.serve_forever, daemon=True).start()
+    wildcard = {"url": f"http://myhost:{listener.server_port}/", "hostname": "0.0.0.0",
+                "port": listener.server_port, "token": "t", "pid": os.getpid()}  # fmt: skip
+    on_socket = {"sock": path, "url": "http://localhost:0/", "token": "t", "pid": os.getpid()}
+    (tmp_path / "jpserver-8.json").write_text(json.dumps(wildcard))
+    (tmp_path / "jpserver-9.json").write_text(json.dumps(on_socket))
+    try:
+        index = kernel_sessions(runtime_dir=str(tmp_path), timeout=2.0, max_age=0)
+        assert index.unreachable == ()
+        assert {s.url.split(":")[0] for s in find_servers(str(tmp_path))} == {"http", "http+unix"}
+    finally:
+        for server in (listener, unix):
+            server.shutdown()
+            server.server_close()
