@@ -30,6 +30,8 @@ __all__ = [
     "Variable",
 ]
 
+_MANAGED_KEYS = tuple(os.fsencode(name) for name in MANAGED_VARIABLES)
+
 # The mode a kernel asks for at start (a jax-nbmem kernelspec sets it); wins over the config.
 ENV_ALLOCATOR = "JAX_NBMEM_ALLOCATOR"
 
@@ -147,6 +149,15 @@ class AllocatorControl:
         return self._probe()
 
     def _managed(self) -> dict[str, str]:
+        raw = getattr(self._environ, "_data", None) if self._environ is os.environ else None
+        if isinstance(raw, dict) and os.name == "posix":
+            # os.environ's own bytes table: this runs before every cell until JAX starts, and
+            # os.environ[name] encodes the name on each lookup (ten times the cost).
+            return {
+                name: os.fsdecode(raw[key])
+                for name, key in zip(MANAGED_VARIABLES, _MANAGED_KEYS, strict=True)
+                if key in raw
+            }
         return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
 
     def apply(self, mode: AllocatorMode, source: str) -> ApplyResult:

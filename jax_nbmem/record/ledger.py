@@ -2,7 +2,7 @@
 
 The magics' ``pre_run_cell``/``post_run_cell`` callbacks call :meth:`Ledger.cell_started` and
 :meth:`Ledger.cell_finished`. Both are cheap and never wait for NVML: each takes a timestamp and
-the readings that cannot block (host RSS, JAX's allocator counters, through the sampler's
+the readings that cannot block (JAX's allocator counters, through the sampler's
 :meth:`~jax_nbmem.record.sampler.Sampler.quick_reading`), takes the sampler's latest sample as
 "before", and asks the sampler's thread for a complete reading after the cell
 (``request_after``), which is folded into the record when it arrives, with its delay. When cells
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
+from jax_nbmem.record.sampler import Peaks
 from jax_nbmem.text import printable
 from jax_nbmem.units import MISSING, format_bytes, format_bytes_delta, format_duration
 
@@ -116,37 +117,37 @@ class CellRecord:
 
 
 class _Cell:
-    """One cell while its record forms. The after reading arrives on the sampler's thread."""
+    """One cell while its record forms. The after reading arrives on the sampler's thread.
 
-    __slots__ = (
-        "execution_count", "first_line", "started_at", "started_mono", "quick_before",
-        "before", "tracker", "ended_mono", "success", "error", "error_message", "oom",
-        "quick_after", "peaks", "after", "after_started", "after_state", "next_started",
-        "ended_at", "before_early",
-    )  # fmt: skip
+    Attributes a cell only sometimes gets are class-level defaults: a hook sets only what it
+    read, which keeps the cost per cell down.
+    """
 
-    def __init__(self, execution_count: int | None, first_line: str, now: float, mono: float):
+    quick_before: Any = None
+    before: Any = None
+    ended_mono: float | None = None
+    ended_at: float | None = None
+    success: bool | None = None
+    error: str | None = None
+    error_message: str | None = None
+    oom = False
+    quick_after: Any = None
+    peaks: Any = None
+    after: Any = None
+    after_started: float | None = None
+    # "none" (no sampler to ask), "waiting", "taken" or "missed".
+    after_state = "none"
+    next_started: float | None = None
+    before_early = False  # "before" was read before the previous cell had ended
+    # The sampler's count of samples at both ends: equal when none came while it ran.
+    samples_at_start = 0
+    samples_at_end = 0
+
+    def __init__(self, execution_count: int | None, source: str, now: float, mono: float):
         self.execution_count = execution_count
-        self.first_line = first_line
+        self.source = source  # its first line is found when the record is built
         self.started_at = now
         self.started_mono = mono
-        self.quick_before: Any = None
-        self.before: Any = None
-        self.tracker: Any = None
-        self.ended_mono: float | None = None
-        self.success: bool | None = None
-        self.error: str | None = None
-        self.error_message: str | None = None
-        self.oom = False
-        self.quick_after: Any = None
-        self.peaks: Any = None
-        self.after: Any = None
-        self.after_started: float | None = None
-        # "none" (no sampler to ask), "waiting", "taken" or "missed".
-        self.after_state = "none"
-        self.next_started: float | None = None
-        self.ended_at: float | None = None
-        self.before_early = False  # "before" was read before the previous cell had ended
 
 
 class Ledger:
@@ -183,35 +184,42 @@ class Ledger:
         return self._records.maxlen or 0
 
     def cell_started(self, execution_count: int | None, source: str | None) -> None:
-        """Open a record for a cell about to run (from ``pre_run_cell``). Never raises."""
+        """Open a record for a cell about to run (from ``pre_run_cell``). Never raises.
+
+        Costs a few microseconds: two clocks, the sampler's quick reading and its latest
+        sample; nothing here takes a lock another thread may hold for long.
+        """
         if self._open is not None:
             self.cell_finished(None, None)  # its end was never reported; keep what we know
         try:
-            cell = _Cell(execution_count, _first_line(source), self._clock(), self._monotonic())
+            cell = _Cell(execution_count, source or "", self._clock(), self._monotonic())
         except Exception as exc:
             self._remember(exc)
             return
-        with self._lock:
-            previous = self._records[-1] if self._records else None
-            if not isinstance(previous, _Cell) or previous.after_state != "waiting":
-                previous = None
-            else:
-                previous.next_started = cell.started_mono
+        previous = self._records[-1] if self._records else None
+        if isinstance(previous, _Cell) and previous.after_state == "waiting":
+            previous.next_started = cell.started_mono
+        else:
+            previous = None
         self._open = cell
-        if self._sampler is None:
+        sampler = self._sampler
+        if sampler is None:
             return
-        cell.quick_before = _sample(self._call_sampler("quick_reading"))
-        # Between cells nothing of ours changes, so the sampler's latest sample stands for
-        # "before" (it carries its own time). Without its thread, one is taken here.
-        before = _sample(self._call_sampler("latest"))
-        if before is None and not getattr(self._sampler, "running", True):
-            before = _sample(self._call_sampler("sample_now"))
-        cell.before = before
-        if previous is not None and before is not None and previous.ended_at is not None:
-            # The previous cell's own reading has not come yet: the latest is older.
-            cell.before_early = before.t < previous.ended_at
-        cell.tracker = _sample(self._call_sampler("track"))
-        self._call_sampler("set_busy", True)
+        try:
+            cell.quick_before = sampler.quick_reading()
+            # Between cells nothing of ours changes, so the sampler's latest sample stands
+            # for "before" (it carries its own time). Without its thread, one is taken here.
+            before = sampler.latest()
+            if before is None and not getattr(sampler, "running", True):
+                before = sampler.sample_now()
+            cell.before = before
+            cell.samples_at_start = sampler.samples_taken
+            if previous is not None and before is not None and previous.ended_at is not None:
+                # The previous cell's own reading has not come yet: the latest is older.
+                cell.before_early = before.t < previous.ended_at
+            sampler.set_busy(True)
+        except Exception as exc:
+            self._remember(exc)
 
     def cell_finished(
         self,
@@ -241,32 +249,58 @@ class Ledger:
                 cell.oom = jaxstats.is_resource_exhausted(error)
         except Exception as exc:
             self._remember(exc)
-        if self._sampler is not None:
-            cell.quick_after = _sample(self._call_sampler("quick_reading"))
-            if cell.tracker is not None:
-                try:
-                    cell.peaks = _sample(cell.tracker.close())
-                except Exception as exc:
-                    self._remember(exc)
-                cell.tracker = None
-            self._call_sampler("set_busy", False)
+        sampler = self._sampler
+        if sampler is not None:
             cell.after_state = "waiting"
-        with self._lock:
-            self._records.append(cell)
-            self.finished += 1
-        if self._sampler is not None:
-            arrived = functools.partial(self._after_arrived, cell)
-            if self._call_sampler("request_after", arrived) is _FAILED:
-                with self._lock:
-                    cell.after_state = "missed"
+            try:
+                cell.quick_after = sampler.quick_reading()
+                cell.samples_at_end = sampler.samples_taken
+                sampler.set_busy(False)
+            except Exception as exc:
+                self._remember(exc)
+        self._records.append(cell)
+        self.finished += 1
+        if sampler is not None:
+            try:
+                sampler.request_after(functools.partial(self._after_arrived, cell))
+            except Exception as exc:
+                self._remember(exc)
+                cell.after_state = "missed"
 
     def _after_arrived(self, cell: _Cell, sample: Any, started: float) -> None:
-        """The sampler's reading after ``cell`` (its thread, or ours without a thread)."""
+        """The sampler's reading after ``cell`` (its thread, or ours without a thread).
+
+        The cell's peaks are worked out here, from the samples the sampler kept while the
+        cell ran: off the cell's path, once per cell.
+        """
+        peaks = self._peaks(cell)
         with self._lock:
             if cell.after_state != "waiting":
                 return
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
+            cell.peaks = peaks
             self._arrived.notify_all()
+
+    def _peaks(self, cell: _Cell) -> Any:
+        """Extremes of the sampler's samples from the cell's start to its end.
+
+        Most cells are shorter than a sample interval: then no sample came while it ran
+        and there is nothing to look up (this runs once per cell, on the sampler's thread).
+        """
+        sampler = self._sampler
+        if sampler is None or cell.ended_at is None or cell.samples_at_end == cell.samples_at_start:
+            return None
+        try:
+            during = [
+                sample
+                for sample in sampler.history(cell.started_at)
+                # One taken at the very start is "before"; those after the end are not its.
+                if cell.started_at < sample.t <= cell.ended_at
+            ]
+            return Peaks.of(during) if during else None
+        except Exception as exc:
+            self._remember(exc)
+            return None
 
     def _built(self, index: int) -> CellRecord | None:
         with self._lock:
@@ -274,6 +308,8 @@ class Ledger:
             if isinstance(entry, CellRecord):
                 return entry
             try:
+                if entry.after_state == "waiting" and entry.peaks is None:
+                    entry.peaks = self._peaks(entry)  # what the samples say so far
                 record = _build_record(entry)
             except Exception as exc:
                 self._remember(exc)
@@ -317,27 +353,8 @@ class Ledger:
         with self._lock:
             self._records.clear()
 
-    def _call_sampler(self, method: str, *args: Any) -> Any:
-        if self._sampler is None:
-            return None
-        try:
-            return getattr(self._sampler, method)(*args)
-        except Exception as exc:
-            self._remember(exc)
-            return _FAILED
-
     def _remember(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
-
-
-class _Failed:
-    """What ``_call_sampler`` returns when the sampler raised (a method may return None)."""
-
-    def __repr__(self) -> str:
-        return "<sampler call failed>"
-
-
-_FAILED = _Failed()
 
 
 def _message(error: BaseException) -> str | None:
@@ -346,11 +363,6 @@ def _message(error: BaseException) -> str | None:
     except Exception:
         return None
     return _truncate(" ".join(text.split()), _ERROR_MESSAGE_CHARS) or None
-
-
-def _sample(value: Any) -> Any:
-    """A sample, or None for a failed sampler call."""
-    return None if value is None or value is _FAILED else value
 
 
 def _build_record(cell: _Cell) -> CellRecord:
@@ -384,14 +396,14 @@ def _build_record(cell: _Cell) -> CellRecord:
     jax_before = quick_before.jax_in_use() if quick_before is not None else None
     jax_after = quick_after.jax_in_use() if quick_after is not None else None
     jax_peak, exact = _jax_peak(quick_before, quick_after, peaks, indices, jax_before, jax_after)
-    rss_before = getattr(quick_before, "rss_bytes", None)
-    rss_after = getattr(quick_after, "rss_bytes", None)
     host_before = before.host if before is not None else None
     host_after = after.host if after is not None else None
+    rss_before = getattr(host_before, "rss_bytes", None)
+    rss_after = getattr(host_after, "rss_bytes", None)
     ended = cell.ended_mono
     return CellRecord(
         execution_count=cell.execution_count,
-        first_line=cell.first_line,
+        first_line=_first_line(cell.source),
         started_at=cell.started_at,
         duration_s=None if ended is None else max(0.0, ended - cell.started_mono),
         success=cell.success,

@@ -13,14 +13,14 @@ the error is kept as text in :attr:`Sampler.last_error`.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from jax_nbmem.gpu import jaxstats
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory, keep_extreme
@@ -45,7 +45,7 @@ _JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 # Walking jax.live_arrays() may take at most this share of one core.
 _LIVE_ARRAY_BUDGET = 0.005
 # Cells that end in quick succession share one after-cell reading at most this often.
-_MIN_AFTER_GAP_S = 0.02
+_MIN_AFTER_GAP_S = 0.05
 
 
 def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
@@ -88,15 +88,15 @@ class SamplerSource:
     live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
     host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
     pid: int = field(default_factory=os.getpid)
-    # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock.
-    # None: device_stats itself (a fake source's, in tests), or JAX's no-wait variant.
+    # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock and
+    # GPU devices only. None: device_stats itself (a fake source's, in tests), or JAX's own.
     quick_device_stats: Callable[[], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.quick_device_stats is None:
             quick = self.device_stats
             if quick is jaxstats.device_stats:
-                quick = functools.partial(jaxstats.device_stats, may_wait=False)
+                quick = jaxstats.gpu_stats_now
             object.__setattr__(self, "quick_device_stats", quick)
 
 
@@ -125,6 +125,50 @@ class Peaks:
         """Return the extremes for NVML GPU *index*, or ``None`` if no sample had it."""
         return next((g for g in self.gpus if g.index == index), None)
 
+    @classmethod
+    def of(cls, samples: Iterable[Sample]) -> Peaks:
+        """The extremes of ``samples``, folded at once (no tracker, no lock)."""
+        folding = _Extremes()
+        for sample in samples:
+            folding.add(sample)
+        return folding.result()
+
+
+class _Extremes:
+    """Maxima (and the minimum of free memory) folded one sample at a time."""
+
+    __slots__ = ("gpus", "samples", "max_rss", "max_live")
+
+    def __init__(self) -> None:
+        self.gpus: dict[int, GpuPeaks] = {}
+        self.samples = 0
+        self.max_rss: int | None = None
+        self.max_live: int | None = None
+
+    def add(self, sample: Sample) -> None:
+        self.samples += 1
+        for gpu in sample.gpus:
+            old = self.gpus.get(gpu.index) or GpuPeaks(gpu.index, *[None] * 5)
+            self.gpus[gpu.index] = GpuPeaks(
+                index=gpu.index,
+                max_self_bytes=keep_extreme(max, old.max_self_bytes, gpu.self_bytes),
+                max_used_bytes=keep_extreme(max, old.max_used_bytes, gpu.used_bytes),
+                max_jax_in_use=keep_extreme(max, old.max_jax_in_use, gpu.jax_in_use),
+                max_jax_peak=keep_extreme(max, old.max_jax_peak, gpu.jax_peak),
+                min_free_bytes=keep_extreme(min, old.min_free_bytes, gpu.free_bytes),
+            )
+        if sample.host is not None:
+            self.max_rss = keep_extreme(max, self.max_rss, sample.host.rss_bytes)
+            self.max_live = keep_extreme(max, self.max_live, sample.host.live_array_bytes)
+
+    def result(self) -> Peaks:
+        return Peaks(
+            samples=self.samples,
+            gpus=tuple(self.gpus[i] for i in sorted(self.gpus)),
+            max_rss_bytes=self.max_rss,
+            max_live_array_bytes=self.max_live,
+        )
+
 
 class PeakTracker:
     """Accumulates maxima (and the minimum of free memory) over every sample while open.
@@ -136,43 +180,21 @@ class PeakTracker:
     def __init__(self, detach: Callable[[PeakTracker], None]):
         self._detach = detach
         self._lock = threading.Lock()
-        self._extremes: dict[int, GpuPeaks] = {}
-        self._samples = 0
-        self._max_rss: int | None = None
-        self._max_live: int | None = None
+        self._extremes = _Extremes()
         self._result: Peaks | None = None
 
     def observe(self, sample: Sample) -> None:
         """Fold *sample* into the extremes (the sampler calls this; ignored once closed)."""
         with self._lock:
-            if self._result is not None:
-                return
-            self._samples += 1
-            for gpu in sample.gpus:
-                old = self._extremes.get(gpu.index) or GpuPeaks(gpu.index, *[None] * 5)
-                self._extremes[gpu.index] = GpuPeaks(
-                    index=gpu.index,
-                    max_self_bytes=keep_extreme(max, old.max_self_bytes, gpu.self_bytes),
-                    max_used_bytes=keep_extreme(max, old.max_used_bytes, gpu.used_bytes),
-                    max_jax_in_use=keep_extreme(max, old.max_jax_in_use, gpu.jax_in_use),
-                    max_jax_peak=keep_extreme(max, old.max_jax_peak, gpu.jax_peak),
-                    min_free_bytes=keep_extreme(min, old.min_free_bytes, gpu.free_bytes),
-                )
-            if sample.host is not None:
-                self._max_rss = keep_extreme(max, self._max_rss, sample.host.rss_bytes)
-                self._max_live = keep_extreme(max, self._max_live, sample.host.live_array_bytes)
+            if self._result is None:
+                self._extremes.add(sample)
 
     def close(self) -> Peaks:
         """Stop tracking and return what was seen."""
         self._detach(self)
         with self._lock:
             if self._result is None:
-                self._result = Peaks(
-                    samples=self._samples,
-                    gpus=tuple(self._extremes[i] for i in sorted(self._extremes)),
-                    max_rss_bytes=self._max_rss,
-                    max_live_array_bytes=self._max_live,
-                )
+                self._result = self._extremes.result()
             return self._result
 
 
@@ -221,9 +243,12 @@ class Sampler:
         self._wake = threading.Event()
         self._callbacks: list[Callable[[Sample], Any]] = []
         self._trackers: list[PeakTracker] = []
-        self._after_requests: list[tuple[float, Callable[[Sample, float], Any]]] = []
+        # Appended by cell hooks and emptied by the thread, both without a lock (a deque's
+        # append and popleft are atomic).
+        self._after_requests: deque[Callable[[Sample, float], Any]] = deque()
         self._last_forced = -math.inf
         self._latest: Sample | None = None
+        self.samples_taken = 0  # grows by one per sample: tells whether any came meanwhile
         self._busy = False
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
@@ -231,6 +256,7 @@ class Sampler:
         self._split: dict[int, _ProcessSplit] | None = None
         self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
+        self._process_read_at = -math.inf
         self._live_bytes: int | None = None
         self._live_due = -math.inf
         self.live_array_budget = live_array_budget
@@ -314,12 +340,11 @@ class Sampler:
                 self._thread = None
 
     def set_busy(self, busy: bool) -> None:
-        """Read the process list every ``busy_process_interval`` while *busy* (a cell runs)."""
-        with self._lock:
-            self._busy = bool(busy)
-            if self._busy:
-                soonest = self._monotonic() + self.busy_process_interval
-                self._process_due = min(self._process_due, soonest)
+        """Read the process list every ``busy_process_interval`` while *busy* (a cell runs).
+
+        A plain assignment, no lock: a cell hook calls it.
+        """
+        self._busy = bool(busy)
 
     def latest(self) -> Sample | None:
         """The most recent sample, or ``None`` before the first."""
@@ -365,20 +390,22 @@ class Sampler:
         return tracker
 
     def quick_reading(self) -> QuickReading:
-        """What a cell hook may read itself: host RSS and JAX's counters; never NVML.
+        """What a cell hook may read itself: JAX's GPU counters; never NVML, no system call.
 
         JAX's ``memory_stats()`` answers from its allocator in microseconds; the backend is
-        asked only once it is up, and ``jax.live_arrays()`` never.
+        asked only once it is up, and ``jax.live_arrays()`` never. Host RSS is left to the
+        samples: reading /proc releases the GIL, and taking it back behind the sampler's
+        thread cost the cell more than everything else here.
         """
         source = self._source
-        mono = self._monotonic()
-        rss = self._read(source.host_rss_bytes, None)
-        jax_up = bool(self._read(source.backend_initialized, False))
-        stats: tuple = ()
-        if jax_up:
-            every = self._read(source.quick_device_stats, []) or []
-            stats = tuple(_jax_gpus(every))
-        return QuickReading(self._clock(), mono, rss, jax_up, stats)
+        try:
+            jax_up = bool(source.backend_initialized())
+            found = source.quick_device_stats() if jax_up else ()
+        except Exception as exc:
+            self._remember(exc)
+            jax_up, found = False, ()
+        stats = tuple(_jax_gpus(found)) if found else ()
+        return QuickReading(self._clock(), self._monotonic(), jax_up, stats)
 
     def request_after(self, callback: Callable[[Sample, float], Any]) -> None:
         """Have a complete sample taken as soon as possible and given to ``callback``.
@@ -390,11 +417,15 @@ class Sampler:
         """
         if not self.running:
             started = self._monotonic()
-            self._deliver([(started, callback)], self._record(force=True), started)
+            self._deliver([callback], self._record(force=True), started)
             return
-        with self._lock:
-            self._after_requests.append((self._monotonic(), callback))
-        self._wake.set()
+        first = not self._after_requests
+        self._after_requests.append(callback)
+        # Cells in quick succession share a reading: the thread is woken for the first one
+        # only, and not again within _MIN_AFTER_GAP_S of its last reading (it takes the
+        # waiting ones at its next tick then). Every wake costs the cell a GIL hand-over.
+        if first and self._monotonic() - self._last_forced >= _MIN_AFTER_GAP_S:
+            self._wake.set()
 
     def tick(self) -> Sample:
         """Take one scheduled sample, as the thread does every ``interval``; notify subscribers.
@@ -402,6 +433,10 @@ class Sampler:
         Slow readings (process list, live arrays) are taken only when due.
         """
         sample = self._record(force=False)
+        self._notify(sample)
+        return sample
+
+    def _notify(self, sample: Sample) -> None:
         with self._lock:
             callbacks = list(self._callbacks)
         for callback in callbacks:
@@ -410,7 +445,6 @@ class Sampler:
             except Exception as exc:
                 self.callback_errors += 1
                 self._remember(exc)
-        return sample
 
     def sample_now(self, *, include_live_arrays: bool = True) -> Sample:
         """Take a complete sample at once, on this thread; it waits for NVML.
@@ -422,16 +456,19 @@ class Sampler:
 
     def _serve_after(self) -> None:
         """Take the sample that the cells which ended so far asked for, and hand it over."""
-        with self._lock:
-            requests, self._after_requests = self._after_requests, []
+        requests = []
+        while self._after_requests:
+            requests.append(self._after_requests.popleft())
         if not requests:
             return
         started = self._monotonic()
         self._last_forced = started
-        self._deliver(requests, self._record(force=True), started)
+        sample = self._record(force=True)
+        self._deliver(requests, sample, started)
+        self._notify(sample)  # it stands for this tick's sample too
 
     def _deliver(self, requests: list, sample: Sample, started: float) -> None:
-        for _, callback in requests:
+        for callback in requests:
             try:
                 callback(sample, started)
             except Exception as exc:
@@ -447,6 +484,7 @@ class Sampler:
         with self._lock:
             self._history.add(sample)
             self._latest = sample
+            self.samples_taken += 1
             for tracker in self._trackers:
                 tracker.observe(sample)
         return sample
@@ -471,13 +509,16 @@ class Sampler:
         # GPU's used memory moved since the last process list, nobody's bytes did, and the
         # list (the costly NVML call) would say the same again.
         moved = used != self._used_at_process_read or None in used.values()
-        if (force and moved) or now + slack >= self._process_due:
+        due = self._process_due
+        if self._busy:  # a cell runs: the list is due a busy interval after the last one
+            due = min(due, self._process_read_at + self.busy_process_interval)
+        if (force and moved) or now + slack >= due:
             listing = self._read(source.processes, None, indices)
             split = _split_by_gpu(listing, source.pid)
             with self._lock:
                 self._split, self._used_at_process_read = split, used
-                pace = self.busy_process_interval if self._busy else self.process_interval
-                self._process_due = now + pace
+                self._process_read_at = now
+                self._process_due = now + self.process_interval
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         gpu_stats = _jax_gpus(stats)
         if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
@@ -526,10 +567,6 @@ class Sampler:
         while not stop_event.is_set():
             try:
                 if self._after_requests:
-                    # Back-to-back cells share one reading rather than keep NVML busy.
-                    pause = self._last_forced + _MIN_AFTER_GAP_S - self._monotonic()
-                    if pause > 0 and stop_event.wait(pause):
-                        break
                     self._serve_after()
                 else:
                     self.tick()
@@ -538,22 +575,20 @@ class Sampler:
             now = self._monotonic()
             if now >= deadline:
                 deadline = _next_deadline(deadline, now, self.interval)
-            if not self._after_requests:
-                self._wake.wait(max(0.0, deadline - now))
+            self._wake.wait(max(0.0, deadline - now))
             self._wake.clear()
 
 
-@dataclass(frozen=True)
-class QuickReading:
+class QuickReading(NamedTuple):
     """What a cell hook reads itself (see :meth:`Sampler.quick_reading`).
 
     ``jax`` holds JAX's GPU devices' counters (anything with ``id``, ``bytes_in_use`` and
     ``peak_bytes_in_use``), in device order; empty before the backend starts or on the CPU.
+    A named tuple: made twice per cell, where a frozen dataclass costs several times more.
     """
 
     t: float
     mono: float
-    rss_bytes: int | None
     jax_up: bool
     jax: tuple[Any, ...]
 
