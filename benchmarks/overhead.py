@@ -42,12 +42,16 @@ from jax_nbmem import simgpu  # noqa: E402
 # A shell that takes commands as JSON lines on stdin and answers one JSON line each.
 SHELL = textwrap.dedent(
     """
-    import json, os, sys, threading, time
+    import contextlib, io, json, os, sys, threading, time
     from IPython.testing.globalipapp import start_ipython
     shell = start_ipython()
-    out = sys.__stdout__
+    out = os.fdopen(os.dup(1), "w")  # the answers; whatever the cells print goes elsewhere
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    sys.stdout = sys.__stdout__ = io.StringIO()
     for line in sys.stdin:
         command = json.loads(line)
+        sys.stdout.seek(0)
+        sys.stdout.truncate()
         if "run" in command:
             result = shell.run_cell(command["run"], store_history=True)
             error = result.error_in_exec or result.error_before_exec
@@ -144,29 +148,47 @@ class Kernel:
 
 def compare(make: Callable[[dict[str, str]], object], env, setup: str, loaded_setup: str,
             cells: int, rounds: int, code: str = "x = 1") -> dict:  # fmt: skip
-    """Bare against loaded, alternating rounds; medians of per-cell times and of the ratios."""
+    """Bare against loaded, alternating rounds; medians of per-cell times and of the ratios.
+
+    Two processes are never exactly as fast as each other (memory layout, caches): both
+    are first measured bare, in alternating rounds, and the loaded side's ratio is divided
+    by what it was then.
+    """
     bare, loaded = make(env), make(env)
     try:
         for side in (bare, loaded):
             side.run(setup)
+            side.ask(measure=max(5, cells // 10), code=code)  # warm both paths
+        calibration = statistics.median(_alternate(bare, loaded, cells, rounds, code))
         loaded.run("%load_ext jax_nbmem\n" + loaded_setup)
         time.sleep(0.5)  # let the sampler reach its steady rate
-        for side in (bare, loaded):
-            side.ask(measure=max(5, cells // 10), code=code)  # warm both paths
+        loaded.ask(measure=max(5, cells // 10), code=code)
         bare_times, loaded_times = [], []
-        for round_ in range(rounds):
-            order = ((bare, bare_times), (loaded, loaded_times))
-            for side, times in order if round_ % 2 == 0 else order[::-1]:
-                times.append(side.ask(measure=cells, code=code)["median"])
+        ratios = _alternate(bare, loaded, cells, rounds, code, bare_times, loaded_times)
     finally:
         for side in (bare, loaded):
             side.close()
-    ratios = [b and e / b for b, e in zip(bare_times, loaded_times, strict=True)]
     return {
         "bare_s": statistics.median(bare_times),
         "loaded_s": statistics.median(loaded_times),
-        "ratio": statistics.median(ratios),
+        "ratio": statistics.median(ratios) / calibration,
+        "calibration": calibration,
     }
+
+
+def _alternate(first, second, cells, rounds, code, first_times=None, second_times=None):
+    """Per-round ratios second/first, measured in ABBA order."""
+    ratios = []
+    for round_ in range(rounds):
+        order = [(first, []), (second, [])]
+        for side, times in order if round_ % 2 == 0 else order[::-1]:
+            times.append(side.ask(measure=cells, code=code)["median"])
+        (_, a), (_, b) = order
+        ratios.append(b[0] / a[0])
+        if first_times is not None:
+            first_times.append(a[0])
+            second_times.append(b[0])
+    return ratios
 
 
 def arrays(count: int) -> str:

@@ -131,7 +131,7 @@ class AllocatorControl:
         self.requested: AllocatorMode | None = None
         self.requested_from: str | None = None
         self.backend: BackendStart | None = None
-        self._at_cell_start: dict[str, str] | None = None
+        self._at_cell_start: tuple | None = None
         self._cell: int | None = None
         if self._probe():
             # Started before we were loaded: the variables now are our best, inexact, account.
@@ -149,16 +149,26 @@ class AllocatorControl:
         return self._probe()
 
     def _managed(self) -> dict[str, str]:
+        return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
+
+    def _snapshot(self) -> tuple:
+        """The managed variables as they are, as cheaply as possible (before every cell).
+
+        os.environ's own bytes table where there is one: os.environ[name] encodes the name
+        on every lookup, ten times the cost. Only compared, and decoded when JAX starts.
+        """
         raw = getattr(self._environ, "_data", None) if self._environ is os.environ else None
         if isinstance(raw, dict) and os.name == "posix":
-            # os.environ's own bytes table: this runs before every cell until JAX starts, and
-            # os.environ[name] encodes the name on each lookup (ten times the cost).
-            return {
-                name: os.fsdecode(raw[key])
-                for name, key in zip(MANAGED_VARIABLES, _MANAGED_KEYS, strict=True)
-                if key in raw
-            }
-        return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
+            return tuple(map(raw.get, _MANAGED_KEYS))
+        return tuple(map(self._environ.get, MANAGED_VARIABLES))
+
+    @staticmethod
+    def _variables(snapshot: tuple) -> dict[str, str]:
+        return {
+            name: os.fsdecode(value) if isinstance(value, bytes) else value
+            for name, value in zip(MANAGED_VARIABLES, snapshot, strict=True)
+            if value is not None
+        }
 
     def apply(self, mode: AllocatorMode, source: str) -> ApplyResult:
         """Request ``mode`` (from ``source``, e.g. ``%jaxalloc``) and set the variables for it.
@@ -199,20 +209,22 @@ class AllocatorControl:
     def observe_cell_start(self, cell: int | None) -> None:
         """Remember the variables before a cell runs, while the backend is still down."""
         if self.backend is None and not self._probe():
-            self._at_cell_start, self._cell = self._managed(), cell
+            self._at_cell_start, self._cell = self._snapshot(), cell
 
     def observe_cell_end(self, cell: int | None) -> None:
         """If the cell started the backend, record what it started with."""
         if self.backend is not None or not self._probe():
             return
-        now = self._managed()
+        now = self._snapshot()
         before = self._at_cell_start
         if before is None:
-            self._record_start(now, cell=cell, exact=False)
+            self._record_start(self._variables(now), cell=cell, exact=False)
         else:
             # Unchanged during the cell → these are exactly the values jaxlib read.
             self._record_start(
-                before, cell=self._cell if cell is None else cell, exact=before == now
+                self._variables(before),
+                cell=self._cell if cell is None else cell,
+                exact=before == now,
             )
 
     def _record_start(self, variables: dict[str, str], *, cell: int | None, exact: bool) -> None:

@@ -188,6 +188,8 @@ class _LivePanel:
         import plotly.graph_objects as go
 
         self.sampler = getattr(session, "sampler", None)
+        self._session = session
+        self._session_changed = False
         self._ledger = getattr(session, "ledger", None)
         self._timeline = LiveFigure(limits)  # keeps the history part between updates
         self._lock = threading.RLock()
@@ -256,18 +258,26 @@ class _LivePanel:
         """Whether the update thread runs (False after :meth:`close`)."""
         return self._thread is not None and self._thread.is_alive()
 
-    def refresh_from_session(self, session: Any, *, now: bool = True) -> None:
-        """Re-read what only the main thread may read (mode, banner lines), then update.
-
-        With ``now=False`` (after a cell) the figure is left to the update thread.
-        """
-        self._mode = _mode_text(session)
-        self._banner_lines = _session_banner(session)
+    def refresh_from_session(self, session: Any) -> None:
+        """Re-read the session's facts (mode, banner lines, shutdown buttons), then update."""
+        self._read_session()
         self.actions.refresh()
-        if now:
-            self.update()
-        else:
-            self._dirty.set()
+        self.update()
+
+    def cell_finished(self) -> None:
+        """A cell ended (on its path): mark the panel, leave the work to the update thread.
+
+        The shutdown buttons are widgets and change on the main thread, so the thread only
+        says when they should (their kernels changed); this checks that flag.
+        """
+        self._session_changed = True
+        self._dirty.set()
+        if self.actions.wanted() != self.actions.shown():
+            self.actions.refresh()
+
+    def _read_session(self) -> None:
+        self._mode = _mode_text(self._session)
+        self._banner_lines = _session_banner(self._session)
 
     def _on_sample(self, sample: Any) -> None:
         self._dirty.set()  # the sampler's thread: nothing more here
@@ -293,6 +303,9 @@ class _LivePanel:
             started = time.monotonic()
             self._dirty.clear()
             try:
+                if self._session_changed:  # a cell ended: its mode, warnings may have changed
+                    self._session_changed = False
+                    self._read_session()
                 self.update()
             except Exception:
                 log.debug("jax_nbmem: panel update failed", exc_info=True)
@@ -421,18 +434,19 @@ def _show_widget(session: Any, state: _PanelState) -> None:
     display({**live.widget._repr_mimebundle_(), **fallback}, raw=True)
 
 
-def cell_finished(session: Any, record: Any = None) -> None:
+def cell_finished(session: Any) -> None:
     """After each cell (from ``post_run_cell``): refresh the panel; never raises.
 
-    The live panel re-reads the mode and banner lines and redraws the cell bars; the static
-    and text fallbacks replace their output through their display handle.
+    The live panel is only marked dirty: its update thread re-reads the session and redraws.
+    The static and text fallbacks replace their output through their display handle (they
+    have no thread; a frontend without widgets asked for them).
     """
     try:
         state = getattr(session, "_panel_state", None)
         if state is None:
             return
         if state.live is not None:
-            state.live.refresh_from_session(session, now=False)
+            state.live.cell_finished()
         fallback = state.kind in ("static", "text") and state.refresh_after_cells
         if state.handle is not None and fallback:
             bundle = _fallback_bundle(session, state.kind == "static", state.timeline)

@@ -37,14 +37,22 @@ class ShutdownActions:
         self.widget = widgets.VBox([self.rows, self.result])
         self.widget.add_class("jax-nbmem-actions")
 
-    def refresh(self) -> None:
-        """Show one button per kernel the warnings say blocks the GPU (main thread only)."""
+    def wanted(self) -> tuple[int, ...]:
+        """The PIDs the latest warnings say block the GPU (cheap: the watch's last report)."""
         try:
             warnings = self._session.warnings()
         except Exception:
             log.debug("jax_nbmem: warnings unavailable for the panel", exc_info=True)
             warnings = []
-        pids = tuple(sorted({w["pid"] for w in warnings if w["kind"] in _ACTIONABLE and w["pid"]}))
+        return tuple(sorted({w["pid"] for w in warnings if w["kind"] in _ACTIONABLE and w["pid"]}))
+
+    def shown(self) -> tuple[int, ...]:
+        """The PIDs that have a button now."""
+        return self._pids
+
+    def refresh(self) -> None:
+        """Show one button per kernel the warnings say blocks the GPU (main thread only)."""
+        pids = self.wanted()
         if pids != self._pids:
             self._pids = pids
             if self._pending not in pids:

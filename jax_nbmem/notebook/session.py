@@ -54,7 +54,7 @@ class KernelSession:
         self.ledger = Ledger(self.sampler, max_records=settings.max_cells)
         self.watcher = StatusWatcher(self.status, interval=settings.status_interval)
         self._say = say
-        self._cell_listeners: list[Callable[[CellRecord | None], None]] = []
+        self._cell_listeners: list[Callable[[], None]] = []
 
     def start(self) -> None:
         """Start background sampling (a no-op when sampling is off or already running)."""
@@ -109,12 +109,15 @@ class KernelSession:
         self.ledger.settle(_SETTLE_S)
         return self.ledger.records()
 
-    def add_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
-        """Call ``listener(record)`` after every cell (once per listener; errors are swallowed)."""
+    def add_cell_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every cell (once per listener; errors are swallowed).
+
+        It runs on the cell's path: it should only note that something changed.
+        """
         if listener not in self._cell_listeners:
             self._cell_listeners.append(listener)
 
-    def remove_cell_listener(self, listener: Callable[[CellRecord | None], None]) -> None:
+    def remove_cell_listener(self, listener: Callable[[], None]) -> None:
         """Stop calling ``listener``; unknown listeners are ignored."""
         if listener in self._cell_listeners:
             self._cell_listeners.remove(listener)
@@ -126,25 +129,17 @@ class KernelSession:
 
     def cell_finished(
         self, success: bool, error: BaseException | None, execution_count: int | None = None
-    ) -> CellRecord | None:
-        """Called after every user cell, also after a syntax error.
-
-        Returns the cell's record when a listener wants it (building one costs time on every
-        cell), else None.
-        """
+    ) -> None:
+        """Called after every user cell, also after a syntax error."""
         self.control.observe_cell_end(execution_count)
         self.ledger.cell_finished(success, error, execution_count)
         if error is not None and is_resource_exhausted(error):
             self._explain_oom()
-        if not self._cell_listeners:
-            return None
-        record = self.ledger.last()
-        for listener in list(self._cell_listeners):
+        for listener in self._cell_listeners:
             try:
-                listener(record)
+                listener()
             except Exception:
                 log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
-        return record
 
     def _explain_oom(self) -> None:
         """Under a RESOURCE_EXHAUSTED traceback: who holds the GPU and what to do (once)."""

@@ -389,8 +389,10 @@ class Sampler:
             self._trackers.append(tracker)
         return tracker
 
-    def quick_reading(self) -> QuickReading:
+    def quick_reading(self) -> QuickReading | None:
         """What a cell hook may read itself: JAX's GPU counters; never NVML, no system call.
+
+        None before JAX's backend is up (or when it cannot be asked).
 
         JAX's ``memory_stats()`` answers from its allocator in microseconds; the backend is
         asked only once it is up, and ``jax.live_arrays()`` never. Host RSS is left to the
@@ -399,13 +401,14 @@ class Sampler:
         """
         source = self._source
         try:
-            jax_up = bool(source.backend_initialized())
-            found = source.quick_device_stats() if jax_up else ()
+            if not source.backend_initialized():
+                return None
+            found = source.quick_device_stats()
         except Exception as exc:
             self._remember(exc)
-            jax_up, found = False, ()
+            return None
         stats = tuple(_jax_gpus(found)) if found else ()
-        return QuickReading(self._clock(), self._monotonic(), jax_up, stats)
+        return QuickReading(self._clock(), self._monotonic(), True, stats)
 
     def request_after(self, callback: Callable[[Sample, float], Any]) -> None:
         """Have a complete sample taken as soon as possible and given to ``callback``.
