@@ -54,6 +54,9 @@ __all__ = ["cell_finished", "close_panels", "show_panel"]
 log = logging.getLogger("jax_nbmem")
 
 _MIN_UPDATE_INTERVAL_S = 0.25  # at most four figure updates a second
+# The share of a core the updates may take: a costly update (a large figure, a slow frontend
+# link) spaces the next one out, so the panel never competes with the user's cells for long.
+_UPDATE_BUDGET = 0.02
 _IDLE_CHECK_S = 1.0
 _TABLE_CELLS = 10
 _FIRST_SAMPLE_WAIT_S = 0.5
@@ -237,10 +240,9 @@ class _LivePanel:
         """Subscribe to the sampler and start the update thread (no-op when running)."""
         if self.sampler is None or (self._thread is not None and self._thread.is_alive()):
             return
+        self._stop = threading.Event()  # a panel closed before may be started again
         self._unsubscribe = self.sampler.subscribe(self._on_sample)
-        self._thread = threading.Thread(
-            target=self._run, name="jax_nbmem-panel", daemon=True
-        )  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="jax_nbmem-panel", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -300,7 +302,7 @@ class _LivePanel:
                 self._dirty.clear()
                 self._render_banner(self.sampler.latest(), paused=True)
                 continue
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.thread_time()
             self._dirty.clear()
             try:
                 if self._session_changed:  # a cell ended: its mode, warnings may have changed
@@ -309,7 +311,8 @@ class _LivePanel:
                 self.update()
             except Exception:
                 log.debug("jax_nbmem: panel update failed", exc_info=True)
-            self._stop.wait(max(0.0, started + _MIN_UPDATE_INTERVAL_S - time.monotonic()))
+            pause = max(_MIN_UPDATE_INTERVAL_S, (time.thread_time() - cpu) / _UPDATE_BUDGET)
+            self._stop.wait(max(0.0, started + pause - time.monotonic()))
 
     def update(self) -> None:
         """Push what changed since the last update to the figure and the header lines."""

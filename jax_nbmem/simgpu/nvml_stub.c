@@ -25,8 +25,9 @@
  * NVMLError_FunctionNotFound, exactly as with an old driver. Building with -DSIM_OLD_DRIVER
  * leaves out nvmlDeviceGetMemoryInfo_v2 and the _v3 process lists for that reason.
  *
- * Every call parses into its own heap buffer, so concurrent callers share nothing but the
- * init refcount (an atomic).
+ * Each thread parses the file into a buffer of its own, again only when the file changed, so
+ * concurrent callers share nothing but the init refcount (an atomic), and a large state (8
+ * GPUs x 1,000 processes) costs its parse once per change rather than once per call.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -234,36 +235,98 @@ static void parse_line(sim_state *state, char *line) {
     }
 }
 
+/* Each thread keeps the state it parsed last, with the text it parsed it from, and parses
+ * again only when the file's text differs (file times are too coarse to tell two quick writes
+ * apart). Per thread, so that concurrent callers share nothing; a call never frees what it
+ * got. Reading and comparing the text costs little; parsing it is what a large state costs. */
+typedef struct {
+    char *text;
+    size_t length;
+    sim_state *state;
+} sim_cache;
+
+static __thread sim_cache sim_cached;
+
+/* The whole file, in a buffer of its own (NULL when it cannot be read). */
+static char *read_text(FILE *file, size_t *length) {
+    size_t capacity = 1 << 16, used = 0, got;
+    char *text = malloc(capacity + 1);
+    while (text && (got = fread(text + used, 1, capacity - used, file)) > 0) {
+        used += got;
+        if (used == capacity) {
+            char *larger = realloc(text, capacity * 2 + 1);
+            if (!larger) {
+                free(text);
+                return NULL;
+            }
+            text = larger;
+            capacity *= 2;
+        }
+    }
+    if (text) text[used] = '\0';
+    *length = used;
+    return text;
+}
+
 /* Loads the state named by the environment; NULL with *ret set when there is no "driver". */
 static sim_state *load_state(nvmlReturn_t *ret) {
     const char *path = getenv("JAX_NBMEM_SIMGPU_STATE");
-    char line[512];
+    sim_cache *cache = &sim_cached;
+    size_t length = 0;
     unsigned int i;
+    char *text, *line, *next;
     FILE *file;
-    sim_state *state;
 
     if (!path || !*path || !(file = fopen(path, "r"))) {
         *ret = NVML_ERROR_DRIVER_NOT_LOADED;
         return NULL;
     }
-    state = calloc(1, sizeof *state);
-    if (!state) {
-        fclose(file);
+    text = read_text(file, &length);
+    fclose(file);
+    if (!text) {
         *ret = NVML_ERROR_MEMORY;
         return NULL;
     }
-    copy_text(state->driver, "simulated");
-    while (fgets(line, sizeof line, file)) parse_line(state, line);
-    fclose(file);
-    for (i = 0; i < SIM_MAX_GPUS; i++) state->gpu_count += state->gpus[i].present;
-    if (state->nodriver) {
-        free(state);
+    if (cache->state && cache->text && cache->length == length &&
+        memcmp(cache->text, text, length) == 0) {
+        free(text);
+    } else {
+        if (!cache->state && !(cache->state = malloc(sizeof *cache->state))) {
+            free(text);
+            *ret = NVML_ERROR_MEMORY;
+            return NULL;
+        }
+        free(cache->text);
+        cache->text = text;
+        cache->length = length;
+        memset(cache->state, 0, sizeof *cache->state);
+        copy_text(cache->state->driver, "simulated");
+        text = malloc(length + 1); /* parse_line writes into its line: parse a copy */
+        if (!text) {
+            free(cache->text);
+            cache->text = NULL;
+            *ret = NVML_ERROR_MEMORY;
+            return NULL;
+        }
+        memcpy(text, cache->text, length + 1);
+        for (line = text; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next) *next++ = '\0';
+            parse_line(cache->state, line);
+        }
+        free(text);
+        for (i = 0; i < SIM_MAX_GPUS; i++) cache->state->gpu_count += cache->state->gpus[i].present;
+    }
+    if (cache->state->nodriver) {
         *ret = NVML_ERROR_DRIVER_NOT_LOADED;
         return NULL;
     }
     *ret = NVML_SUCCESS;
-    return state;
+    return cache->state;
 }
+
+/* The counterpart of load_state: the state stays cached for this thread's next call. */
+static void release_state(sim_state *state) { (void)state; }
 
 /* Waits as long as the state says CALL is slow (a hung or overloaded driver). */
 static void sim_wait(const sim_state *state, int call) {
@@ -293,7 +356,7 @@ static nvmlReturn_t sim_enter(sim_state **state, int call, int gpu) {
     sim_wait(*state, call);
     fault = sim_fault_for(*state, call, gpu);
     if (fault != NVML_SUCCESS) {
-        free(*state);
+        release_state(*state);
         *state = NULL;
     }
     return fault;
@@ -320,7 +383,7 @@ static sim_gpu *begin_device_call(nvmlDevice_t device, sim_state **state, nvmlRe
     } else {
         return &(*state)->gpus[device->index];
     }
-    free(*state);
+    release_state(*state);
     *state = NULL;
     return NULL;
 }
@@ -355,7 +418,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!state) return ret;
     if ((ret = sim_enter(&state, CALL_INIT, -1)) != NVML_SUCCESS) return ret;
-    free(state);
+    release_state(state);
     __atomic_add_fetch(&sim_init_count, 1, __ATOMIC_SEQ_CST);
     return NVML_SUCCESS;
 }
@@ -395,7 +458,7 @@ API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) 
     if (!state) return ret;
     if ((ret = sim_enter(&state, CALL_DRIVER, -1)) != NVML_SUCCESS) return ret;
     ret = copy_string(version, length, state->driver);
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -406,7 +469,7 @@ API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     if ((ret = sim_enter(&state, CALL_COUNT, -1)) != NVML_SUCCESS) return ret;
     if (!count) ret = NVML_ERROR_INVALID_ARGUMENT;
     else *count = state->gpu_count;
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -422,7 +485,7 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t 
         sim_handles[index].index = index;
         *device = &sim_handles[index];
     }
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -432,7 +495,7 @@ API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     if (!begin_device_call(device, &state, &ret)) return ret;
     if (!index) ret = NVML_ERROR_INVALID_ARGUMENT;
     else *index = device->index;
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -443,7 +506,7 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int
     if (!gpu) return ret;
     if ((ret = sim_enter(&state, CALL_UUID, (int)device->index)) != NVML_SUCCESS) return ret;
     ret = copy_string(uuid, length, gpu->uuid);
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -454,7 +517,7 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     if (!gpu) return ret;
     if ((ret = sim_enter(&state, CALL_NAME, (int)device->index)) != NVML_SUCCESS) return ret;
     ret = copy_string(name, length, gpu->name);
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -478,7 +541,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memo
         memory->used = used;
         memory->free = gpu->total - used;
     }
-    free(state);
+    release_state(state);
     return ret;
 }
 
@@ -507,7 +570,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
         memory->used = used;
         memory->free = gpu->total - reserved - used;
     }
-    free(state);
+    release_state(state);
     return ret;
 }
 #endif
@@ -525,7 +588,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
         return ret;
     }
     if (!count) {
-        free(state);
+        release_state(state);
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     for (i = 0; i < state->proc_count; i++) {
@@ -533,7 +596,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
     }
     if (found > *count || (found > 0 && !infos)) {
         *count = found;
-        free(state);
+        release_state(state);
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     *count = found;
@@ -547,7 +610,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
         infos[found].computeInstanceId = 0xFFFFFFFFu;
         found++;
     }
-    free(state);
+    release_state(state);
     return NVML_SUCCESS;
 }
 
