@@ -20,9 +20,9 @@ Rows (goals from the issue: <= 1.10x in-process, <= 1.05x through a kernel):
 Then, for the loaded side alone: the sampler thread's CPU share with 20,000 live arrays and
 with 8 GPUs x 1,000 moving processes (goal <= 0.5% of a core), and how much of it was spent
 inside NVML calls (pynvml, the conversion of its answers, and the stand-in library, which
-parses its state file whenever it changed; a real driver answers in microseconds); a trivial cell while every
-NVML memory call takes 2 s (goal <= 50 ms); and 10,000 cells: memory growth and per-cell time
-at the end against the start.
+parses its state file whenever it changed; a real driver answers in microseconds); a trivial
+cell while every NVML memory call takes 2 s (goal <= 50 ms); and 10,000 cells: memory growth
+and per-cell time at the end against the start.
 """
 
 from __future__ import annotations

@@ -83,6 +83,9 @@ class AllocatorReport:
     backend: BackendStart | None
     backend_started: bool
     jaxlib: JaxlibInfo
+    # The backend was started and then torn down by jax.clear_backends(): JAX's table of
+    # backends is empty, but the GPU settings it took stay; a new mode needs a new process.
+    backends_cleared: bool = False
 
     def to_dict(self) -> dict:
         """A JSON-friendly form."""
@@ -105,6 +108,7 @@ class AllocatorReport:
                 "description": self.pending.describe(),
             },
             "backend_started": self.backend_started,
+            "backends_cleared": self.backends_cleared,
             "backend": backend,
             "jaxlib": self.jaxlib.version,
             "fraction_variable": self.jaxlib.fraction_variable,
@@ -145,8 +149,12 @@ class AllocatorControl:
         return self._jaxlib
 
     def backend_started(self) -> bool:
-        """Whether JAX's backend is up (then no mode change can take effect in this process)."""
-        return self._probe()
+        """Whether JAX's backend has started (then no mode change can take effect here).
+
+        Stays True after ``jax.clear_backends()``: the table of backends is empty again, but
+        the GPU settings were taken once, and a new mode still needs a new process.
+        """
+        return self.backend is not None or self._probe()
 
     def _managed(self) -> dict[str, str]:
         return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
@@ -176,7 +184,7 @@ class AllocatorControl:
         When the backend is already up the environment is left untouched: the result says
         ``too_late`` and the caller explains how to get the mode.
         """
-        if self._probe():
+        if self.backend_started():
             self.observe_cell_end(None)
             return ApplyResult(mode, too_late=True)
         changes: dict[str, str] = {}
@@ -238,8 +246,8 @@ class AllocatorControl:
 
     def report(self) -> AllocatorReport:
         """The requested mode, the variables in effect, and the backend's state."""
-        started = self._probe()
-        if started:
+        running = self._probe()
+        if running:
             self.observe_cell_end(None)
         return AllocatorReport(
             requested=self.requested,
@@ -247,6 +255,7 @@ class AllocatorControl:
             variables=self.variables(),
             pending=effective(self._environ, self.jaxlib),
             backend=self.backend,
-            backend_started=started,
+            backend_started=running or self.backend is not None,
             jaxlib=self.jaxlib,
+            backends_cleared=self.backend is not None and not running,
         )

@@ -9,6 +9,7 @@ import could be the first step towards starting the backend in the wrong mode.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import re
@@ -24,6 +25,7 @@ __all__ = [
     "FRACTION_DEPRECATED",
     "MANAGED_VARIABLES",
     "PREALLOCATE",
+    "RETRY_FACTOR",
     "Effective",
     "JaxlibInfo",
     "effective",
@@ -39,29 +41,72 @@ MANAGED_VARIABLES = (PREALLOCATE, FRACTION, FRACTION_DEPRECATED, ALLOCATOR)
 DEFAULT_FRACTION = 0.75
 # jaxlib turns preallocation off only for these exact spellings; "no" or "off" leave it on.
 _PREALLOCATE_FALSE = ("false", "False", "0")
+# When BFC cannot take its whole pool at the first allocation it asks again for 0.9 times as
+# much, and again, until it gets it (XLA's gpu_helpers): a late preallocator holds
+# fraction x total x 0.9**k.
+RETRY_FACTOR = 0.9
 
-# Fallback when the installed xla_client.py cannot be read: values by the release that added them.
+# Fallback when the installed xla_client.py cannot be read: values by the release that added
+# them (checked against the xla_client.py of jaxlib 0.4.26, 0.4.30, 0.4.31, 0.4.33-0.4.35,
+# 0.5.3, 0.6.2, 0.7.2, 0.8.3, 0.9.0, 0.9.2, 0.10.0, 0.10.2 and jax's main branch).
 _ALLOCATORS_BY_VERSION = (
     ((0, 0), ("default", "platform", "bfc", "cuda_async")),
     ((0, 10), ("vmm",)),
     ((0, 11), ("address",)),
 )
+# XLA_CLIENT_MEM_FRACTION is read from jaxlib 0.4.33 on (0.4.32 was never released); from
+# then on the deprecated name is still read, and both at once raise ValueError.
+_NEW_FRACTION_SINCE = (0, 4, 33)
+
+# What each allocator does with the pool (XLA's gpu_helpers.cc, bfc_allocator.cc,
+# gpu_cudamallocasync_allocator.cc, se_gpu_pjrt_client.cc): whether it takes
+# fraction x total at the first allocation when preallocation is on, and whether that
+# fraction caps it. None: not modelled.
+_POOLS = {
+    "default": (True, True),  # BFC
+    "bfc": (True, True),
+    "cuda_async": (True, False),  # allocates its pool up front and keeps it; no cap
+    "platform": (False, False),  # cudaMalloc per buffer: no pool at all
+    "vmm": (False, None),  # built without a preallocate argument
+    "address": (None, None),  # jaxlib 0.11+; not modelled by jax_nbmem
+}
 
 
 @dataclass(frozen=True)
 class JaxlibInfo:
-    """What the installed jaxlib accepts. ``version`` is None when jaxlib is not installed."""
+    """What the installed jaxlib accepts. ``version`` is None when jaxlib is not installed.
+
+    ``fraction_variable`` is the name a mode sets; ``fraction_variables`` every name it reads,
+    the first one winning (by default: both names when it knows the new one, which it refuses
+    together, else the deprecated one alone).
+    """
 
     version: str | None
     fraction_variable: str
     allocators: tuple[str, ...]
     learned_from: str
+    fraction_variables: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.fraction_variables:
+            reads = (FRACTION, FRACTION_DEPRECATED)
+            if self.fraction_variable != FRACTION:
+                reads = (self.fraction_variable,)
+            object.__setattr__(self, "fraction_variables", reads)
+
+    @property
+    def refuses_both_fractions(self) -> bool:
+        """Whether jaxlib raises ValueError when both fraction names are set."""
+        return (
+            FRACTION in self.fraction_variables and FRACTION_DEPRECATED in self.fraction_variables
+        )
 
     def describe(self) -> str:
         """One line: version, fraction variable, allocator values, and where we learned them."""
         version = f"jaxlib {self.version}" if self.version else "jaxlib not installed"
+        reads = " or ".join(self.fraction_variables)
         return (
-            f"{version}: fraction variable {self.fraction_variable}, "
+            f"{version}: fraction variable {self.fraction_variable} (reads {reads}), "
             f"allocators {', '.join(self.allocators)} (from {self.learned_from})"
         )
 
@@ -70,7 +115,8 @@ class JaxlibInfo:
 class Effective:
     """What jaxlib will make of a set of variables, read the way ``xla_client.py`` reads them.
 
-    ``error`` is set when jaxlib would refuse them (it raises, and the CUDA backend is dropped).
+    ``error`` is set when jaxlib would refuse them (it raises ValueError, and JAX carries on
+    without its GPU backend).
     """
 
     allocator: str
@@ -93,16 +139,51 @@ class Effective:
             parts.append(self.allocator if self.allocator != "default" else "on")
         return ", ".join(parts)
 
+    @property
+    def pool_fraction(self) -> float | None:
+        """The share of the GPU's total taken at the first allocation and kept; 0 for none.
+
+        None when jaxlib would refuse the settings or jax_nbmem does not model the allocator.
+        """
+        if self.error:
+            return None
+        takes_pool, _ = _POOLS.get(self.allocator, (None, None))
+        if takes_pool is None:
+            return None
+        return self.fraction if takes_pool and self.preallocate else 0.0
+
+    @property
+    def capped(self) -> bool | None:
+        """Whether the fraction caps what JAX may hold: BFC yes, cuda_async no; None: unknown."""
+        return _POOLS.get(self.allocator, (None, None))[1]
+
     def describe(self) -> str:
         """A sentence saying what JAX does on a GPU with these settings."""
         if self.error:
             return f"invalid — jaxlib will refuse these settings: {self.error}"
+        share = f"{self.fraction:.0%}"
         if self.allocator == "platform":
-            return "platform allocator: allocates exactly what arrays need and frees it (slow)"
-        allocator = "BFC allocator" if self.allocator in ("default", "bfc") else self.allocator
+            return (
+                "platform allocator: allocates exactly what arrays need and frees it (slow); "
+                "no pool, and memory_stats() reports nothing"
+            )
+        if self.allocator == "vmm":
+            return "vmm allocator: no preallocation, grows on demand"
+        if self.allocator == "address":
+            return "address allocator (jaxlib 0.11+), as jaxlib defines it"
+        if self.allocator == "cuda_async":
+            if self.preallocate:
+                return (
+                    f"cuda_async allocator, allocates a pool of {share} of GPU memory at the "
+                    "first allocation and keeps it; the fraction is no cap: it grows past it"
+                )
+            return "cuda_async allocator, no preallocation: grows on demand, with no cap"
         if self.preallocate:
-            return f"{allocator}, preallocates {self.fraction:.0%} of GPU memory at start"
-        return f"{allocator}, no preallocation (grows on demand up to {self.fraction:.0%})"
+            return (
+                f"BFC allocator, preallocates {share} of GPU memory at the first allocation "
+                f"(less when that much is not free: it retries at {RETRY_FACTOR:g}x steps)"
+            )
+        return f"BFC allocator, no preallocation (grows on demand up to {share})"
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -125,12 +206,71 @@ def _xla_client_source() -> str | None:
     return None
 
 
-def _allocators_in_source(source: str) -> tuple[str, ...] | None:
-    match = re.search(r"if\s+allocator\s+not\s+in\s*\(([^)]*)\)", source)
-    if not match:
+def _strings(node: ast.AST) -> tuple[str, ...] | None:
+    """The strings of a literal tuple, list or set of strings; None for anything else."""
+    if not isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return None
-    values = tuple(re.findall(r"['\"]([A-Za-z0-9_]+)['\"]", match.group(1)))
-    return values or None
+    values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    if len(values) != len(node.elts) or not all(isinstance(v, str) for v in values):
+        return None
+    return tuple(values)
+
+
+def _plugin_options_scope(source: str) -> ast.AST | None:
+    """The function that reads the allocator variables (the whole module if it moved)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "generate_pjrt_gpu_plugin_options":
+            return node
+    return tree
+
+
+def _allocators_in_source(source: str) -> tuple[str, ...] | None:
+    """The values ``allocator not in ...`` accepts, in either shape jaxlib has written it.
+
+    Up to jaxlib 0.10 the tuple is written in the test itself; from 0.11 it is a name
+    (``allowed_allocators = (...)``) assigned before it.
+    """
+    scope = _plugin_options_scope(source)
+    if scope is None:
+        return None
+    named: dict[str, tuple[str, ...]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, values = node.targets[0], _strings(node.value)
+            if isinstance(target, ast.Name) and values is not None:
+                named[target.id] = values
+    for node in ast.walk(scope):
+        if not (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name)):
+            continue
+        if node.left.id != "allocator" or not isinstance(node.ops[0], ast.NotIn):
+            continue
+        accepted = node.comparators[0]
+        values = _strings(accepted)
+        if values is None and isinstance(accepted, ast.Name):
+            values = named.get(accepted.id)
+        if values:
+            return values
+    return None
+
+
+def _fractions_in_source(source: str) -> tuple[str, ...] | None:
+    """The fraction variables jaxlib reads (``os.getenv`` of each), new name first."""
+    scope = _plugin_options_scope(source)
+    if scope is None:
+        return None
+    read = set()
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            if isinstance(node.args[0].value, str) and node.args[0].value in (
+                FRACTION,
+                FRACTION_DEPRECATED,
+            ):
+                read.add(node.args[0].value)
+    return tuple(name for name in (FRACTION, FRACTION_DEPRECATED) if name in read) or None
 
 
 def _jaxlib_info(version: str | None, source: str | None) -> JaxlibInfo:
@@ -138,16 +278,34 @@ def _jaxlib_info(version: str | None, source: str | None) -> JaxlibInfo:
         # Nothing to read: name what current jaxlib reads, so the variables are right once it is.
         allocators = tuple(v for _, values in _ALLOCATORS_BY_VERSION for v in values)
         return JaxlibInfo(None, FRACTION, allocators, "no jaxlib installed; newest known names")
-    allocators = _allocators_in_source(source) if source else None
-    if allocators and source is not None:
-        fraction = FRACTION if FRACTION in source else FRACTION_DEPRECATED
-        return JaxlibInfo(version, fraction, allocators, "installed jaxlib/xla_client.py")
     release = _version_tuple(version)
-    allocators = tuple(
+    table_allocators = tuple(
         value for since, values in _ALLOCATORS_BY_VERSION if release >= since for value in values
     )
-    # The deprecated name is read by every jaxlib so far; the new one only by recent ones.
-    return JaxlibInfo(version, FRACTION_DEPRECATED, allocators, f"version table for {version}")
+    table_fractions = (
+        (FRACTION, FRACTION_DEPRECATED)
+        if release >= _NEW_FRACTION_SINCE
+        else (FRACTION_DEPRECATED,)
+    )
+    allocators = _allocators_in_source(source) if source else None
+    fractions = _fractions_in_source(source) if source else None
+    # Each is decided on its own: a source whose allocator test moved still names its
+    # fraction variables, and the other way round.
+    from_source = [
+        what for what, found in (("allocators", allocators), ("fraction names", fractions)) if found
+    ]
+    allocators = allocators or table_allocators
+    fractions = fractions or table_fractions
+    if len(from_source) == 2:
+        learned_from = "installed jaxlib/xla_client.py"
+    elif from_source:
+        learned_from = (
+            f"{from_source[0]} from the installed jaxlib/xla_client.py, the rest from the "
+            f"version table for {version}"
+        )
+    else:
+        learned_from = f"version table for {version}"
+    return JaxlibInfo(version, fractions[0], allocators, learned_from, fractions)
 
 
 @lru_cache(maxsize=1)
@@ -164,16 +322,16 @@ def effective(environ: Mapping[str, str], jaxlib: JaxlibInfo | None = None) -> E
     """Read ``environ`` exactly as jaxlib will when its GPU backend starts."""
     jaxlib = jaxlib or installed_jaxlib()
     allocator = environ.get(ALLOCATOR, "default").lower()
-    new, old = environ.get(FRACTION, ""), environ.get(FRACTION_DEPRECATED, "")
+    # A jaxlib that does not know a name simply ignores it.
+    values = [environ.get(name, "") for name in jaxlib.fraction_variables]
     preallocate_text = environ.get(PREALLOCATE, "")
     preallocate = not preallocate_text or preallocate_text not in _PREALLOCATE_FALSE
     error = None
-    if new and old and jaxlib.fraction_variable == FRACTION:
+    if jaxlib.refuses_both_fractions and all(values):
         error = f"both {FRACTION} and {FRACTION_DEPRECATED} are set (jaxlib raises ValueError)"
     if allocator not in jaxlib.allocators:
         error = f"{ALLOCATOR}={allocator!r} is not one of {', '.join(jaxlib.allocators)}"
-    # An old jaxlib that does not know the new name simply ignores it.
-    text = (new or old) if jaxlib.fraction_variable == FRACTION else old
+    text = next((value for value in values if value), "")
     fraction, fraction_set = DEFAULT_FRACTION, False
     if text:
         try:

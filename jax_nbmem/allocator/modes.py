@@ -23,9 +23,10 @@ __all__ = ["AllocatorMode", "ModeError", "mode_variables", "parse_mode", "usage"
 _ALLOCATOR_HELP = {
     "default": "jaxlib's default allocator (BFC), preallocation as configured",
     "bfc": "XLA's best-fit-with-coalescing allocator (the default), preallocation as configured",
-    "platform": "CUDA malloc/free for every buffer: smallest footprint, frees memory, slow",
-    "cuda_async": "CUDA's stream-ordered allocator (cudaMallocAsync)",
-    "vmm": "virtual-memory-management allocator (jaxlib 0.10+)",
+    "platform": "CUDA malloc/free for every buffer: no pool, frees memory, slow",
+    "cuda_async": "CUDA's stream-ordered allocator (cudaMallocAsync): with preallocation on it "
+    "allocates its pool up front and keeps it, and the fraction is no cap",
+    "vmm": "virtual-memory-management allocator (jaxlib 0.10+): no preallocation, grows on demand",
     "address": "address-space allocator (jaxlib 0.11+)",
 }
 
@@ -47,11 +48,14 @@ class AllocatorMode:
     def describe(self) -> str:
         """A short phrase saying what JAX will do in this mode."""
         if self.name == "on":
-            return f"JAX's default: preallocate {DEFAULT_FRACTION:.0%} of GPU memory"
+            return (
+                f"JAX's default: preallocate {DEFAULT_FRACTION:.0%} of GPU memory at the first "
+                "allocation"
+            )
         if self.name == "off":
             return "no preallocation: allocate on demand"
         if self.name == "fraction":
-            return f"preallocate {self.fraction:.0%} of GPU memory"
+            return f"preallocate {self.fraction:.0%} of GPU memory at the first allocation"
         return f"{self.name} allocator: {_ALLOCATOR_HELP.get(self.name, 'as jaxlib defines it')}"
 
 
@@ -65,7 +69,8 @@ def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:
     """Parse ``"off"``, ``"fraction 0.3"`` (also ``fraction=0.3``) or an allocator name.
 
     Raises ModeError naming the valid forms for anything else, including values the installed
-    jaxlib would reject (an unknown allocator makes jaxlib silently drop the CUDA backend).
+    jaxlib would reject (an unknown allocator makes jaxlib raise, and JAX carries on without
+    its GPU backend).
     """
     jaxlib = jaxlib or installed_jaxlib()
     words = text.replace("=", " ").split()
@@ -88,7 +93,7 @@ def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:
     if name in _ALLOCATOR_HELP:
         raise ModeError(
             f"allocator {name!r} is not accepted by the installed jaxlib {jaxlib.version} "
-            f"(jaxlib would drop its CUDA backend); {usage(jaxlib)}"
+            f"(JAX would start without its GPU backend); {usage(jaxlib)}"
         )
     raise ModeError(f"unknown mode {name!r}; {usage(jaxlib)}")
 

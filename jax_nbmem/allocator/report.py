@@ -38,6 +38,11 @@ def _started_line(report: AllocatorReport) -> str:
         line += " (read from the variables as they are now; they may have changed since)"
     if start.platforms and not any(p in ("cuda", "gpu", "rocm") for p in start.platforms):
         line += "\n               no GPU backend: allocator settings do not apply to the CPU"
+    if report.backends_cleared:
+        line += (
+            "\n               then torn down by jax.clear_backends(); JAX keeps the GPU "
+            "settings it took, so a new mode still needs a restart"
+        )
     return line
 
 

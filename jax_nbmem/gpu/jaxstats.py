@@ -48,8 +48,12 @@ class DeviceStats:
     """One local JAX device and its allocator counters.
 
     The byte counts come from ``Device.memory_stats()`` and are ``None`` where the backend
-    does not report them (the CPU backend reports none). ``peak_bytes_in_use`` is the
-    highest ``bytes_in_use`` since the backend started.
+    does not report them (the CPU backend reports none, and XLA's -1 means unavailable).
+    ``peak_bytes_in_use`` is the highest ``bytes_in_use`` since the backend started (it is
+    never reset). ``pool_bytes`` is what the BFC pool holds from the GPU (its whole size once
+    preallocated), ``largest_free_block_bytes`` the largest free block *inside* that pool.
+    ``bytes_reserved`` is always 0 on a GPU (XLA never fills it): :attr:`held_bytes` is the
+    figure for what JAX's allocator holds.
     """
 
     id: int | None
@@ -60,6 +64,23 @@ class DeviceStats:
     bytes_reserved: int | None
     bytes_limit: int | None
     largest_free_block_bytes: int | None
+    pool_bytes: int | None = None
+    peak_pool_bytes: int | None = None
+
+    @property
+    def held_bytes(self) -> int | None:
+        """What JAX's allocator holds from the GPU: ``pool_bytes`` (BFC), else ``bytes_limit``.
+
+        cuda_async reports no pool, and its pool is allocated up front to its limit.
+        """
+        return self.pool_bytes if self.pool_bytes is not None else self.bytes_limit
+
+    @property
+    def pool_free_bytes(self) -> int | None:
+        """Free space inside the pool (what ``largest_free_block_bytes`` is a part of)."""
+        if self.pool_bytes is None or self.bytes_in_use is None:
+            return None
+        return max(0, self.pool_bytes - self.bytes_in_use)
 
 
 def backend_initialized() -> bool:
@@ -255,17 +276,20 @@ def _stats_of(device: Any) -> DeviceStats:
         bytes_reserved=_int_or_none(memory.get("bytes_reserved")),
         bytes_limit=_int_or_none(memory.get("bytes_limit")),
         largest_free_block_bytes=_int_or_none(memory.get("largest_free_block_bytes")),
+        pool_bytes=_int_or_none(memory.get("pool_bytes")),
+        peak_pool_bytes=_int_or_none(memory.get("peak_pool_bytes")),
     )
 
 
 def _int_or_none(value: Any) -> int | None:
-    """Convert a counter to ``int``; anything that is not a number becomes ``None``."""
+    """Convert a counter to ``int``; anything that is not a count (XLA's -1) becomes ``None``."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         return None
+    return number if number >= 0 else None
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -46,7 +46,7 @@ GIB = 1024**3
 _GPU_SERIES: tuple[tuple[str, str, str], ...] = (
     ("this kernel (NVML)", "self_bytes", "#1f77b4"),
     ("JAX in use", "jax_in_use", "#2ca02c"),
-    ("JAX reserved", "jax_reserved", "#98df8a"),
+    ("JAX pool", "jax_reserved", "#98df8a"),
     ("JAX limit", "jax_limit", "#bcbd22"),
     ("other processes", "others_bytes", "#d62728"),
     ("device total", "total_bytes", "#7f7f7f"),

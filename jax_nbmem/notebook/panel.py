@@ -143,7 +143,7 @@ def _summary_text(session: Any, gpu_index: int | None) -> str:
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
             f"GPU {gpu.index}: this kernel {format_bytes(gpu.self_bytes)}, "
-            f"JAX in use {format_bytes(gpu.jax_in_use)}, reserved {format_bytes(gpu.jax_reserved)}"
+            f"JAX in use {format_bytes(gpu.jax_in_use)}, pool {format_bytes(gpu.jax_reserved)}"
             f", others {format_bytes(gpu.others_bytes)}, total {format_bytes(gpu.total_bytes)}"
         )
     records = _recent_records(session, _TABLE_CELLS)

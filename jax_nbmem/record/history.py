@@ -23,7 +23,9 @@ class GpuSample:
     may be up to one process interval old); ``others_bytes`` is ``used_bytes - self_bytes``,
     or the sum over other processes when ``used_bytes`` is unknown. The ``jax_*`` fields are
     JAX's allocator counters for the JAX device on this GPU, known only once the backend is up.
-    ``problem`` is NVML's one-line reason when this GPU could not be read.
+    ``jax_reserved`` is what JAX's allocator holds from the GPU: its pool (``pool_bytes``; the
+    limit for cuda_async, which reports no pool). ``problem`` is NVML's one-line reason when
+    this GPU could not be read.
     """
 
     index: int

@@ -667,6 +667,17 @@ def _jax_gpus(stats: Sequence[Any]) -> list[Any]:
     )
 
 
+def _held(stats: Any) -> int | None:
+    """What JAX's allocator holds (its pool): ``pool_bytes``, else ``bytes_limit``.
+
+    Never ``bytes_reserved``, which XLA leaves at 0 on GPUs.
+    """
+    if stats is None:
+        return None
+    pool = getattr(stats, "pool_bytes", None)
+    return pool if pool is not None else getattr(stats, "bytes_limit", None)
+
+
 def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None) -> GpuSample:
     used = reading.used_bytes
     self_bytes: int | None = None
@@ -695,7 +706,7 @@ def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None
         others_bytes=others,
         jax_in_use=getattr(stats, "bytes_in_use", None),
         jax_peak=getattr(stats, "peak_bytes_in_use", None),
-        jax_reserved=getattr(stats, "bytes_reserved", None),
+        jax_reserved=_held(stats),
         jax_limit=getattr(stats, "bytes_limit", None),
         problem="; ".join(
             filter(None, [getattr(reading, "problem", None), mine.problem if mine else None])

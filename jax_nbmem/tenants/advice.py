@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
-from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant
+from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
 from jax_nbmem.tenants.servers import current_user
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration
@@ -146,9 +146,10 @@ def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
             )
         else:
             continue
+        started = f" (it started in mode '{tenant.mode_at_start}')" if tenant.mode_at_start else ""
         message = (
-            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: JAX "
-            f"preallocated it when that process started.{_idle_clause(tenant)} Only "
+            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: its "
+            f"JAX preallocated it at its first allocation{started}.{_idle_clause(tenant)} Only "
             f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
         )
         found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
@@ -187,12 +188,20 @@ def _will_fail(tenants, gpus, fraction: float) -> list[MemoryWarning]:
         room = max(0, gpu.free_bytes - _CONTEXT_RESERVE_BYTES) / gpu.total_bytes
         fits = math.floor(room * 20) / 20  # in steps of 5%, rounded down
         option = f"`%jaxalloc fraction {fits:g}`, which fits, or " if fits >= 0.05 else ""
+        # BFC then asks for 0.9x as much, again and again, and takes the first that fits.
+        smaller = next((pool for pool in pool_sizes(fraction, gpu.total_bytes)
+                        if pool + _CONTEXT_RESERVE_BYTES <= gpu.free_bytes), None)  # fmt: skip
+        outcome = (
+            f"it will take a smaller pool (about {format_bytes(smaller)}, retrying at 0.9x "
+            "steps) and cells that need more will run out of memory"
+            if smaller is not None
+            else "there is not even room for a small pool: its first arrays will run out of memory"
+        )
         message = (
-            f"When JAX starts, this kernel will preallocate {fraction:.0%} of GPU {gpu.index} "
-            f"({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is free"
-            f"{_holders(tenants, gpu.index)}: its GPU backend would fail to start for lack of "
-            f"memory. Before any JAX code runs, choose {option}`%jaxalloc off` (memory taken "
-            "as arrays need it)."
+            f"At its first allocation this kernel's JAX will ask for {fraction:.0%} of GPU "
+            f"{gpu.index} ({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is "
+            f"free{_holders(tenants, gpu.index)}: {outcome}. Before any JAX code runs, choose "
+            f"{option}`%jaxalloc off` (memory taken as arrays need it)."
         )
         found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
     return found

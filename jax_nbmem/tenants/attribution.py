@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, effective
+from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PID_MAX",
+    "pool_sizes",
     "PID_NAMESPACE_REASON",
     "PREALLOCATION_ABOVE_BYTES",
     "PREALLOCATION_BELOW_BYTES",
@@ -41,6 +42,11 @@ __all__ = [
 # up to 512 MiB below.
 PREALLOCATION_ABOVE_BYTES = 1536 << 20
 PREALLOCATION_BELOW_BYTES = 512 << 20
+# The 0.9x retries of a late preallocator are followed down to a quarter of its share (13
+# retries) and no lower than 2 GiB: smaller pools cannot be told apart from on-demand use
+# within the window above.
+_SMALLEST_POOL_SHARE = 0.25
+_SMALLEST_POOL_BYTES = 2 << 30
 # Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
 PID_NAMESPACE_REASON = "pid-namespace"
 
@@ -72,8 +78,11 @@ PID_MAX = _pid_max()
 class ProcessInfo:
     """What one PID is. ``kind`` is "self", "kernel", "process" or "unknown" (see ``reason``).
 
-    ``allocator_env`` is None when the process's environment could not be read;
-    ``gpu_device_open`` tells whether its memory maps show an NVIDIA device file (None: unread).
+    ``allocator_env`` is None when the process's environment could not be read; for another
+    process it is its environment *at its start* (``/proc/PID/environ``), which a
+    ``%jaxalloc`` run inside it since does not change: ``mode_at_start`` is the mode that
+    environment asks for. ``gpu_device_open`` tells whether its memory maps show an NVIDIA
+    device file (None: unread).
     """
 
     pid: int
@@ -89,6 +98,7 @@ class ProcessInfo:
     reason: str | None = None
     server_url: str | None = None
     gpu_device_open: bool | None = None
+    mode_at_start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class Tenant:
     started_at: float | None = None
     reason: str | None = None
     server_url: str | None = None
+    mode_at_start: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -168,6 +179,12 @@ def inspect_process(
     notebook = session.notebook if session is not None else None
     if notebook is None and environ is not None:
         notebook = environ.get("JPY_SESSION_NAME") or None
+    allocator_env = (
+        None if environ is None else {k: environ[k] for k in MANAGED_VARIABLES if k in environ}
+    )
+    mode_at_start = None
+    if allocator_env is not None and kind != "self" and runs_jax:
+        mode_at_start = effective(allocator_env).mode_name
     return ProcessInfo(
         pid=pid,
         kind=kind,
@@ -177,13 +194,12 @@ def inspect_process(
         notebook=notebook,
         idle_s=session.idle_s() if session is not None else None,
         runs_jax=runs_jax,
-        allocator_env=None
-        if environ is None
-        else {k: environ[k] for k in MANAGED_VARIABLES if k in environ},
+        allocator_env=allocator_env,
         started_at=started_at,
         reason="; ".join(problems) or None,
         server_url=session.server_url if session is not None else None,
         gpu_device_open=None if maps is None else _GPU_DEVICE_MARKER in maps,
+        mode_at_start=mode_at_start,
     )
 
 
@@ -253,14 +269,20 @@ def _short_cmdline(args: Sequence[str]) -> str:
     return text if len(text) <= _CMDLINE_CHARS else text[: _CMDLINE_CHARS - 1] + "…"
 
 
-def _preallocated_fraction(allocator_env: Mapping[str, str]) -> float | None:
-    """Fraction of the GPU JAX preallocates under these variables; 0.0 if none; None if invalid."""
-    settings = effective(allocator_env)
-    if settings.error:
-        return None
-    if settings.allocator == "platform" or not settings.preallocate:
-        return 0.0
-    return settings.fraction
+def pool_sizes(fraction: float, total_bytes: int) -> list[float]:
+    """The pools a preallocating JAX can hold: fraction x total, then 0.9x of that, and so on.
+
+    BFC asks for fraction x total at its first allocation and, when that much is not free,
+    for 0.9 times as much again until it gets it; a kernel that started while the GPU was
+    busy therefore holds one of the smaller sizes (followed down to a quarter of its share).
+    """
+    first = fraction * total_bytes
+    smallest = max(_SMALLEST_POOL_SHARE * first, _SMALLEST_POOL_BYTES)
+    sizes, size = [first], first * RETRY_FACTOR
+    while size >= smallest:
+        sizes.append(size)
+        size *= RETRY_FACTOR
+    return sizes
 
 
 def _judge_preallocation(
@@ -272,14 +294,17 @@ def _judge_preallocation(
         return False
     if info.allocator_env is None:
         return None
-    fraction = _preallocated_fraction(info.allocator_env)
+    settings = effective(info.allocator_env)
+    fraction = settings.pool_fraction
     if fraction == 0.0:
         return False
     if fraction is None or used_bytes is None or total_bytes is None:
         return None
-    expected = fraction * total_bytes
-    low, high = expected - PREALLOCATION_BELOW_BYTES, expected + PREALLOCATION_ABOVE_BYTES
-    return low <= used_bytes <= high
+    for pool in pool_sizes(fraction, total_bytes):
+        if pool - PREALLOCATION_BELOW_BYTES <= used_bytes <= pool + PREALLOCATION_ABOVE_BYTES:
+            return True
+    # cuda_async's pool grows past its fraction; BFC's cannot, so more than that is not it.
+    return settings.capped is False and used_bytes > fraction * total_bytes
 
 
 class _SessionsOnDemand:

@@ -48,13 +48,13 @@ class StatusReport(dict):
 
 
 def _own_jax_bytes() -> tuple[int | None, int | None]:
-    """Bytes this process's arrays use and its allocator reserved, summed over GPU devices."""
+    """Bytes this process's arrays use and its allocator's pool holds, summed over GPUs."""
     stats = [s for s in jaxstats.device_stats() if s.bytes_in_use is not None]
     if not stats:
         return None, None
     in_use = sum(s.bytes_in_use for s in stats)
-    reserved = [s.bytes_reserved or s.bytes_limit for s in stats]
-    return in_use, (sum(reserved) if all(r is not None for r in reserved) else None)
+    held = [s.held_bytes for s in stats]
+    return in_use, (sum(held) if all(h is not None for h in held) else None)
 
 
 def collect(
@@ -148,6 +148,8 @@ def _process_line(process: Mapping[str, Any]) -> str:
         parts.append(process["cmdline"])
     if process.get("preallocated"):
         parts.append("[preallocated]")
+    if process.get("mode_at_start"):
+        parts.append(f"(mode at its start: {process['mode_at_start']})")
     if process.get("idle_s") is not None:
         parts.append(f"idle {format_duration(process['idle_s'])}")
     if kind == "unknown" and process.get("reason"):

@@ -174,3 +174,29 @@ def test_compare_cell_magic_runs_each_mode_and_rejects_misuse():
     assert "UsageError" in out[4].text
     # The modes ran in subprocesses: this kernel never imported jax.
     assert out[5].stdout.split() == ["False", "False"]
+
+
+def test_after_clear_backends_a_new_mode_still_needs_a_restart():
+    clear = (
+        "import jax\n"
+        "try:\n"
+        "    from jax.extend.backend import clear_backends\n"
+        "except ImportError:  # older JAX\n"
+        "    clear_backends = jax.clear_backends\n"
+        "clear_backends()"
+    )
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "import jax.numpy as jnp; x = jnp.ones(3)",
+            clear,
+            "import jax._src.xla_bridge as xb; print(xb.backends_are_initialized())",
+            "%jaxalloc",
+            "%jaxalloc off",
+        ]
+    )
+    assert all(o.error is None for o in out), [o.text for o in out]
+    assert out[3].stdout.strip() == "False"  # JAX's table is empty again
+    assert "torn down by jax.clear_backends()" in out[4].stdout
+    assert "a new mode still needs a restart" in out[4].stdout
+    assert "cannot take effect in this kernel" in out[5].stdout

@@ -101,9 +101,10 @@ def test_the_table_says_what_could_not_be_measured(on_and_off):
     result, _ = on_and_off
     lines = format_compare(result).splitlines()
     assert lines[0].split() == ["mode", "result", "time", "JAX", "peak", "GPU", "held", "peak",
-                                "free", "block", "/", "free", "host", "RSS", "peak"]  # fmt: skip
+                                "JAX", "pool", "free", "block", "/", "free", "in", "pool",
+                                "host", "RSS", "peak"]  # fmt: skip
     on_row = lines[2].split()
-    assert on_row[:2] == ["on", "ok"] and on_row[-1] == "MiB" and on_row.count("—") == 3
+    assert on_row[:2] == ["on", "ok"] and on_row[-1] == "MiB" and on_row.count("—") == 4
     assert any(line.startswith("Note: no JAX allocator figures: JAX ran on cpu") for line in lines)
     assert lines[-1] == (
         "No GPU: allocator modes do not apply on the CPU; times are shown, "
@@ -248,9 +249,12 @@ time.sleep(0.3)
 hold(60 * GIB if preallocating else 1 * GIB)
 time.sleep(0.1)
 
+# Preallocated: a 60 GiB pool, 59 GiB free in it, in pieces of 20. Off: the pool grew to the
+# 3 GiB peak; 2 GiB free in it, in one piece. XLA's bytes_reserved is 0 on every GPU.
 stats = jaxstats.DeviceStats(0, "gpu", "H200 (simulated)", bytes_in_use=1 * GIB,
-    peak_bytes_in_use=3 * GIB, bytes_reserved=None, bytes_limit=60 * GIB,
-    largest_free_block_bytes=(20 if preallocating else 59) * GIB)
+    peak_bytes_in_use=3 * GIB, bytes_reserved=0, bytes_limit=60 * GIB,
+    largest_free_block_bytes=(20 if preallocating else 2) * GIB,
+    pool_bytes=(60 if preallocating else 3) * GIB)
 jaxstats.device_stats = lambda: [stats]
 """
 
@@ -263,12 +267,15 @@ def test_simulated_gpu_nvml_peak_is_this_subprocess_own(simgpu_env, sim_state):
     assert on.gpu_peak_bytes == 60 * GIB and off.gpu_peak_bytes == 3 * GIB
     assert on.gpu_total_bytes == off.gpu_total_bytes == 80 * GIB
     assert on.jax_peak_bytes == off.jax_peak_bytes == 3 * GIB
-    assert on.fragmentation == "largest free block 20.0 GiB of 59.0 GiB free (34%)"
-    assert off.fragmentation == "largest free block 59.0 GiB of 59.0 GiB free (100%)"
+    assert on.fragmentation == "largest free block 20.0 GiB of 59.0 GiB free in the pool (34%)"
+    # `off` is not fragmented: its free room inside its small pool is all one block.
+    assert off.fragmentation == "largest free block 2.00 GiB of 2.00 GiB free in the pool (100%)"
+    assert (on.jax_pool_bytes, off.jax_pool_bytes) == (60 * GIB, 3 * GIB)
     assert not any("NVML" in note for note in on.notes + off.notes)
     rows = format_compare(result).splitlines()[2:4]
     assert rows[0].split()[:8] == ["on", "ok", *rows[0].split()[2:4], "3.00", "GiB", "60.0", "GiB"]
-    assert "20.0 GiB / 59.0 GiB" in rows[0]
+    assert rows[0].split()[8:10] == ["60.0", "GiB"]  # the pool
+    assert "20.0 GiB / 59.0 GiB" in rows[0] and "2.00 GiB / 2.00 GiB" in rows[1]
     names = [trace["name"] for trace in compare_figure(result)["data"]]
     assert names == ["time (s)", "JAX peak", "GPU held peak (NVML)"]
 
@@ -327,4 +334,4 @@ def test_the_gpu_table_marks_lower_bounds_and_says_which_modes_a_note_concerns()
     assert f"Note (platform): {peak_note}." in lines
     assert "platform: timed out: stopped after the 10 min 00 s timeout" in lines
     assert lines[-1] == "Use on: the only mode that finished the cell; platform timed out."
-    assert modes[0].fragmentation == "largest free block 30.0 GiB of 100 GiB free (30%)"
+    assert modes[0].fragmentation == "largest free block 30.0 GiB of 100 GiB free in the pool (30%)"

@@ -179,9 +179,10 @@ def _sum(values: Iterable[int | None]) -> int | None:
 
 
 def _free(stats: jaxstats.DeviceStats) -> int | None:
-    if stats.bytes_limit is None or stats.bytes_in_use is None:
-        return None
-    return stats.bytes_limit - stats.bytes_in_use
+    # Free space *inside the pool*, which is where the largest free block lies: the limit
+    # minus what is in use would count room the pool never took (with `off`, most of it) as
+    # fragmented.
+    return stats.pool_free_bytes
 
 
 def _jax_figures(gpu_devices: list[jaxstats.DeviceStats]) -> dict[str, Any]:
@@ -197,6 +198,7 @@ def _jax_figures(gpu_devices: list[jaxstats.DeviceStats]) -> dict[str, Any]:
         "jax_peak_bytes": _sum(d.peak_bytes_in_use for d in gpu_devices),
         "jax_in_use_bytes": _sum(d.bytes_in_use for d in gpu_devices),
         "jax_limit_bytes": _sum(d.bytes_limit for d in gpu_devices),
+        "jax_pool_bytes": _sum(d.held_bytes for d in gpu_devices),
         "jax_free_bytes": _free(worst) if worst else None,
         "largest_free_block_bytes": worst.largest_free_block_bytes if worst else None,
     }

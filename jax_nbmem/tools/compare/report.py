@@ -22,7 +22,8 @@ _COLUMNS = (
     "time",
     "JAX peak",
     "GPU held peak",
-    "free block / free",
+    "JAX pool",
+    "free block / free in pool",
     "host RSS peak",
 )
 
@@ -43,6 +44,7 @@ def _row(result: ModeResult) -> list[str]:
         at_least + format_duration(result.wall_s),
         format_bytes(result.jax_peak_bytes),
         format_bytes(result.gpu_peak_bytes),
+        format_bytes(result.jax_pool_bytes),
         fragmentation,
         format_bytes(result.host_peak_rss_bytes),
     ]
@@ -64,8 +66,9 @@ def format_compare(result: CompareResult) -> str:
     lines += [
         "One run per mode. time: the cell alone (JAX import left out; backend start and "
         "compilation included).",
-        "GPU held: this subprocess per NVML, sampled every 50 ms. host RSS: the whole "
-        "subprocess, Python and JAX included.",
+        "GPU held: this subprocess per NVML, sampled every 50 ms. JAX pool: what its allocator "
+        "holds (pool_bytes; the limit for cuda_async; none for platform). free block / free "
+        "in pool: fragmentation inside that pool. host RSS: the whole subprocess.",
     ]
     lines += [f"Note: {note}." for note in result.notes]
     # Each mode's note once, naming the modes it concerns unless it concerns them all.

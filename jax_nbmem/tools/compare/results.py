@@ -30,8 +30,10 @@ class ModeResult:
     ``state`` is one of ``ok``, ``oom``, ``error``, ``timeout``, ``crashed`` (the subprocess
     died without reporting) or ``stopped`` (someone else sent it SIGTERM). ``wall_s`` is the
     cell's own time (JAX import left out); ``total_s`` the whole subprocess. JAX figures are
-    summed over the GPUs; ``jax_free_bytes`` (limit minus in use) and
-    ``largest_free_block_bytes`` are those of the device where free memory is most
+    summed over the GPUs; ``jax_pool_bytes`` is what the allocator's pool holds
+    (``pool_bytes``; the limit for cuda_async); ``jax_free_bytes`` (free space inside the
+    pool: pool minus in use) and ``largest_free_block_bytes`` are those of the device where
+    free memory is most
     fragmented. ``gpu_peak_bytes`` is what NVML saw this subprocess hold, sampled;
     ``host_peak_rss_bytes`` the peak resident memory of the whole subprocess. ``notes`` say
     what could not be measured and why.
@@ -45,6 +47,7 @@ class ModeResult:
     jax_peak_bytes: int | None = None
     jax_in_use_bytes: int | None = None
     jax_limit_bytes: int | None = None
+    jax_pool_bytes: int | None = None
     jax_free_bytes: int | None = None
     largest_free_block_bytes: int | None = None
     gpu_peak_bytes: int | None = None
@@ -71,12 +74,15 @@ class ModeResult:
 
     @property
     def fragmentation(self) -> str | None:
-        """``largest free block 1.2 GiB of 3.4 GiB free (35%)``, or None when not reported."""
+        """``largest free block 1.2 GiB of 3.4 GiB free in the pool (35%)``, or None."""
         block, free = self.largest_free_block_bytes, self.jax_free_bytes
         if block is None or free is None:
             return None
         share = f" ({block / free:.0%})" if free > 0 else ""
-        return f"largest free block {format_bytes(block)} of {format_bytes(free)} free{share}"
+        return (
+            f"largest free block {format_bytes(block)} of {format_bytes(free)} free in the "
+            f"pool{share}"
+        )
 
 
 @dataclass(frozen=True)

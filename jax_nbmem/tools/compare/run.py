@@ -289,8 +289,8 @@ def _exit_text(returncode: int | None) -> str:
 
 # What the child measures, by ModeResult field; the parent adds the rest.
 _MEASURED = ("wall_s", "on_gpu", "jax_peak_bytes", "jax_in_use_bytes", "jax_limit_bytes",
-             "jax_free_bytes", "largest_free_block_bytes", "gpu_peak_bytes", "gpu_total_bytes",
-             "host_peak_rss_bytes", "error", "traceback", "hint")  # fmt: skip
+             "jax_pool_bytes", "jax_free_bytes", "largest_free_block_bytes", "gpu_peak_bytes",
+             "gpu_total_bytes", "host_peak_rss_bytes", "error", "traceback", "hint")  # fmt: skip
 
 
 def _from_payload(
