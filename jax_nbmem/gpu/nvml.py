@@ -468,8 +468,16 @@ def gpus() -> list[GpuMemory]:
     return memory(None)
 
 
+class _NoProcessList(Exception):
+    """Neither the driver nor pynvml offers a process-list call both of them know."""
+
+
 def _read_processes(nv: Any, session: _Session, device: _Device, kind: str) -> list[Any]:
-    """Return NVML's process list of one kind, stepping down to older calls the driver has."""
+    """Return NVML's process list of one kind, stepping down to older calls the driver has.
+
+    Raises _NoProcessList when none is left: an old driver (no _v3) with an nvidia-ml-py that
+    has no _v2 call. That is "cannot tell", never "no processes".
+    """
     while session.process_version[kind] < len(_PROCESS_VERSIONS):
         suffix = _PROCESS_VERSIONS[session.process_version[kind]]
         function = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}", None)
@@ -481,7 +489,7 @@ def _read_processes(nv: Any, session: _Session, device: _Device, kind: str) -> l
                 raise
         session.process_version[kind] += 1
         _nvml.log_once(f"{kind}{suffix}", f"NVML has no {kind.lower()} process list {suffix}")
-    return []
+    raise _NoProcessList
 
 
 @_never_raise(list)
@@ -515,6 +523,13 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
             continue
         try:
             result.append(_one_process_list(nv, session, device))
+        except _NoProcessList:
+            problem = (
+                f"GPU {device.index}: process list unreadable: this driver and this "
+                "nvidia-ml-py share no process-list call (an old driver needs nvidia-ml-py "
+                "with the _v2 calls)"
+            )
+            result.append(GpuProcesses(device.index, None, problem))
         except nv.NVMLError as error:
             problem = _device_problem(nv, device.index, error)
             if _error_name(nv, error) not in ("NOT_SUPPORTED", "NO_PERMISSION"):

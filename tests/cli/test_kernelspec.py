@@ -7,8 +7,12 @@ import sys
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 
+from jax_nbmem.allocator.jaxlib import installed_jaxlib
 from tests.ipython_session import clean_environ
 from tests.kernels import execute, running_kernel
+
+# The fraction variable the installed jaxlib reads (the deprecated name before 0.4.33).
+FRACTION_NAME = installed_jaxlib().fraction_variable
 
 pytestmark = pytest.mark.kernel
 
@@ -61,7 +65,7 @@ def test_fraction_kernel_clears_a_contradicting_variable_from_the_server(tmp_pat
         client,
     ):
         env_text, _ = execute(client, ENV_DUMP)
-        assert json.loads(env_text) == {"XLA_CLIENT_MEM_FRACTION": "0.25"}
+        assert json.loads(env_text) == {FRACTION_NAME: "0.25"}
 
 
 def test_kernel_list_and_remove_through_the_cli(tmp_path):

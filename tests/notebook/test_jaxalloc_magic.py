@@ -2,7 +2,11 @@
 
 import json
 
+from jax_nbmem.allocator.jaxlib import installed_jaxlib
 from tests.ipython_session import run_cells
+
+# The fraction variable the installed jaxlib reads (the deprecated name before 0.4.33).
+FRACTION_NAME = installed_jaxlib().fraction_variable
 
 ENV_DUMP = (
     "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
@@ -37,7 +41,7 @@ def test_every_form_sets_the_variables_and_reports_them():
     assert all(o.error is None for o in out), [o.error_text for o in out]
     assert "allocator mode 'off'" in out[1].stdout
     assert _env_after(out[2]) == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    assert _env_after(out[4]) == {"XLA_CLIENT_MEM_FRACTION": "0.3"}
+    assert _env_after(out[4]) == {FRACTION_NAME: "0.3"}
     assert _env_after(out[6]) == {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
     assert _env_after(out[8]) == {}
     report = out[10].stdout
@@ -61,7 +65,7 @@ def test_bad_input_is_a_usage_error_and_leaves_the_environment_exactly_as_it_was
         ]
     )
     before, after = _env_after(out[2]), _env_after(out[7])
-    assert before == after == {"XLA_CLIENT_MEM_FRACTION": "0.5"}
+    assert before == after == {FRACTION_NAME: "0.5"}
     for bad in out[3:7]:
         # UsageError is shown as a one-line message, not a traceback.
         assert "UsageError" in bad.text
@@ -81,7 +85,7 @@ def test_variables_set_by_hand_are_reported_and_replaced_visibly():
     assert "next start:  off" in out[1].stdout
     assert "replaced XLA_PYTHON_CLIENT_MEM_FRACTION=0.9" in out[2].stdout
     # Never both fraction names: jaxlib raises ValueError when it sees both.
-    assert _env_after(out[3]) == {"XLA_CLIENT_MEM_FRACTION": "0.2"}
+    assert _env_after(out[3]) == {FRACTION_NAME: "0.2"}
 
 
 def test_loading_and_every_magic_leave_jax_unimported_and_its_backend_down():
@@ -121,7 +125,7 @@ def test_too_late_says_what_is_in_effect_and_how_to_get_the_mode():
     assert "restart the kernel" in late
     assert "jax-nbmem kernel install --allocator off" in late
     assert "Nothing was changed" in late
-    assert _env_after(out[4]) == {"XLA_CLIENT_MEM_FRACTION": "0.4"}
+    assert _env_after(out[4]) == {FRACTION_NAME: "0.4"}
     assert "started in cell [3] on cpu with: fraction 0.4" in out[5].stdout
     assert "allocator settings do not apply to the CPU" in out[5].stdout
 

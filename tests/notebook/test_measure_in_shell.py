@@ -155,7 +155,12 @@ def test_old_driver_without_newer_functions_still_measures(simgpu_old_driver_lib
     out = run_cells(["%load_ext jax_nbmem", setup, "hold(4 * GIB)", RECORDS], env=env)
     assert all(o.error is None for o in out), [o.text for o in out]
     cell = {r["execution_count"]: r for r in _json(out[3])}[3]
-    assert (cell["gpu_self_before"], cell["gpu_self_after"]) == (1 * GIB, 4 * GIB)
+    import pynvml
+
+    if hasattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v2"):
+        assert (cell["gpu_self_before"], cell["gpu_self_after"]) == (1 * GIB, 4 * GIB)
+    else:  # an nvidia-ml-py that only calls _v3, which this driver lacks: unknown, not 0
+        assert (cell["gpu_self_before"], cell["gpu_self_after"]) == (None, None)
 
 
 def test_unload_leaves_no_thread_and_reload_starts_one(gpu_env):
