@@ -14,6 +14,9 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" -e . "pytest>=7.4" "pytest-timeout>=2.1" \
     "ipython==8.0.0" "ipywidgets==8.0.0" "plotly==5.24.1" "nvidia-ml-py==12.535.108"
 "$venv/bin/python" -c "import jax, jaxlib; print('oldest: jax', jax.__version__, 'jaxlib', jaxlib.__version__)"
+# As if activated: IPython puts $VIRTUAL_ENV's packages first on sys.path, so a virtualenv
+# active around this script (CI's own) would otherwise lend its newer JAX to the shells here.
+export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 exec "$venv/bin/python" -m pytest -p no:cacheprovider "$@" \
     tests/allocator tests/cli tests/gpu tests/notebook/test_settings.py \
     tests/notebook/test_jaxalloc_magic.py tests/notebook/test_panel_kernel.py tests/notebook/test_figure.py
