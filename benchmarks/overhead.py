@@ -324,7 +324,7 @@ def main() -> None:
         lambda: compare(Shell, sim_env, "get_ipython().config.JaxNbMem.panel = 'widget'",
                         PANEL_AFTER_10K, cells, rounds))  # fmt: skip
     row("in-process, CPU-bound cell (~0.5 s), simulated GPU",
-        lambda: compare(Shell, sim_env, BURN, "", 1, max(rounds, 6), code="burn()"))  # fmt: skip
+        lambda: compare(Shell, sim_env, BURN, "", 1, max(rounds, 12), code="burn()"))  # fmt: skip
 
     def sampler_share(env: dict, setup: str) -> dict:
         shell = Shell(env)

@@ -58,3 +58,24 @@ def simgpu_in_process(simgpu_lib, sim_state, monkeypatch):
     nvml._reset_for_tests(retry_first_s=0.0)
     yield sim_state
     nvml._reset_for_tests()
+
+
+# --- Jupyter's runtime directory ----------------------------------------------------------------
+#
+# Kernels write their connection files and jax_nbmem beacons there, and every status reads the
+# beacons found there: the suite gets a directory of its own, so that it neither reads the
+# beacons of whatever else runs on the machine nor leaves any behind.
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_runtime_dir(tmp_path_factory):
+    import os
+
+    runtime = tmp_path_factory.mktemp("jupyter-runtime")
+    before = os.environ.get("JUPYTER_RUNTIME_DIR")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(runtime)
+    yield runtime
+    if before is None:
+        os.environ.pop("JUPYTER_RUNTIME_DIR", None)
+    else:
+        os.environ["JUPYTER_RUNTIME_DIR"] = before

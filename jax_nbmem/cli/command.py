@@ -73,7 +73,7 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from jax_nbmem.tenants.status import collect, format_status
 
-    report = collect()
+    report = collect(share_dir=args.share_dir)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -89,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="GPUs, who holds their memory, and warnings")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument(
+        "--share-dir",
+        metavar="DIR",
+        help="also read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+    )
     status.set_defaults(run=_status)
 
     kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")

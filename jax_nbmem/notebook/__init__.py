@@ -1,4 +1,4 @@
-"""Face: the IPython extension — magics, one kernel's session, its settings, the live panel.
+"""Face: the IPython extension — magics, one kernel's session, its settings, beacon, live panel.
 
 The only part that imports IPython, ipywidgets and plotly (ipywidgets and plotly lazily, when
 a panel is shown). It may use every core part; the core never imports it. `session` and

@@ -13,6 +13,7 @@ from jax_nbmem.allocator.control import AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import ModeError, parse_mode
 from jax_nbmem.allocator.report import format_applied, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
+from jax_nbmem.notebook.beacon import beacon_writer, share_dir
 from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
 from jax_nbmem.record.ledger import CellRecord, Ledger
 from jax_nbmem.record.sampler import Sampler, SamplerSource
@@ -55,16 +56,19 @@ class KernelSession:
         self.watcher = StatusWatcher(self.status, interval=settings.status_interval)
         self._say = say
         self._cell_listeners: list[Callable[[], None]] = []
+        self.beacon = beacon_writer(self)
 
     def start(self) -> None:
-        """Start background sampling (a no-op when sampling is off or already running)."""
+        """Start background sampling (not when sampling is off) and the beacon; idempotent."""
         if self.sampler is not None:
             self.sampler.start()
             self.watcher.start()
+        if self.beacon is not None:
+            self.beacon.start()
 
     def status(self) -> StatusReport:
         """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
-        return collect(control=self.control, in_kernel=True)
+        return collect(control=self.control, in_kernel=True, share_dir=share_dir(self))
 
     def apply_startup_mode(self) -> None:
         """Apply the mode from $JAX_NBMEM_ALLOCATOR or the config, telling the user if it fails."""
@@ -197,6 +201,8 @@ class KernelSession:
     def close(self) -> None:
         """Stop whatever runs in the background; the session is not used after this."""
         self._cell_listeners.clear()
+        if self.beacon is not None:
+            self.beacon.close()
         self.watcher.stop()
         if self.sampler is not None:
             self.sampler.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from traitlets import Enum, Float, Integer, Unicode
+from traitlets import Bool, Enum, Float, Integer, Unicode
 from traitlets.config import Configurable
 
 from jax_nbmem.allocator.control import ENV_ALLOCATOR
@@ -47,6 +47,20 @@ class JaxNbMem(Configurable):
         min=0.5,
         help="Seconds between two looks at who else is on the GPU (reads /proc and may ask "
         "Jupyter servers; the warnings in the panel come from it).",
+    ).tag(config=True)
+
+    beacon = Bool(
+        True,
+        help="Keep a beacon: a small world-readable file saying this kernel's allocator mode, "
+        "JAX pool and idleness, so that other kernels, the CLI and the server judge it by its "
+        "facts (no token, environment or cell source is in it).",
+    ).tag(config=True)
+
+    share_dir = Unicode(
+        "",
+        help="A directory every user's kernels write their beacons to (what each kernel says of "
+        "its mode, pool and idleness), e.g. a sticky world-writable folder on a shared GPU node. "
+        "Empty: the user's Jupyter runtime directory only. $JAX_NBMEM_SHARE_DIR overrides it.",
     ).tag(config=True)
 
     max_cells = Integer(

@@ -176,12 +176,28 @@ class Ledger:
         self._records: deque[CellRecord | _Cell] = deque(maxlen=max_records)
         self._open: _Cell | None = None
         self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
+        self._ended_unrecorded_at: float | None = None
         self.last_error: str | None = None
 
     @property
     def max_records(self) -> int:
         """How many records are kept; older ones are dropped first."""
         return self._records.maxlen or 0
+
+    @property
+    def cell_running(self) -> bool:
+        """Whether a cell has started and not ended."""
+        return self._open is not None
+
+    @property
+    def last_finished_at(self) -> float | None:
+        """When (``time.time()``) the last cell ended; None before the first."""
+        entry = self._records[-1] if self._records else None
+        if entry is None:
+            return self._ended_unrecorded_at
+        if isinstance(entry, CellRecord):
+            return None if entry.duration_s is None else entry.started_at + entry.duration_s
+        return entry.ended_at
 
     def cell_started(self, execution_count: int | None, source: str | None) -> None:
         """Open a record for a cell about to run (from ``pre_run_cell``). Never raises.
@@ -236,7 +252,8 @@ class Ledger:
         IPython 8 after it, so only the result's number is the same in both).
         """
         cell, self._open = self._open, None
-        if cell is None:
+        if cell is None:  # the cell that loaded the extension: it ended, with no record
+            self._ended_unrecorded_at = self._clock()
             return
         try:
             cell.ended_mono, cell.ended_at = self._monotonic(), self._clock()

@@ -289,6 +289,8 @@ class SimState:
         fd, partial = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
             with os.fdopen(fd, "w") as out:
+                # Every user's processes see the one GPU, as with /dev/nvidia*.
+                os.fchmod(out.fileno(), 0o644)
                 out.write(self.render())
             os.replace(partial, self.path)
         except BaseException:

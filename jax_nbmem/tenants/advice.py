@@ -98,7 +98,9 @@ def _namespace_message(tenant: Tenant) -> str:
 def _label(tenant: Tenant, *, start: bool = True) -> str:
     noun = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(tenant.kind)
     details = [f"notebook {tenant.notebook}"] if tenant.notebook else []
-    if tenant.kind == "process" and tenant.cmdline:
+    # Without a notebook, the command says what it is; for a process judged only by its
+    # size it is all there is to go by.
+    if tenant.cmdline and (tenant.kind == "process" or tenant.source == "memory size"):
         details.append(f"`{tenant.cmdline}`")
     if tenant.user and tenant.user != current_user():
         details.append(f"user {tenant.user}")
@@ -112,20 +114,43 @@ def _idle_clause(tenant: Tenant) -> str:
         return ""
     if tenant.idle_s == 0:
         return " It is busy right now."
-    return f" It has been idle for {format_duration(tenant.idle_s)}."
+    if tenant.idle_source == "server":  # widget and comm traffic count as activity there
+        return (
+            f" Its Jupyter server saw it active {format_duration(tenant.idle_s)} ago "
+            "(approximate: a live widget counts as activity)."
+        )
+    return f" It has been idle for {format_duration(tenant.idle_s)} since its last cell."
 
 
 def _fix(tenant: Tenant) -> str:
     restart = "restart it with `%jaxalloc off` in its first cell"
     me = current_user()
     if tenant.user and me and tenant.user != me:
-        return f"Ask its owner ({tenant.user}) to shut it down or to {restart}."
+        return (
+            f"Ask its owner ({tenant.user}) to shut it down or to {restart}, or ask an "
+            "administrator (`%jaxmem shutdown` stops only your own kernels)."
+        )
     if tenant.kind == "kernel":
         return f"Shut it down (`%jaxmem shutdown {tenant.pid}`) or {restart}."
     return (
         "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
         "memory only as its arrays need it."
     )
+
+
+def _why_preallocated(tenant: Tenant) -> str:
+    """How we know that its memory is a preallocated pool, as its source tells."""
+    if tenant.source == "beacon":
+        mode = f" in mode '{tenant.mode}'" if tenant.mode else ""
+        return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
+    if tenant.source == "memory size":
+        return (
+            "probably JAX preallocation: its size matches the pool JAX takes by default "
+            f"({DEFAULT_FRACTION:.0%} of the GPU, or a 0.9x step below it), and another user's "
+            "process cannot be looked into to be sure"
+        )
+    started = f" (it started in mode '{tenant.mode_at_start}')" if tenant.mode_at_start else ""
+    return f"its JAX preallocated it at its first allocation{started}"
 
 
 def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
@@ -146,10 +171,9 @@ def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
             )
         else:
             continue
-        started = f" (it started in mode '{tenant.mode_at_start}')" if tenant.mode_at_start else ""
         message = (
-            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: its "
-            f"JAX preallocated it at its first allocation{started}.{_idle_clause(tenant)} Only "
+            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: "
+            f"{_why_preallocated(tenant)}.{_idle_clause(tenant)} Only "
             f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
         )
         found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
@@ -227,7 +251,15 @@ def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
         )
         on_gpu = sorted((t for t in tenants if t.gpu == gpu.index), key=_bytes_first)
         for tenant in on_gpu:
-            notes = ", preallocated" if tenant.preallocated else ""
+            notes = ""
+            if tenant.preallocated:
+                notes = (
+                    ", probably preallocated"
+                    if tenant.source == "memory size"
+                    else ", preallocated"
+                )
+            if tenant.source == "beacon" and tenant.mode:
+                notes += f", mode {tenant.mode}"
             if tenant.kind == "unknown" and tenant.reason:
                 notes += f", not identified: {tenant.reason}"
             lines.append(f"  - {_label(tenant)}: {format_bytes(tenant.used_bytes)}{notes}")
@@ -239,7 +271,8 @@ def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
         lines.append(f"  - {_namespace_message(foreign)}")
     for tenant in tenants:
         if tenant.kind in ("kernel", "process") and tenant.preallocated:
-            lines.append(f"  - {_label(tenant)} preallocated its memory. {_fix(tenant)}")
+            verb = "probably preallocated" if tenant.source == "memory size" else "preallocated"
+            lines.append(f"  - {_label(tenant)} {verb} its memory. {_fix(tenant)}")
     if any(t.kind == "self" and t.preallocated for t in tenants):
         lines.append(
             "  - This kernel's arrays filled its own preallocated share: free arrays you no "

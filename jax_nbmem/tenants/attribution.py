@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, RETRY_FACTOR, effective
+from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
+from jax_nbmem.tenants.beacons import Beacon, read_beacons
 from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PID_MAX",
+    "own_kernel_id",
     "pool_sizes",
     "PID_NAMESPACE_REASON",
     "PREALLOCATION_ABOVE_BYTES",
@@ -100,10 +102,24 @@ class ProcessInfo:
     gpu_device_open: bool | None = None
     mode_at_start: str | None = None
 
+    @property
+    def reason_is_namespace(self) -> bool:
+        """Whether NVML's PIDs were found to belong to another PID namespace."""
+        return (self.reason or "").startswith(PID_NAMESPACE_REASON)
+
 
 @dataclass(frozen=True)
 class Tenant:
-    """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell."""
+    """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell.
+
+    ``source`` says where the verdict came from: ``beacon`` (the kernel said so itself),
+    ``environment`` (its environment at start and its memory maps), ``memory size`` (its
+    insides cannot be read — another user's — and its size matches a preallocated pool), or
+    ``unknown``. ``mode`` is its allocator mode as that source knows it; ``jax`` its JAX
+    counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``, ``bytes_limit``);
+    ``idle_source`` is ``beacon`` (since its last finished cell) or ``server`` (its Jupyter
+    server's last activity: approximate, widget traffic counts as activity).
+    """
 
     pid: int
     gpu: int
@@ -121,6 +137,10 @@ class Tenant:
     reason: str | None = None
     server_url: str | None = None
     mode_at_start: str | None = None
+    source: str = "unknown"
+    mode: str | None = None
+    jax: dict | None = None
+    idle_source: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -235,6 +255,11 @@ def _kernel_id(connection_file: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def own_kernel_id(argv: Sequence[str]) -> str | None:
+    """This process's kernel id, when it is a Jupyter kernel started with its connection file."""
+    return _kernel_id(_connection_file(argv)) if _runs_ipykernel(["python", *argv]) else None
+
+
 def _connection_file(args: Sequence[str]) -> str | None:
     """The connection file a kernel's command line names (``-f FILE``, ``--f=FILE``, ...)."""
     for before, arg in zip(["", *args], args, strict=False):
@@ -328,8 +353,13 @@ def attribute(
     sessions=None,
     own_on_gpu: bool | None = None,
     check_device_files: bool | None = None,
+    beacons: Mapping[int, Beacon] | None = None,
+    gpu_uuids: Mapping[int, str | None] | None = None,
 ) -> list[Tenant]:
     """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
+
+    A process with a trusted beacon (``beacons``, default :func:`read_beacons`) is judged by
+    what it says of itself: its mode in effect, its pool, its idleness.
 
     ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
     → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
@@ -346,7 +376,14 @@ def attribute(
     if check_device_files is None:
         check_device_files = os.path.exists("/dev/nvidiactl")
     processes = list(processes)
+    gpus = list(gpus)
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
+    uuids = {gpu.index: gpu.uuid for gpu in gpus} if gpu_uuids is None else dict(gpu_uuids)
+    if beacons is None:
+        try:
+            beacons = read_beacons()
+        except Exception:  # never fatal: without beacons, judge as before
+            beacons = {}
     infos: dict[int, ProcessInfo] = {}
     for process in processes:
         if process.pid not in infos:
@@ -365,17 +402,76 @@ def attribute(
     for process in processes:
         info = infos[process.pid]
         fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
-        tenants.append(
-            Tenant(
-                gpu=process.gpu,
-                used_bytes=process.used_bytes,
-                preallocated=_judge_preallocation(
-                    info, process.used_bytes, totals.get(process.gpu)
-                ),
-                **fields,
-            )
-        )
+        total = totals.get(process.gpu)
+        beacon = beacons.get(process.pid) if foreign is None else None
+        if beacon is not None:
+            verdict = _from_beacon(beacon, process.used_bytes, total, uuids.get(process.gpu))
+        else:
+            verdict = _from_outside(info, process.used_bytes, total)
+        fields.update(verdict)
+        tenants.append(Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields))
     return tenants
+
+
+def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> dict:
+    """The verdict on a process from what it said of itself (see :class:`Tenant`)."""
+    counters = dict(beacon.gpus.get(uuid) or {}) if uuid else {}
+    fraction = beacon.pool_fraction
+    if fraction == 0.0 or beacon.mode_in_effect is None:
+        preallocated: bool | None = False  # no pool in its mode, or no backend yet
+    elif counters.get("pool_bytes") is not None:
+        preallocated = counters["pool_bytes"] > 0
+    elif fraction is None:
+        preallocated = None
+    else:  # JAX gave no counters for this GPU: its NVML bytes against its possible pools
+        preallocated = _matches_a_pool(used, total, fraction)
+    verdict = {
+        "source": "beacon",
+        "mode": beacon.mode,
+        "preallocated": preallocated,
+        "jax": counters or None,
+        "idle_s": beacon.idle_s(),
+        "idle_source": "beacon",
+    }
+    if beacon.notebook:
+        verdict["notebook"] = beacon.notebook
+    return verdict
+
+
+def _from_outside(info: ProcessInfo, used: int | None, total: int | None) -> dict:
+    """The verdict on a process without a beacon: its environment, else its size."""
+    idle_source = "server" if info.idle_s is not None else None
+    preallocated = _judge_preallocation(info, used, total)
+    if info.kind != "unknown" and info.allocator_env is not None:
+        return {"source": "environment", "mode": info.mode_at_start, "preallocated": preallocated,
+                "idle_source": idle_source}  # fmt: skip
+    unreadable = info.kind in ("kernel", "process") or (info.reason or "").startswith("access")
+    if unreadable and info.runs_jax is not False:
+        # Another user's process: its insides cannot be read. A size that matches JAX's
+        # default pool (or a late, smaller one) is probably one.
+        if _matches_a_pool(used, total, DEFAULT_FRACTION, down_to=_SIZE_ONLY_DOWN_TO):
+            return {"source": "memory size", "mode": None, "preallocated": True,
+                    "idle_source": idle_source}  # fmt: skip
+    return {"source": "unknown", "mode": None, "preallocated": preallocated,
+            "idle_source": idle_source}  # fmt: skip
+
+
+# Judged by its size alone, a process is "probably preallocated" only near the default pool or
+# its first few 0.9x retries: further down, the windows of the retries cover nearly every size.
+_SIZE_ONLY_DOWN_TO = 0.5
+
+
+def _matches_a_pool(
+    used: int | None, total: int | None, fraction: float, down_to: float = 0.0
+) -> bool | None:
+    """Whether ``used`` is one of the pools of ``fraction`` (none under ``down_to`` x the first)."""
+    if used is None or total is None:
+        return None
+    return any(
+        pool - PREALLOCATION_BELOW_BYTES <= used <= pool + PREALLOCATION_ABOVE_BYTES
+        for pool in pool_sizes(fraction, total)
+        if pool >= down_to * fraction * total
+    )
 
 
 def _foreign_namespace(

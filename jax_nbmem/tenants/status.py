@@ -17,6 +17,7 @@ from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.attribution import attribute
+from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -63,6 +64,7 @@ def collect(
     environ: Mapping[str, str] | None = None,
     own_pid: int | None = None,
     in_kernel: bool = False,
+    share_dir: str | None = None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -82,8 +84,14 @@ def collect(
     state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in ("cuda", "gpu", "rocm") for p in jaxstats.initialized_platforms())
+    beacons = read_beacons(beacon_dirs(share_dir))
     tenants = attribute(
-        processes, gpus, own_pid=own_pid, environ=environ, own_on_gpu=on_gpu if in_kernel else None
+        processes,
+        gpus,
+        own_pid=own_pid,
+        environ=environ,
+        own_on_gpu=on_gpu if in_kernel else None,
+        beacons=beacons,
     )
     notes = [visible.note] if visible.note else []
 
@@ -146,12 +154,22 @@ def _process_line(process: Mapping[str, Any]) -> str:
         parts.append(process["notebook"])
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
+    source = process.get("source")
     if process.get("preallocated"):
-        parts.append("[preallocated]")
-    if process.get("mode_at_start"):
+        parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
+    if source == "beacon" and process.get("mode"):
+        parts.append(f"(mode: {process['mode']})")
+    elif process.get("mode_at_start"):
         parts.append(f"(mode at its start: {process['mode_at_start']})")
+    jax = process.get("jax") or {}
+    if jax.get("bytes_in_use") is not None:
+        pool = f", pool {format_bytes(jax['pool_bytes'])}" if jax.get("pool_bytes") else ""
+        parts.append(f"JAX arrays {format_bytes(jax['bytes_in_use'])}{pool}")
     if process.get("idle_s") is not None:
-        parts.append(f"idle {format_duration(process['idle_s'])}")
+        about = "~" if process.get("idle_source") == "server" else ""
+        parts.append(f"idle {about}{format_duration(process['idle_s'])}")
+    if source and source != "unknown":
+        parts.append(f"[from {source}]")
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)

@@ -301,3 +301,18 @@ def test_the_cells_table_reads_like_a_report_and_never_shows_unknown_as_zero():
     assert third["JAX peak"] == "—"  # unknown, not "0 B"
     assert text.splitlines()[-1].startswith("GPU = this process per NVML")
     assert format_table([]) == "No cells recorded yet."
+
+
+def test_whether_a_cell_runs_and_when_the_last_one_ended_for_the_beacon():
+    nb = Notebook()
+    assert (nb.ledger.cell_running, nb.ledger.last_finished_at) == (False, None)
+    nb.ledger.cell_finished(True, None)  # the cell that loaded the extension: no record
+    assert nb.ledger.last_finished_at == nb.wall()
+    nb.ledger.cell_started(1, "x = 1")
+    assert nb.ledger.cell_running
+    nb.clock.now += 2.0
+    nb.ledger.cell_finished(True, None)
+    ended = nb.wall()
+    assert not nb.ledger.cell_running
+    nb.clock.now += 30.0
+    assert nb.ledger.last_finished_at == pytest.approx(ended)

@@ -396,7 +396,7 @@ def test_a_trickling_server_costs_one_deadline_and_leaves_nothing_behind(tmp_pat
             began = time.monotonic()
             index = kernel_sessions(runtime_dir=str(tmp_path), timeout=0.6, max_age=0)
             took = time.monotonic() - began
-            assert took < 0.6 + 0.5, took  # one deadline, however the server trickles
+            assert took < 0.6 + 2.0, took  # one deadline (and some grace), however it trickles
             assert any("did not answer within 0.6 s" in why for why in index.unreachable)
             assert _asking_threads() == []
         # One connection per query: no request kept going in the background.
