@@ -244,6 +244,10 @@ class AllocatorControl:
             exact=exact,
         )
 
+    def pending(self) -> Effective:
+        """What JAX's backend would start with now, from the variables as they are."""
+        return effective(self._environ, self.jaxlib)
+
     def report(self) -> AllocatorReport:
         """The requested mode, the variables in effect, and the backend's state."""
         running = self._probe()
@@ -253,7 +257,7 @@ class AllocatorControl:
             requested=self.requested,
             requested_from=self.requested_from,
             variables=self.variables(),
-            pending=effective(self._environ, self.jaxlib),
+            pending=self.pending(),
             backend=self.backend,
             backend_started=running or self.backend is not None,
             jaxlib=self.jaxlib,

@@ -16,7 +16,6 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.tenants.attribution import own_kernel_id
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, BeaconWriter, beacon_dirs
 from jax_nbmem.tenants.servers import current_user
@@ -64,7 +63,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
     """The beacon's content now (everything but ``written_at``)."""
     control = session.control
     backend = control.backend
-    settings = backend.effective if backend is not None else effective(os.environ, control.jaxlib)
+    settings = backend.effective if backend is not None else control.pending()
     latest = session.sampler.latest() if session.sampler is not None else None
     gpus = {}
     for gpu in getattr(latest, "gpus", ()):

@@ -102,11 +102,6 @@ class ProcessInfo:
     gpu_device_open: bool | None = None
     mode_at_start: str | None = None
 
-    @property
-    def reason_is_namespace(self) -> bool:
-        """Whether NVML's PIDs were found to belong to another PID namespace."""
-        return (self.reason or "").startswith(PID_NAMESPACE_REASON)
-
 
 @dataclass(frozen=True)
 class Tenant:
@@ -116,7 +111,8 @@ class Tenant:
     ``environment`` (its environment at start and its memory maps), ``memory size`` (its
     insides cannot be read — another user's — and its size matches a preallocated pool), or
     ``unknown``. ``mode`` is its allocator mode as that source knows it; ``jax`` its JAX
-    counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``, ``bytes_limit``);
+    counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``, ``bytes_limit``,
+    ``peak_bytes_in_use``);
     ``idle_source`` is ``beacon`` (since its last finished cell) or ``server`` (its Jupyter
     server's last activity: approximate, widget traffic counts as activity).
     """
@@ -354,7 +350,6 @@ def attribute(
     own_on_gpu: bool | None = None,
     check_device_files: bool | None = None,
     beacons: Mapping[int, Beacon] | None = None,
-    gpu_uuids: Mapping[int, str | None] | None = None,
 ) -> list[Tenant]:
     """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
 
@@ -378,7 +373,7 @@ def attribute(
     processes = list(processes)
     gpus = list(gpus)
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
-    uuids = {gpu.index: gpu.uuid for gpu in gpus} if gpu_uuids is None else dict(gpu_uuids)
+    uuids = {gpu.index: gpu.uuid for gpu in gpus}
     if beacons is None:
         try:
             beacons = read_beacons()
