@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jax_nbmem"
 
-UI = {"IPython", "ipywidgets", "plotly"}
+UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
 SHARED = {"units", "text"}
 CORE = SHARED | {"gpu", "allocator", "record", "tenants", "tools"}
 FACES = {"notebook", "cli", "server"}

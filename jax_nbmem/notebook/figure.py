@@ -1,11 +1,11 @@
-"""The memory panel's figure as plain data: plotly traces and layout, and what changed since.
+"""The memory panel's figure as plain data: plotly traces and layout, in parts a view syncs.
 
 Pure: no plotly, no widgets. :func:`build_figure` turns the sampler's points and the ledger's
 cell records into a ``{"data": [...], "layout": {...}}`` dict with a fixed list of traces (see
-:data:`TRACE_NAMES`), so that a live view can update them in place; :func:`changed_traces`
-says which of them differ from what was sent last. :class:`LiveFigure` makes the same figure
-again and again for a live view, keeping the history part between builds. Both the live widget
-and the static fallback draw from here, and the benchmark measures what it produces.
+:data:`TRACE_NAMES`), and :func:`figure_parts` splits it into the parts a live view syncs.
+:class:`LiveFigure` makes the same figure again and again for a live view, keeping the history
+part between builds. The live widget, the static fallback and the snapshot all draw from here,
+and the benchmark measures what it produces. Times are numbers on a date axis (:func:`time_ms`).
 
 The payload stays bounded however long the session: the last ``window_s`` seconds are kept at
 ``window_points`` points per series, everything older at most ``history_points`` (bins whose
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import html
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,15 +29,17 @@ from typing import Any
 from jax_nbmem.units import format_bytes, format_bytes_delta, format_duration
 
 __all__ = [
+    "TIMELINE_TRACES",
     "TRACE_NAMES",
     "FigureLimits",
     "LiveFigure",
     "build_figure",
     "cell_bars_source",
-    "changed_traces",
+    "figure_parts",
     "gpu_indices",
     "header_text",
-    "time_label",
+    "time_ms",
+    "time_text",
 ]
 
 MIB = 1024**2
@@ -44,7 +47,7 @@ GIB = 1024**3
 
 # Timeline series: (trace name, how to read it from a GpuSample or HostSample, colour).
 _GPU_SERIES: tuple[tuple[str, str, str], ...] = (
-    ("this kernel (NVML)", "self_bytes", "#1f77b4"),
+    ("this kernel", "self_bytes", "#1f77b4"),
     ("JAX in use", "jax_in_use", "#2ca02c"),
     ("JAX pool", "jax_reserved", "#98df8a"),
     ("JAX limit", "jax_limit", "#bcbd22"),
@@ -52,16 +55,20 @@ _GPU_SERIES: tuple[tuple[str, str, str], ...] = (
     ("device total", "total_bytes", "#7f7f7f"),
 )
 _HOST_SERIES: tuple[tuple[str, str, str], ...] = (
-    ("process RSS (host, no GPU)", "rss_bytes", "#9467bd"),
-    ("JAX live arrays (host, no GPU)", "live_array_bytes", "#17becf"),
+    ("process RSS", "rss_bytes", "#9467bd"),
+    ("JAX live arrays", "live_array_bytes", "#17becf"),
 )
-_MARKERS = "cell starts"
+_SPANS = "cells"
+_SPANS_ALT = "cells (alternate shade)"
+_TICKS = "cell records"
 _BAR_PEAK = "cell peak"
 _BAR_RETAINED = "cell retained"
 TRACE_NAMES: tuple[str, ...] = (
     *(name for name, _, _ in _GPU_SERIES),
     *(name for name, _, _ in _HOST_SERIES),
-    _MARKERS,
+    _SPANS,
+    _SPANS_ALT,
+    _TICKS,
     _BAR_PEAK,
     _BAR_RETAINED,
 )
@@ -72,6 +79,11 @@ _GRID_S = 0.1
 _COLOUR_OK = ("#1f77b4", "#aec7e8")  # peak, retained
 _COLOUR_ERROR = ("#ff7f0e", "#ffbb78")
 _COLOUR_OOM = ("#d62728", "#ff9896")
+_TICK_COLOUR = "#6c757d"
+_SPAN_FILL = ("rgba(108,117,125,0.22)", "rgba(108,117,125,0.11)")  # the first shows in the legend
+_HOVER_CODE_CHARS = 48
+_MOST_BAR_LABELS = 16
+_FEWEST_BAR_SLOTS = 12
 
 
 @dataclass(frozen=True)
@@ -80,13 +92,15 @@ class FigureLimits:
 
     ``window_s`` seconds before the newest sample are drawn with ``window_points`` points per
     series, the rest of the session with at most ``history_points`` (at least half as many
-    once there are more samples). The last ``max_cells`` cells get a bar and a marker.
+    once there are more samples). The last ``max_spans`` cells are shaded on the timeline,
+    the last ``max_cells`` get bars.
     """
 
     window_s: float = 60.0
     window_points: int = 100
     history_points: int = 60
     max_cells: int = 30
+    max_spans: int = 80
 
 
 def gpu_indices(samples: Sequence[Any]) -> list[int]:
@@ -198,24 +212,32 @@ class _HistoryRows:
         self._keys, self.rows = keys, rows
 
 
-def time_label(t: float) -> str:
-    """Local time of *t* (``time.time()``) as plotly reads a date: ``2024-05-01 13:45:07.3``.
+def time_ms(t: float) -> int:
+    """*t* (``time.time()``) as plotly's date number for this kernel's local clock, to 0.1 s.
 
-    Strings, not epoch numbers: every frontend's plotly types a string axis as dates by
-    itself, while numbers keep their date meaning only as long as ``xaxis.type`` survives.
+    Plotly reads a number on a date axis as milliseconds of UTC; shifting by the local offset
+    makes the axis show the kernel's wall clock, the one ``%jaxmem cells`` prints. Numbers,
+    not date strings: they are a third of the size in every update. Every figure here sets
+    ``xaxis.type`` to ``date`` itself, so the numbers never lose their meaning.
     """
-    return _tenths_label(round(t * 10))
+    tenths = round(t * 10)
+    return tenths * 100 + _utc_offset_ms(tenths // 9000)  # the offset, per 15 minutes
 
 
-@functools.lru_cache(maxsize=4096)  # a live view labels mostly the same times again
-def _tenths_label(tenths: int) -> str:
-    whole, tenth = divmod(tenths, 10)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(whole)) + f".{tenth}"
+@functools.lru_cache(maxsize=64)
+def _utc_offset_ms(quarter_hour: int) -> int:
+    return time.localtime(quarter_hour * 900).tm_gmtoff * 1000
+
+
+def time_text(t: float) -> str:
+    """*t* as this kernel's clock time, ``13:45:07.3``, for hover texts."""
+    whole, tenth = divmod(round(t * 10), 10)
+    return time.strftime("%H:%M:%S", time.localtime(whole)) + f".{tenth}"
 
 
 def _steps(rows: Sequence[_Row], column: int, divisor: int, digits: int) -> dict[str, list]:
     """Plotly x (local time) and y (in the unit) of one series, without repeated values."""
-    xs: list[str] = []
+    xs: list[int] = []
     ys: list[float | None] = []
     for position, row in enumerate(rows):
         value = row[column]
@@ -224,9 +246,9 @@ def _steps(rows: Sequence[_Row], column: int, divisor: int, digits: int) -> dict
         if ys and y == ys[-1] and not last:
             continue
         if last and len(ys) >= 2 and y == ys[-1] == ys[-2]:
-            xs[-1] = time_label(row[0])  # a flat end: move the previous point, add none
+            xs[-1] = time_ms(row[0])  # a flat end: move the previous point, add none
             continue
-        xs.append(time_label(row[0]))
+        xs.append(time_ms(row[0]))
         ys.append(y)
     return {"x": xs, "y": ys}
 
@@ -263,40 +285,100 @@ def _cell_status(record: Any) -> tuple[str, tuple[str, str]]:
     return "ok", _COLOUR_OK
 
 
-def _cell_traces(
-    records: Sequence[Any], divisor: int, digits: int, unit: str, top: float
-) -> tuple[dict, dict, dict]:
-    """The cell-start markers on the timeline and the per-cell peak/retained bars."""
-    source = cell_bars_source(records)
-    markers: dict[str, list] = {"x": [], "y": [], "hovertext": []}
+def _cell_label(record: Any) -> str:
+    return f"[{record.execution_count if record.execution_count is not None else '?'}]"
+
+
+def _record_text(record: Any, source: tuple[str, str, str, str] | None) -> str:
+    """A cell's record for its hover box (plotly reads tags in it: the code is escaped)."""
+    first_line = record.first_line or ""
+    if len(first_line) > _HOVER_CODE_CHARS:
+        first_line = first_line[: _HOVER_CODE_CHARS - 1] + "…"
+    status, _ = _cell_status(record)
+    lines = [
+        f"cell {_cell_label(record)} {html.escape(first_line)}",
+        f"{html.escape(status)} · {time_text(record.started_at)} · "
+        f"{format_duration(record.duration_s)}",
+    ]
+    if source is not None:
+        measure, before, peak, after = source
+        values = [format_bytes(getattr(record, field)) for field in (before, peak, after)]
+        lines.append(f"{measure}: before {values[0]} · peak {values[1]} · after {values[2]}")
+    return "<br>".join(lines)
+
+
+def _span_traces(records: Sequence[Any], source: tuple | None) -> tuple[dict, dict, dict]:
+    """Each cell as a shaded span of the timeline, alternating shades, and its hover tick.
+
+    Shades alternate so that neighbours stay apart however many cells a minute holds; the
+    tick at the top of each span carries the cell's record (spans themselves take no hover).
+    They are drawn on an axis of their own from 0 to 1 over the timeline, so that they do not
+    change when the memory scale does.
+    """
+    top = 1
+    spans: tuple[dict[str, list], dict[str, list]] = ({"x": [], "y": []}, {"x": [], "y": []})
+    ticks: dict[str, list] = {"x": [], "y": [], "hovertext": [], "marker.color": []}
+    for position, record in enumerate(records):
+        start = time_ms(record.started_at)
+        end = time_ms(record.started_at + (record.duration_s or 0.0))
+        shade = spans[position % 2]
+        shade["x"] += [start, start, end, end, start, None]
+        shade["y"] += [0, top, top, 0, 0, None]
+        _, colours = _cell_status(record)
+        ticks["x"].append(start)
+        ticks["y"].append(top)
+        ticks["hovertext"].append(_record_text(record, source))
+        ticks["marker.color"].append(_TICK_COLOUR if colours == _COLOUR_OK else colours[0])
+    return spans[0], spans[1], ticks
+
+
+def _bar_traces(
+    records: Sequence[Any], source: tuple | None, divisor: int, digits: int
+) -> tuple[dict, dict]:
+    """Per-cell peak rise and retained bytes for the last cells, coloured by outcome."""
     peak: dict[str, list] = {"x": [], "y": [], "hovertext": [], "marker.color": []}
     retained: dict[str, list] = {"x": [], "y": [], "hovertext": [], "marker.color": []}
+    if source is None:
+        return peak, retained
+    _, before_field, peak_field, after_field = source
     for record in records:
-        label = f"[{record.execution_count if record.execution_count is not None else '?'}]"
-        hover = f"cell {label} {record.first_line}"
-        markers["x"] += [time_label(record.started_at)] * 2 + [None]
-        markers["y"] += [0, top, None]
-        markers["hovertext"] += [hover, hover, None]
-        if source is None:
-            continue
-        _, before_field, peak_field, after_field = source
         before = getattr(record, before_field)
         rise = _difference(getattr(record, peak_field), before)
         kept = _difference(getattr(record, after_field), before)
         status, colours = _cell_status(record)
+        # Short: the cell's full record is on its tick in the timeline.
         text = (
-            f"{hover}<br>{status}, {format_duration(record.duration_s)}<br>"
-            f"peak {format_bytes_delta(rise)}, retained {format_bytes_delta(kept)}"
+            f"cell {_cell_label(record)} {html.escape(status)}: peak rise "
+            f"{format_bytes_delta(rise)}, retained {format_bytes_delta(kept)}"
         )
         for trace, value, colour in ((peak, rise, colours[0]), (retained, kept, colours[1])):
-            trace["x"].append(label)
+            trace["x"].append(_cell_label(record))
             trace["y"].append(None if value is None else round(value / divisor, digits))
             trace["hovertext"].append(text)
             trace["marker.color"].append(colour)
-    measure = source[0] if source else "—"
-    peak["name"] = f"{_BAR_PEAK} ({measure}, {unit})"
-    retained["name"] = f"{_BAR_RETAINED} ({measure}, {unit})"
-    return markers, peak, retained
+    return peak, retained
+
+
+def _one_or_each(colours: list[str]) -> str | list[str]:
+    """One colour for all when they agree (the usual case): a smaller update."""
+    return colours[0] if colours and len(set(colours)) == 1 else colours
+
+
+def _value_range(values: Sequence[float | None], unit: str) -> list[float]:
+    """An axis range that holds 0 and every known value, with a little room; never empty."""
+    known = [v for v in values if v is not None]
+    low, high = min([0.0, *known]), max([0.0, *known])
+    if high - low <= 0:
+        return [0.0, 1.0 if unit == "GiB" else 100.0]  # nothing to draw: a plain, honest axis
+    pad = 0.06 * (high - low)
+    return [low - pad if low < 0 else 0.0, high + pad]
+
+
+def _category_ticks(labels: Sequence[str], most: int) -> dict[str, Any]:
+    """Upright bar labels; with many bars only every k-th, ending at the newest."""
+    step = max(1, math.ceil(len(labels) / most))
+    shown = list(labels)[::-1][::step][::-1]
+    return {"tickmode": "array", "tickvals": shown, "ticktext": shown, "tickangle": 0}
 
 
 def build_figure(
@@ -404,80 +486,119 @@ def _assemble(
     unit, divisor = _scale(recent, gpu_index)
     digits = 3 if unit == "GiB" else 1
     traces: list[dict[str, Any]] = []
-    top: float | None = None
-    on_gpu = gpu_index is not None
+    known_values: list[float] = []
     columns = {name: column for column, (name, _, _) in enumerate(_shown_series(gpu_index), 1)}
     for group in (_GPU_SERIES, _HOST_SERIES):
         for name, field, colour in group:
             column = columns.get(name)
             line = _steps(rows, column, divisor, digits) if column else {"x": [], "y": []}
             known = [y for y in line["y"] if y is not None]
-            if known:
-                top = max(top or 0.0, *known)
+            known_values += known
             dash = "dot" if field in ("total_bytes", "jax_limit") else "solid"
             traces.append({
                 "type": "scatter", "mode": "lines", "name": name, "visible": bool(known),
-                "line": {"shape": "hv", "color": colour, "dash": dash}, **line,
+                "line": {"shape": "hv", "color": colour, "dash": dash, "width": 1.6}, **line,
                 "hovertemplate": f"%{{y:.{digits}f}} {unit}<extra>{name}</extra>",
             })  # fmt: skip
-    shown = list(records)[-limits.max_cells :]
-    markers, peak, retained = _cell_traces(shown, divisor, digits, unit, top or 1.0)
-    traces.append({
-        "type": "scatter", "mode": "lines", "name": _MARKERS, "visible": bool(markers["x"]),
-        "line": {"color": "#555555", "width": 1, "dash": "dash"}, "hoverinfo": "text",
-        "x": markers["x"], "y": markers["y"], "hovertext": markers["hovertext"],
-    })  # fmt: skip
-    for trace, offset in ((peak, "peak"), (retained, "retained")):
+    y_range = _value_range(known_values, unit)
+    all_records = list(records)
+    source = cell_bars_source(all_records)
+    spanned = all_records[-limits.max_spans :]
+    even, odd, ticks = _span_traces(spanned, source)
+    for name, shade, fill in ((_SPANS, even, _SPAN_FILL[0]), (_SPANS_ALT, odd, _SPAN_FILL[1])):
         traces.append({
-            "type": "bar", "name": trace["name"], "xaxis": "x2", "yaxis": "y2",
+            "type": "scatter", "mode": "lines", "name": name, "fill": "toself",
+            "fillcolor": fill, "line": {"width": 0}, "hoverinfo": "skip", "yaxis": "y3",
+            "legendgroup": _SPANS, "showlegend": name == _SPANS, "visible": bool(spanned),
+            "x": shade["x"], "y": shade["y"],
+        })  # fmt: skip
+    traces.append({
+        "type": "scatter", "mode": "markers", "name": _TICKS, "legendgroup": _SPANS, "yaxis": "y3",
+        "showlegend": False, "visible": bool(spanned), "hoverinfo": "text",
+        "marker": {
+            "symbol": "triangle-down", "size": 7, "color": _one_or_each(ticks["marker.color"])
+        },
+        "x": ticks["x"], "y": ticks["y"], "hovertext": ticks["hovertext"],
+    })  # fmt: skip
+    barred = all_records[-limits.max_cells :]
+    peak, retained = _bar_traces(barred, source, divisor, digits)
+    for name, trace, offset in ((_BAR_PEAK, peak, "peak"), (_BAR_RETAINED, retained, "kept")):
+        traces.append({
+            "type": "bar", "name": name, "xaxis": "x2", "yaxis": "y2",
             "visible": bool(trace["x"]), "offsetgroup": offset, "hoverinfo": "text",
             "x": trace["x"], "y": trace["y"], "hovertext": trace["hovertext"],
-            "marker": {"color": trace["marker.color"]},
+            "marker": {"color": _one_or_each(trace["marker.color"])},
         })  # fmt: skip
-    what = f"GPU {gpu_index}" if on_gpu else "host memory (no GPU seen)"
+    measure = source[0] if source else "no measure yet"
+    what = f"GPU {gpu_index}" if gpu_index is not None else "host memory (no GPU seen)"
+    bars_note = (
+        f"last {len(barred)} cells: peak rise and retained ({measure})"
+        if barred
+        else "per cell: nothing has finished yet"
+    )
     layout = {
-        "height": 460,
-        "margin": {"l": 60, "r": 20, "t": 40 if title else 20, "b": 40},
-        "legend": {"orientation": "h", "y": -0.12},
+        "autosize": True,
+        "height": 440,
+        "margin": {"l": 60, "r": 16, "t": 58 if title else 36, "b": 36},
+        "font": {"size": 11},
+        "legend": {
+            "orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",
+            "font": {"size": 11},
+        },
         "hovermode": "closest",
         "barmode": "group",
-        "xaxis": {"type": "date", "domain": [0, 1], "anchor": "y"},
-        "yaxis": {"title": {"text": f"{what}, {unit}"}, "domain": [0.42, 1], "rangemode": "tozero"},
-        "xaxis2": {"type": "category", "anchor": "y2", "title": {"text": "cell"}},
-        "yaxis2": {"title": {"text": f"per cell, {unit}"}, "domain": [0, 0.28]},
+        "bargap": 0.25,
+        "xaxis": {"type": "date", "domain": [0, 1], "anchor": "y", "automargin": True},
+        "yaxis": {
+            "title": {"text": f"{what}, {unit}"}, "domain": [0.38, 1], "range": y_range,
+            "automargin": True,
+        },
+        "yaxis3": {
+            "overlaying": "y", "range": [0, 1.0], "visible": False, "fixedrange": True,
+        },
+        "xaxis2": {
+            "type": "category", "anchor": "y2", "automargin": True,
+            **_category_ticks(peak["x"], _MOST_BAR_LABELS),
+            # Room for a dozen bars from the start, so that one bar is not a slab.
+            "range": [-0.5, max(len(peak["x"]), _FEWEST_BAR_SLOTS) - 0.5],
+        },
+        "yaxis2": {
+            "title": {"text": unit, "font": {"size": 10}}, "domain": [0, 0.24],
+            "range": _value_range(peak["y"] + retained["y"], unit), "automargin": True,
+            "zeroline": True,
+        },
+        "annotations": [{
+            "text": bars_note, "xref": "paper", "yref": "paper", "x": 0, "y": 0.255,
+            "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+            "font": {"size": 10, "color": "#555555"},
+        }],
         "uirevision": "jax_nbmem",  # keep the user's zoom and hidden traces across updates
-    }
+    }  # fmt: skip
     if title:
-        layout["title"] = {"text": title, "x": 0.01, "font": {"size": 13}}
+        layout["title"] = {"text": title, "x": 0.01, "y": 0.99, "font": {"size": 13}}
     return {"data": traces, "layout": layout}
 
 
-def _trace_fields(trace: dict[str, Any]) -> dict[str, Any]:
-    fields = {key: trace[key] for key in ("x", "y", "visible", "name") if key in trace}
-    if "hovertext" in trace:
-        fields["hovertext"] = trace["hovertext"]
-    if trace.get("type") == "bar":
-        fields["marker"] = {"color": trace["marker"]["color"]}
-    return fields
+# A figure's traces: the memory series, then the cells' spans and ticks, then the bars.
+TIMELINE_TRACES = len(_GPU_SERIES) + len(_HOST_SERIES)
+_SPAN_TRACES = 3
 
 
-def changed_traces(
-    previous: dict[str, Any] | None, current: dict[str, Any]
-) -> dict[int, dict[str, Any]]:
-    """The fields (x, y, visible, marker, ...) of each trace that differ from *previous*.
+def figure_parts(figure: dict[str, Any]) -> dict[str, Any]:
+    """The figure in parts that change at different times, for a live view to sync.
 
-    Keys are trace indices; a field is included only when its value changed. With no
-    *previous* every field of every trace is included.
+    ``timeline`` (the memory series) changes with every sample; ``cells`` (spans and ticks)
+    and ``bars`` when a cell ends (bars also when the unit changes); ``layout`` rarely. A
+    view sends each part only when it differs from what it sent, which keeps updates small.
     """
-    changes: dict[int, dict[str, Any]] = {}
-    old_traces = previous["data"] if previous else []
-    for index, trace in enumerate(current["data"]):
-        new_fields = _trace_fields(trace)
-        old_fields = _trace_fields(old_traces[index]) if index < len(old_traces) else {}
-        delta = {k: v for k, v in new_fields.items() if old_fields.get(k, object()) != v}
-        if delta:
-            changes[index] = delta
-    return changes
+    data = figure["data"]
+    cells_end = TIMELINE_TRACES + _SPAN_TRACES
+    return {
+        "timeline": data[:TIMELINE_TRACES],
+        "cells": data[TIMELINE_TRACES:cells_end],
+        "bars": data[cells_end:],
+        "layout": figure["layout"],
+    }
 
 
 def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:

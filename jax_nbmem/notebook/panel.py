@@ -5,11 +5,18 @@ thread) the allocator report and the session's banner lines. It never calls NVML
 
 Three ways to show it (``c.JaxNbMem.panel``):
 
-* ``widget``: ipywidgets + a plotly ``FigureWidget``. The sampler's callback only marks the
-  panel dirty; a small daemon thread pushes at most one update every 0.25 s, and only the
-  traces that changed. That thread sets traits and nothing else: ``display()`` or ``print()``
-  from a thread would land in whatever cell runs at that moment.
-* ``static``: a plotly figure (with an HTML and a text fallback in the same output) refreshed
+* ``widget``: ipywidgets for the header, banner and buttons, and our own plot widget
+  (:mod:`jax_nbmem.notebook.panel_view`) whose synced state is the current figure, so every
+  view of it (a second ``%jaxmem``, a page reload) draws the same picture. The sampler's
+  callback only marks the panel dirty; a small daemon thread pushes at most one update every
+  0.25 s, and only the parts that changed. That thread sets traits and nothing else:
+  ``display()`` or ``print()`` from a thread would land in whatever cell runs at that moment.
+  Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
+  that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
+  frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
+  after every cell (on the cell's path: headless runs, ``nbconvert --execute``, end with the
+  picture of their last cell); once one has, at most every 30 s.
+* ``static``: a plotly figure (with the SVG and a text fallback in the same output) refreshed
   after each cell through a display handle, for frontends without widgets.
 * ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
   update would print the table again after every command, printed once, when asked.
@@ -18,9 +25,9 @@ After a cell the panel only re-reads a few facts of the session (the mode, the b
 both in memory) and is marked dirty; the figure is rebuilt on the update thread, from the
 last cells' records only, so the cost after a cell does not grow with the notebook.
 
-``auto`` picks ``widget`` in a Jupyter kernel, ``static`` in Colab (no custom widget manager
-by default) and ``text`` in a terminal. Each session has one live panel: showing it again
-displays the same widget again, with the same single update thread.
+``auto`` picks ``widget`` in a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab: anywidget
+turns on Colab's widget manager) and ``text`` in a terminal. Each session has one live panel:
+showing it again displays the same widget again, with the same single update thread.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import functools
 import html
 import logging
+import os
 import sys
 import threading
 import time
@@ -40,16 +48,18 @@ from IPython.display import display
 from jax_nbmem.notebook.figure import (
     FigureLimits,
     LiveFigure,
-    changed_traces,
+    figure_parts,
     gpu_indices,
     header_text,
 )
 from jax_nbmem.notebook.panel_actions import ShutdownActions
+from jax_nbmem.notebook.panel_view import plot_view
+from jax_nbmem.notebook.snapshot import figure_svg
 from jax_nbmem.record.ledger import format_table
 from jax_nbmem.text import printable
 from jax_nbmem.units import format_bytes, format_duration
 
-__all__ = ["cell_finished", "close_panels", "show_panel"]
+__all__ = ["cell_finished", "close_panels", "frontend", "show_panel"]
 
 log = logging.getLogger("jax_nbmem")
 
@@ -61,6 +71,8 @@ _IDLE_CHECK_S = 1.0
 _TABLE_CELLS = 10
 _FIRST_SAMPLE_WAIT_S = 0.5
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up the saved file
+_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 
 @dataclass
@@ -71,6 +83,8 @@ class _PanelState:
     handle: Any = None  # DisplayHandle of the static or text fallback
     kind: str | None = None
     listener: Any = None  # our cell listener on the session, once registered
+    snapshot: Any = None  # DisplayHandle of the widget's static snapshot
+    snapshot_at: float = 0.0  # time.monotonic() of its last refresh
     timeline: Any = None  # LiveFigure of the static fallback, kept between its updates
     refresh_after_cells: bool = True  # False in a terminal: an update would print again
 
@@ -83,15 +97,24 @@ def _state(session: Any) -> _PanelState:
     return state
 
 
+def frontend() -> str:
+    """Where this kernel's outputs go: ``colab``, ``vscode``, ``jupyter`` or ``terminal``."""
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return "terminal"
+    if "google.colab" in sys.modules:
+        return "colab"
+    # VS Code's Jupyter extension starts kernels from its own process tree.
+    if any(name in os.environ for name in ("VSCODE_PID", "VSCODE_CWD", "VSCODE_IPC_HOOK_CLI")):
+        return "vscode"
+    return "jupyter"
+
+
 def _choose_kind(setting: str) -> str:
     if setting in ("widget", "static", "text"):
         return setting
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return "text"  # terminal IPython: nothing renders a figure
-    if "google.colab" in sys.modules:
-        return "static"
-    return "widget"
+    # In VS Code and Colab too: where the widget does not draw, its snapshot shows instead.
+    return "text" if frontend() == "terminal" else "widget"
 
 
 def _mode_text(session: Any) -> str | None:
@@ -99,6 +122,10 @@ def _mode_text(session: Any) -> str | None:
     try:
         report = session.control.report()
         if report.backend is not None:
+            platforms = report.backend.platforms
+            if platforms and not any(p in _GPU_PLATFORMS for p in platforms):
+                mode, shown = report.backend.effective.mode_name, "/".join(platforms).upper()
+                return f"{mode}, unused: JAX runs on {shown} (allocator modes apply to GPUs)"
             return f"{report.backend.effective.mode_name} (in effect)"
         return f"{report.pending.mode_name} (when JAX starts)"
     except Exception:
@@ -163,6 +190,27 @@ def _first_gpu(sampler: Any) -> int | None:
     return indices[0] if indices else None
 
 
+def _snapshot_html(figure: dict | None, text: str, panel_id: str = "", live: bool = False) -> str:
+    """The panel as static HTML: its first lines, the SVG picture, and when it was taken."""
+    lines = text.split("\n\n", 1)[0].splitlines()
+    header = html.escape(lines[0]) if lines else ""
+    banner = "<br>".join(html.escape(line) for line in lines[1:])
+    picture = figure_svg(figure) if figure is not None else ""
+    taken = time.strftime("%Y-%m-%d %H:%M:%S")
+    note = (
+        f"Snapshot of the live panel at {taken}; the panel itself is live while its kernel runs."
+        if live
+        else f"Snapshot at {taken}."
+    )
+    attributes = f" data-panel='{html.escape(panel_id)}'" if panel_id else ""
+    return (
+        f"<div class='jax-nbmem-snapshot'{attributes} style='font-family:sans-serif'>"
+        f"<div style='font-weight:bold;font-size:13px'>{header}</div>"
+        f"<div style='font-size:12px;color:#664d03'>{banner}</div>{picture}"
+        f"<div style='font-size:11px;color:#666'>{html.escape(note)}</div></div>"
+    )
+
+
 def _fallback_bundle(
     session: Any, with_figure: bool, timeline: LiveFigure | None = None
 ) -> dict[str, Any]:
@@ -175,11 +223,12 @@ def _fallback_bundle(
     }
     if with_figure:
         timeline = timeline or LiveFigure()
-        records = _recent_records(session, timeline.limits.max_cells)
+        records = _recent_records(session, timeline.limits.max_spans)
         title = html.escape(text.splitlines()[0])
         history = sampler.history if sampler is not None else lambda since: []
         figure = timeline.build(history, records, gpu, title=title)
         bundle[_PLOTLY_MIME] = {**figure, "config": {"displaylogo": False}}
+        bundle["text/html"] = _snapshot_html(figure, text)
     return bundle
 
 
@@ -188,7 +237,6 @@ class _LivePanel:
 
     def __init__(self, session: Any, limits: FigureLimits | None = None) -> None:
         import ipywidgets as widgets
-        import plotly.graph_objects as go
 
         self.sampler = getattr(session, "sampler", None)
         self._session = session
@@ -202,7 +250,6 @@ class _LivePanel:
         self._unsubscribe: Any = None
         self._mode: str | None = None
         self._banner_lines: list[str] = []
-        self._sent: dict[str, Any] | None = None
         self.gpu_index = _first_gpu(self.sampler)
         self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
         self.updates = 0
@@ -215,14 +262,15 @@ class _LivePanel:
         self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
         self.pause.observe(self._on_pause, names="value")
         figure = self._timeline.build(self._history, self._records(), self.gpu_index)
-        self.figure = go.FigureWidget(data=figure["data"], layout=figure["layout"])
-        self._sent = figure
+        self.figure = figure  # the last figure drawn, for the snapshot
+        self.plot = plot_view(figure_parts(figure))
         controls = widgets.HBox([self.gpu_selector, self.pause])
         self.actions = ShutdownActions(
             session, on_change=lambda: self.refresh_from_session(session)
         )
         self.widget = widgets.VBox(
-            [self.header, self.banner, self.actions.widget, controls, self.figure]
+            [self.header, self.banner, self.actions.widget, controls, self.plot],
+            layout=widgets.Layout(width="100%"),
         )
         self.widget.add_class("jax-nbmem-panel")
         self.refresh_from_session(session)
@@ -234,7 +282,12 @@ class _LivePanel:
         # Only the cells the figure draws: reading all of them would grow with the notebook.
         if self._ledger is None:
             return []
-        return self._ledger.recent(self._timeline.limits.max_cells)
+        return self._ledger.recent(self._timeline.limits.max_spans)
+
+    def snapshot_html(self) -> str:
+        """The last picture drawn, as static HTML that a drawn view hides."""
+        text = _summary_text(self._session, self.gpu_index)
+        return _snapshot_html(self.figure, text, self.plot.panel_id, live=True)
 
     def start(self) -> None:
         """Subscribe to the sampler and start the update thread (no-op when running)."""
@@ -276,6 +329,12 @@ class _LivePanel:
         self._dirty.set()
         if self.actions.wanted() != self.actions.shown():
             self.actions.refresh()
+
+    def refresh_after_cell(self) -> None:
+        """Bring the figure up to date now, on the main thread (see ``_refresh_snapshot``)."""
+        self._session_changed = False
+        self._read_session()
+        self.update()
 
     def _read_session(self) -> None:
         self._mode = _mode_text(self._session)
@@ -330,17 +389,8 @@ class _LivePanel:
                 self.gpu_selector.value = self.gpu_index
             self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
             figure = self._timeline.build(self._history, self._records(), self.gpu_index)
-            changes = changed_traces(self._sent, figure)
-            axis_title = figure["layout"]["yaxis"]["title"]["text"]
-            with self.figure.batch_update():
-                for index, fields in changes.items():
-                    self.figure.data[index].update(fields)
-                if self.figure.layout.yaxis.title.text != axis_title:
-                    self.figure.layout.yaxis.title.text = axis_title
-                    self.figure.layout.yaxis2.title.text = figure["layout"]["yaxis2"]["title"][
-                        "text"
-                    ]
-            self._sent = figure
+            self.plot.show(figure_parts(figure))
+            self.figure = figure
             self.header.value = (
                 f"<b>{html.escape(printable(header_text(latest, self.gpu_index, self._mode)))}</b>"
             )
@@ -432,17 +482,51 @@ def _show_widget(session: Any, state: _PanelState) -> None:
         live.refresh_from_session(session)
     live.start()
     state.kind = "widget"
-    # Text and HTML ride along for frontends that cannot draw widgets (and for HTML export).
+    # Text and HTML ride along for frontends that cannot draw widgets at all.
     fallback = _fallback_bundle(session, with_figure=False)
     display({**live.widget._repr_mimebundle_(), **fallback}, raw=True)
+    # Every snapshot of this panel shares one display id: a refresh updates them all.
+    state.snapshot = display(
+        _snapshot_bundle(live), raw=True, display_id=f"jax-nbmem-snapshot-{live.plot.panel_id}"
+    )
+    state.snapshot_at = time.monotonic()
+
+
+def _snapshot_bundle(live: _LivePanel) -> dict[str, str]:
+    return {
+        "text/plain": "(jax_nbmem: a snapshot of the panel, for views without the live widget)",
+        "text/html": live.snapshot_html(),
+    }
+
+
+def _refresh_snapshot(state: _PanelState) -> None:
+    """Keep the widget's snapshot current: after every cell until a view has drawn.
+
+    Until then nothing on screen is live (a headless run, an export, a frontend without the
+    widget), so the figure is brought up to date here, on the cell's path: the last cell of an
+    ``nbconvert --execute`` run is in its picture. Once a view draws, the snapshot only backs
+    up the saved notebook and is refreshed from the last figure every ``_SNAPSHOT_EVERY_S``.
+    """
+    live = state.live
+    if live is None or state.snapshot is None:
+        return
+    now = time.monotonic()
+    if live.plot.views_drawn:
+        if now - state.snapshot_at < _SNAPSHOT_EVERY_S:
+            return
+    else:
+        live.refresh_after_cell()
+    state.snapshot.update(_snapshot_bundle(live), raw=True)
+    state.snapshot_at = now
 
 
 def cell_finished(session: Any) -> None:
     """After each cell (from ``post_run_cell``): refresh the panel; never raises.
 
-    The live panel is only marked dirty: its update thread re-reads the session and redraws.
-    The static and text fallbacks replace their output through their display handle (they
-    have no thread; a frontend without widgets asked for them).
+    The live panel is only marked dirty: its update thread re-reads the session and redraws
+    (its snapshot, see :func:`_refresh_snapshot`, is the exception). The static and text
+    fallbacks replace their output through their display handle (they have no thread; a
+    frontend without widgets asked for them).
     """
     try:
         state = getattr(session, "_panel_state", None)
@@ -450,6 +534,7 @@ def cell_finished(session: Any) -> None:
             return
         if state.live is not None:
             state.live.cell_finished()
+            _refresh_snapshot(state)
         fallback = state.kind in ("static", "text") and state.refresh_after_cells
         if state.handle is not None and fallback:
             bundle = _fallback_bundle(session, state.kind == "static", state.timeline)
@@ -473,4 +558,5 @@ def close_panels(session: Any) -> None:
         remove(state.listener)
     state.live = None
     state.handle = None
+    state.snapshot = None
     state.listener = None

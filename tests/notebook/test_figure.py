@@ -4,14 +4,15 @@ import json
 import time
 
 from jax_nbmem.notebook.figure import (
+    TIMELINE_TRACES,
     TRACE_NAMES,
     FigureLimits,
     LiveFigure,
     build_figure,
-    changed_traces,
+    figure_parts,
     gpu_indices,
     header_text,
-    time_label,
+    time_ms,
 )
 from jax_nbmem.record.ledger import CellRecord
 from jax_nbmem.record.sampler import GpuSample, HostSample, Sample, SampleHistory
@@ -44,9 +45,9 @@ def sample(t, *gpus, rss=300 * MIB, live=None):
     return Sample(t=T0 + t, gpus=tuple(gpus), host=HostSample(rss, live))
 
 
-def record(count, started, before, peak, after, success=True, oom=False, error=None):
+def record(count, started, before, peak, after, success=True, oom=False, error=None, code=None):
     return CellRecord(
-        execution_count=count, first_line=f"cell {count}", started_at=T0 + started,
+        execution_count=count, first_line=code or f"cell {count}", started_at=T0 + started,
         duration_s=1.0, success=success, error=error, oom=oom, gpu_count=1,
         gpu_self_before=before, gpu_self_peak=peak, gpu_self_after=after,
         jax_in_use_before=None, jax_in_use_peak=None, jax_in_use_after=None,
@@ -64,17 +65,22 @@ def test_gpu_timeline_shows_this_kernel_others_and_total_in_gib():
     samples = [sample(i * 0.1, gpu(self_bytes=(4 + i) * GIB)) for i in range(5)]
     figure = build_figure(samples, [], gpu_index=0)
 
-    assert [t["name"] for t in figure["data"]][:8] == list(TRACE_NAMES[:8])
-    mine = trace(figure, "this kernel (NVML)")
+    assert [t["name"] for t in figure["data"]] == list(TRACE_NAMES)
+    mine = trace(figure, "this kernel")
     assert mine["visible"] and mine["y"] == [4.0, 5.0, 6.0, 7.0, 8.0]
-    assert mine["x"][0] == time.strftime("%Y-%m-%d %H:%M:%S.0", time.localtime(T0))
-    assert mine["x"][1] == time_label(T0 + 0.1) and mine["x"][1].endswith(".1")
+    # Plotly reads the numbers as UTC: shifted by the local offset, the axis shows local time.
+    offset_ms = time.localtime(T0).tm_gmtoff * 1000
+    assert mine["x"][0] == T0 * 1000 + offset_ms and mine["x"][1] - mine["x"][0] == 100
+    assert figure["layout"]["xaxis"]["type"] == "date"
     assert trace(figure, "other processes")["y"][-1] == 10.0
     assert trace(figure, "device total")["y"] == [80.0, 80.0]  # flat: drawn with two points
     # JAX has not started in this kernel: its series are hidden, not drawn as zero.
     assert not trace(figure, "JAX in use")["visible"]
     assert not trace(figure, "process RSS")["visible"]
     assert "GPU 0, GiB" == figure["layout"]["yaxis"]["title"]["text"]
+    assert figure["layout"]["yaxis"]["range"][0] == 0  # the axis starts at 0
+    assert 80.0 <= figure["layout"]["yaxis"]["range"][1] <= 90.0
+    assert "width" not in figure["layout"] and figure["layout"]["autosize"]  # full width
 
 
 def test_an_unknown_reading_is_a_gap_not_a_zero():
@@ -104,8 +110,10 @@ def test_a_long_noisy_session_stays_small():
     for line in figure["data"][:8]:
         assert len(line["x"]) <= limits.window_points + limits.history_points + 2
     assert len(trace(figure, "cell peak")["x"]) == limits.max_cells
-    everything = changed_traces(None, figure)
-    assert len(json.dumps(everything)) <= 32 * 1024
+    assert len(trace(figure, "cell records")["x"]) == min(199, limits.max_spans)
+    # Each part a live view syncs stays within one update's budget.
+    for name, part in figure_parts(figure).items():
+        assert len(json.dumps(part)) <= 32 * 1024, name
 
 
 def test_a_live_figure_reads_only_new_samples_and_draws_what_a_fresh_build_draws():
@@ -153,9 +161,9 @@ def test_no_gpu_shows_host_memory_labelled_as_such():
     samples = [sample(i, rss=(500 + i) * MIB, live=100 * MIB) for i in range(3)]
     figure = build_figure(samples, [], gpu_index=None)
     assert gpu_indices(samples) == []
-    rss = trace(figure, "process RSS (host, no GPU)")
+    rss = trace(figure, "process RSS")
     assert rss["visible"] and rss["y"] == [500.0, 501.0, 502.0]
-    assert trace(figure, "JAX live arrays (host, no GPU)")["y"][0] == 100.0
+    assert trace(figure, "JAX live arrays")["y"][0] == 100.0
     assert not trace(figure, "this kernel")["visible"]
     assert figure["layout"]["yaxis"]["title"]["text"] == "host memory (no GPU seen), MiB"
 
@@ -175,23 +183,53 @@ def test_cell_bars_show_peak_and_retained_with_colours_for_errors_and_oom():
     ok, error, oom = peak["marker"]["color"]
     assert len({ok, error, oom}) == 3
     assert "out of memory" in peak["hovertext"][2]
-    markers = trace(figure, "cell starts")
-    assert markers["x"][:2] == [time_label(T0 + 1)] * 2 and markers["x"][2] is None
-    assert "cell [2]" in markers["hovertext"][3]
-
-
-def test_changed_traces_sends_only_what_moved():
-    first = build_figure([sample(0, gpu()), sample(1, gpu())], [], 0)
-    assert set(changed_traces(None, first)) == set(range(len(TRACE_NAMES)))
-    assert changed_traces(first, first) == {}
-    moved = build_figure(
-        [sample(0, gpu()), sample(1, gpu()), sample(2, gpu(self_bytes=GIB))], [], 0
+    ticks = trace(figure, "cell records")
+    assert ticks["x"] == [time_ms(T0 + 1), time_ms(T0 + 3), time_ms(T0 + 5)]
+    assert (
+        "cell [2] cell 2" in ticks["hovertext"][1] and "error ValueError" in ticks["hovertext"][1]
     )
-    changes = changed_traces(first, moved)
-    mine = TRACE_NAMES.index("this kernel (NVML)")
-    assert changes[mine]["y"] == [4.0, 1.0]
-    assert "visible" not in changes[mine]
-    assert TRACE_NAMES.index("cell peak") not in changes
+    assert "before 6.00 GiB · peak 79.0 GiB · after 6.00 GiB" in ticks["hovertext"][2]
+    assert figure["layout"]["xaxis2"]["tickangle"] == 0  # upright labels
+
+
+def test_cells_are_alternating_spans_and_many_cells_keep_few_upright_labels():
+    records = [record(n, n * 0.5, GIB, 2 * GIB, GIB) for n in range(1, 201)]
+    figure = build_figure([sample(0, gpu()), sample(100, gpu())], records, 0)
+    even, odd = trace(figure, "cells"), trace(figure, "cells (alternate shade)")
+    assert even["fill"] == odd["fill"] == "toself" and even["fillcolor"] != odd["fillcolor"]
+    limits = FigureLimits()
+    assert even["x"].count(None) + odd["x"].count(None) == limits.max_spans
+    # A span covers the cell: from its start to its end, up to the top of the axis.
+    start, end = time_ms(T0 + 200 * 0.5), time_ms(T0 + 200 * 0.5 + 1.0)
+    last = odd if limits.max_spans % 2 == 0 else even
+    assert last["x"][-6:-1] == [start, start, end, end, start]
+    assert last["yaxis"] == "y3" and max(y for y in last["y"] if y is not None) == 1
+    ticks = figure["layout"]["xaxis2"]
+    assert ticks["tickangle"] == 0 and len(ticks["tickvals"]) <= 16
+    assert ticks["tickvals"][-1] == "[200]"  # the newest cell is always labelled
+
+
+def test_code_in_hover_text_is_escaped_and_zero_bars_get_a_plain_axis():
+    records = [record(1, 1, GIB, GIB, GIB, code="if a < b: print('<b>x</b>')")]
+    figure = build_figure([sample(0, gpu()), sample(2, gpu())], records, 0)
+    text = trace(figure, "cell records")["hovertext"][0]
+    assert "&lt;b&gt;x&lt;/b&gt;" in text and "<b>" not in text
+    assert trace(figure, "cell peak")["y"] == [0.0]
+    assert figure["layout"]["yaxis2"]["range"] == [0.0, 1.0]  # not plotly's -1..1
+
+
+def test_figure_parts_split_what_changes_often_from_what_does_not():
+    first = build_figure([sample(0, gpu()), sample(1, gpu())], [record(1, 0, 0, 0, 0)], 0)
+    moved = build_figure(
+        [sample(0, gpu()), sample(1, gpu()), sample(2, gpu(self_bytes=GIB))],
+        [record(1, 0, 0, 0, 0)],
+        0,
+    )
+    before, after = figure_parts(first), figure_parts(moved)
+    assert len(after["timeline"]) == TIMELINE_TRACES
+    assert before["timeline"] != after["timeline"]
+    assert before["cells"] == after["cells"] and before["bars"] == after["bars"]
+    assert after["timeline"] + after["cells"] + after["bars"] == moved["data"]
 
 
 def test_header_names_the_gpu_the_mode_and_free_memory():

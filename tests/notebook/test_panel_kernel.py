@@ -1,7 +1,7 @@
 """The live panel in a real kernel on the simulated GPU: its traces, and updates while a cell runs.
 
 The kernel talks to no frontend here; we read what a frontend would receive (the widget's comm
-messages on IOPub) and what the kernel holds (the FigureWidget's data).
+messages on IOPub) and what the kernel holds (the plot widget's synced parts).
 """
 
 import json
@@ -28,15 +28,15 @@ _jaxmem_session = jax_nbmem.notebook.magics.session_of(get_ipython())
 GROW_CELL = f"""\
 import json, os, time
 from jax_nbmem.simgpu import GIB, SimState
-_figure = _jaxmem_session._panel_state.live.figure
-_mine = [t.name for t in _figure.data].index("this kernel (NVML)")
+_plot = _jaxmem_session._panel_state.live.plot
+_mine = [t["name"] for t in _plot.timeline].index("this kernel")
 _seen = []
 _started = time.monotonic()
 for step in range(1, 13):
     state = SimState(os.environ["JAX_NBMEM_SIMGPU_STATE"]).gpu(0, total=80 * GIB)
     state.process(0, {OTHER_PID}, 20 * GIB).process(0, os.getpid(), step * GIB).write()
     time.sleep(0.25)
-    _seen.append([_figure.data[_mine].x[-1], _figure.data[_mine].y[-1]])
+    _seen.append([_plot.timeline[_mine]["x"][-1], _plot.timeline[_mine]["y"][-1]])
 print(json.dumps({{"seen": _seen, "seconds": time.monotonic() - _started}}))
 """
 
@@ -73,19 +73,22 @@ def gpu_kernel(sim_state, simgpu_env):
 
 def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
     _, _, displays = run_collecting(gpu_kernel, SHOW_PANEL_CELL)
-    (bundle,) = displays
+    bundle, snapshot = displays
     assert "application/vnd.jupyter.widget-view+json" in bundle
     # Frontends without widgets get the text instead of a traceback.
     assert "GPU 0: NVIDIA H200 (simulated)" in bundle["text/plain"]
     assert "allocator: on (when JAX starts)" in bundle["text/plain"]
 
+    # Under the widget, its snapshot: what an export or a frontend without the widget shows.
+    assert "jax-nbmem-snapshot" in snapshot["text/html"] and "<svg" in snapshot["text/html"]
+
     names, _ = execute(
         gpu_kernel,
         "live = _jaxmem_session._panel_state.live\n"
-        "print(live.figure.model_id, [t.name for t in live.figure.data if t.visible])",
+        "print(live.plot.model_id, [t['name'] for t in live.plot.timeline if t['visible']])",
     )
-    figure_id, shown = names.split(" ", 1)
-    for name in ("this kernel (NVML)", "other processes", "device total"):
+    plot_id, shown = names.split(" ", 1)
+    for name in ("this kernel", "other processes", "device total"):
         assert name in shown
     assert "process RSS" not in shown  # a GPU is seen: no host fallback
 
@@ -97,21 +100,16 @@ def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
     assert ends == sorted(ends) and ends[-1] > ends[0], ends
     assert report["seen"][-1][1] >= 10.0  # GiB: the cell's last steps reached the figure
 
-    updates = [
-        m["data"]["state"]["_py2js_update"]
-        for m in comm_msgs
-        if m["comm_id"] == figure_id and (m["data"].get("state") or {}).get("_py2js_update")
-    ]
-    assert len(updates) >= 3, f"only {len(updates)} figure updates while the cell ran"
+    # Updates are ordinary state: what a view made now (or after a reload) reads.
+    states = [m["data"]["state"] for m in comm_msgs if m["comm_id"] == plot_id]
+    timelines = [state["timeline"] for state in states if "timeline" in state]
+    assert len(timelines) >= 3, f"only {len(timelines)} timeline updates while the cell ran"
     # The throttle: at most four updates a second (plus the one a cell's end may add).
-    assert len(updates) <= 4 * report["seconds"] + 2
-    mine_index = 0  # "this kernel (NVML)" is the first trace
-    lengths = []
-    for update in updates:
-        traces = update["style_traces"]
-        if mine_index in traces and "x" in update["style_data"]:
-            lengths.append(len(update["style_data"]["x"][traces.index(mine_index)]))
-    assert len(lengths) >= 2 and lengths[-1] > lengths[0], lengths
+    assert len(timelines) <= 4 * report["seconds"] + 2
+    lengths = [len(timeline[0]["x"]) for timeline in timelines]  # "this kernel" is first
+    assert lengths[-1] > lengths[0], lengths
+    for state in states:  # every message within the budget of one update
+        assert len(json.dumps(state)) <= 32 * 1024, {k: len(json.dumps(v)) for k, v in state.items()}
 
 
 def test_showing_the_panel_twice_keeps_one_live_panel(gpu_kernel):
