@@ -2,7 +2,7 @@
 
 Feeds a SampleHistory with 10 Hz samples whose values change at every sample (the worst case
 for the panel: nothing repeats, so nothing is dropped), one cell a minute, then measures what
-the FigureWidget would send over its comm for each update and how long an update takes: wall
+the panel's plot widget sends over its comm for each update and how long an update takes: wall
 time, and CPU time of the updating thread (Python holding the GIL, which a user's CPU-bound
 cell on the main thread loses). "CPU share at 4 updates/s" is the median CPU time times the
 panel's highest update rate: the slowdown such a cell sees while the panel is shown.
@@ -75,7 +75,7 @@ def simulate(hours: float, updates: int) -> dict:
     records = [record(n, start + 60 * n) for n in range(1, int(hours * 60))]
     session = SimpleNamespace(
         settings=SimpleNamespace(panel="widget"), sampler=sampler,
-        ledger=SimpleNamespace(records=lambda: records), control=None,
+        ledger=SimpleNamespace(recent=lambda n: records[-n:]), control=None,
         banner_messages=lambda: ["NVML: ok"],
     )  # fmt: skip
     began = time.perf_counter()
@@ -83,9 +83,14 @@ def simulate(hours: float, updates: int) -> dict:
     live.widget._repr_mimebundle_()
     first_render_s = time.perf_counter() - began
     sent: list[int] = []
-    live.figure.comm.send = lambda data=None, buffers=None, **_: sent.append(
-        len(json.dumps(data, default=str)) + sum(len(b) for b in buffers or ())
-    )
+    messages: list[int] = []
+
+    def record_send(data=None, buffers=None, **_):
+        size = len(json.dumps(data, default=str)) + sum(len(b) for b in buffers or ())
+        sent.append(size)
+        messages.append(size)
+
+    live.plot.comm.send = record_send
     # The simulation allocated in seconds what a session allocates over hours: let Python's
     # full collection (its cost grows with every object alive) run now, not in a measured update.
     gc.collect()
@@ -103,11 +108,15 @@ def simulate(hours: float, updates: int) -> dict:
         durations.append(time.perf_counter() - began)
         cpu_times.append(time.thread_time() - began_cpu)
         sizes.append(sum(sent))
+    began = time.perf_counter()
+    snapshot = live.snapshot_html()
+    snapshot_s = time.perf_counter() - began
     return {
         "session": f"{hours:g} h",
         "history points": len(sampler.history()),
         "bytes/update mean": int(statistics.mean(sizes)),
         "bytes/update max": max(sizes),
+        "bytes/message max (cap 32 KiB)": max(messages),
         "update ms (median)": round(1000 * statistics.median(durations), 1),
         "update ms (max)": round(1000 * max(durations), 1),
         "update CPU ms (median)": round(1000 * statistics.median(cpu_times), 1),
@@ -116,6 +125,8 @@ def simulate(hours: float, updates: int) -> dict:
         "updates/s possible": round(1 / statistics.median(durations), 1),
         "updates/s sent (cap 4)": min(4.0, round(1 / statistics.median(durations), 1)),
         "first render ms": round(1000 * first_render_s, 1),
+        "snapshot ms": round(1000 * snapshot_s, 1),
+        "snapshot KiB": round(len(snapshot) / 1024, 1),
     }
 
 

@@ -11,8 +11,12 @@ args=()
 for arg in "$@"; do
   if [ "$arg" = "--simulated-gpu" ]; then
     sim_dir="${TMPDIR:-/tmp}/jax_nbmem-simgpu"
-    eval "$(python -m jax_nbmem.simgpu shell-env "$sim_dir")"
+    # --kernels: each kernel's JAX arrays land on the simulated GPU as JAX's allocator would
+    # hold them (JAX itself runs on the CPU here); see jax_nbmem/simgpu/mirror.py.
+    eval "$(python -m jax_nbmem.simgpu shell-env --kernels "$sim_dir")"
     echo "Simulated GPU: NVML stand-in from $sim_dir, state file $JAX_NBMEM_SIMGPU_STATE"
+    echo "Add a neighbour (an idle kernel that preallocated) from another shell with:"
+    echo "  JAX_NBMEM_SIMGPU_STATE=$JAX_NBMEM_SIMGPU_STATE python -m jax_nbmem.simgpu tenant"
   else
     args+=("$arg")
   fi

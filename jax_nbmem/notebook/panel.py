@@ -389,7 +389,8 @@ class _LivePanel:
                 self.gpu_selector.value = self.gpu_index
             self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
             figure = self._timeline.build(self._history, self._records(), self.gpu_index)
-            self.plot.show(figure_parts(figure))
+            if not self.plot.show(figure_parts(figure)):
+                self._dirty.set()  # over one update's budget: the rest goes next time
             self.figure = figure
             self.header.value = (
                 f"<b>{html.escape(printable(header_text(latest, self.gpu_index, self._mode)))}</b>"

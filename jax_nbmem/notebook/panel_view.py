@@ -27,8 +27,10 @@ __all__ = ["plot_view"]
 log = logging.getLogger("jax_nbmem")
 
 _STATIC = Path(__file__).with_name("static")
-# figure_parts() name → the synced trait that holds it, in the order an update sends them.
-_TRAITS = {"layout": "plot_layout", "cells": "cells", "bars": "bars", "timeline": "timeline"}
+# figure_parts() name → the synced trait that holds it, in the order an update sends them:
+# the scale and the memory lines first, they move with every sample.
+_TRAITS = {"layout": "plot_layout", "timeline": "timeline", "bars": "bars", "cells": "cells"}
+UPDATE_BUDGET_BYTES = 32 * 1024 - 1024  # a message adds its envelope to the value
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,25 +80,29 @@ def _plot_view_class() -> type:
                 with self._views_lock:
                     self._views_drawn += 1
 
-        def show(self, parts: dict[str, Any]) -> int:
-            """Sync the parts that differ from what was sent; return how many were sent.
+        def show(self, parts: dict[str, Any], budget: int | None = UPDATE_BUDGET_BYTES) -> bool:
+            """Sync the parts that differ from what was sent; False if some must wait.
 
-            traitlets sends a trait only when its new value differs from the old one, and
-            each part goes in a message of its own, so each message stays small.
+            Each part goes in a message of its own. An update sends parts in order until the
+            next would take it over *budget* bytes (the first changed part always goes); the
+            caller sends the rest in its next update, a quarter of a second later.
             """
-            sent = 0
+            used = 0
             for part, trait in _TRAITS.items():
                 value = parts[part]
-                if getattr(self, trait) != value:
-                    setattr(self, trait, value)
-                    sent += 1
-            return sent
+                if getattr(self, trait) == value:
+                    continue
+                size = len(json.dumps(value)) if budget is not None else 0
+                if budget is not None and used and used + size > budget:
+                    return False
+                setattr(self, trait, value)
+                used += size
+            return True
 
     return PlotView
 
 
 def plot_view(parts: dict[str, Any]) -> Any:
     """A new :class:`PlotView` showing *parts*; raises if anywidget or plotly is missing."""
-    view = _plot_view_class()()
-    view.show(parts)
-    return view
+    # In the constructor, so the first state travels with the widget's opening message.
+    return _plot_view_class()(**{trait: parts[part] for part, trait in _TRAITS.items()})

@@ -11,7 +11,9 @@
  *   driver VERSION
  *   gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [raw]
  *       [namehex=HEX] [name=REST OF LINE]
- *   proc GPU PID used=BYTES|na [kind=compute|graphics]
+ *   proc GPU PID used=BYTES|na [kind=compute|graphics] [ends=exit]
+ *       (ends=exit: listed only while process PID exists, as the driver drops a process that
+ *       exited; the demo's kernels write themselves so, and may be killed without a goodbye)
  *   lost GPU
  *   nodriver
  *   slow CALL MILLISECONDS         every CALL waits that long before it answers
@@ -31,6 +33,8 @@
  */
 #include <ctype.h>
 #include <stdio.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -204,9 +208,13 @@ static void parse_line(sim_state *state, char *line) {
         copy_text(gpu->name, "NVIDIA GPU (simulated)");
         parse_gpu_options(gpu, line + consumed);
     } else if (strcmp(word, "proc") == 0) {
-        char used[32] = "", kind[32] = "";
+        char used[32] = "", kind[32] = "", ends[32] = "";
         if (state->proc_count >= SIM_MAX_PROCS) return;
-        if (sscanf(line, "proc %u %u used=%31s kind=%31s", &index, &pid, used, kind) < 3) return;
+        if (sscanf(line, "proc %u %u used=%31s kind=%31s ends=%31s", &index, &pid, used, kind,
+                   ends) < 3)
+            return;
+        /* EPERM means it exists (another user's): only "no such process" drops it. */
+        if (strcmp(ends, "exit") == 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) return;
         sim_proc *proc = &state->procs[state->proc_count++];
         proc->gpu = index;
         proc->pid = pid;

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid as uuid_module
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class _Process:
     pid: int
     used: int | None
     graphics: bool
+    ends_with_process: bool = False
 
 
 @dataclass
@@ -232,9 +234,21 @@ class SimState:
         self._faults.clear()
         return self
 
-    def process(self, gpu: int, pid: int, used: int | None, graphics: bool = False) -> SimState:
-        """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell)."""
-        self._processes.append(_Process(gpu=gpu, pid=pid, used=used, graphics=graphics))
+    def process(
+        self,
+        gpu: int,
+        pid: int,
+        used: int | None,
+        graphics: bool = False,
+        *,
+        ends_with_process: bool = False,
+    ) -> SimState:
+        """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell).
+
+        ``ends_with_process=True``: the GPU lists it only while a process ``pid`` exists, as
+        a real driver forgets a process that exited (the demo's kernels are written so).
+        """
+        self._processes.append(_Process(gpu, pid, used, graphics, ends_with_process))
         return self
 
     def remove_process(self, pid: int) -> SimState:
@@ -257,6 +271,71 @@ class SimState:
         self.driver_loaded = not missing
         return self
 
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> SimState:
+        """The state a file holds (what :meth:`write` wrote); an empty state if it is missing.
+
+        For writers that change one thing and keep the rest, as the kernels' mirrors do
+        (:mod:`jax_nbmem.simgpu.mirror`).
+        """
+        state = cls(Path(path))
+        try:
+            text = state.path.read_text()
+        except FileNotFoundError:
+            return state
+        for line in text.splitlines():
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            kind = words[0]
+            if kind == "driver" and len(words) > 1:
+                state.driver = words[1]
+            elif kind == "nodriver":
+                state.driver_loaded = False
+            elif kind == "gpu":
+                state._read_gpu(line)
+            elif kind == "proc":
+                fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
+                used = None if fields.get("used") == "na" else int(fields["used"])
+                state.process(int(words[1]), int(words[2]), used, fields.get("kind") == "graphics")
+            elif kind == "lost":
+                state.lose(int(words[1]))
+            elif kind == "slow":
+                state._slow[words[1]] = int(words[2])
+            elif kind == "fail":
+                state._faults.append(
+                    (words[1], int(words[2]), int(words[3]) if len(words) > 3 else None)
+                )
+        return state
+
+    def _read_gpu(self, line: str) -> None:
+        head, _, name = line.partition(" name=")
+        words = head.split()
+        fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
+        if "namehex" in fields:
+            gpu_name: str | bytes = bytes.fromhex(fields["namehex"])
+        else:
+            gpu_name = name
+        self._gpus[int(words[1])] = _Gpu(
+            total=int(fields["total"]),
+            uuid=words[2],
+            name=gpu_name,
+            used=int(fields["used"]) if "used" in fields else None,
+            reserved=int(fields.get("reserved", 0)),
+            free=int(fields["free"]) if "free" in fields else None,
+            raw="raw" in words[3:],
+        )
+
+    def process_bytes(self, pid: int) -> int | None:
+        """What process ``pid`` holds over all GPUs; None when it is on none (or unknown)."""
+        held = [proc.used for proc in self._processes if proc.pid == pid]
+        return sum(held) if held and None not in held else None
+
+    def total_bytes(self, gpu: int) -> int | None:
+        """GPU ``gpu``'s total memory, or None when the state has no such GPU."""
+        found = self._gpus.get(gpu)
+        return None if found is None else found.total
+
     def render(self) -> str:
         """Return the state file's text."""
         lines = ["# jax_nbmem simulated GPU state", f"driver {self.driver}"]
@@ -276,7 +355,8 @@ class SimState:
         for proc in self._processes:
             used = "na" if proc.used is None else str(proc.used)
             kind = "graphics" if proc.graphics else "compute"
-            lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}")
+            ends = " ends=exit" if proc.ends_with_process else ""
+            lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}{ends}")
         lines.extend(f"lost {index}" for index in sorted(self._lost))
         lines.extend(f"slow {call} {ms}" for call, ms in sorted(self._slow.items()))
         for call, code, gpu in self._faults:
@@ -304,7 +384,20 @@ def demo_state(path: str | os.PathLike[str]) -> SimState:
     return SimState(Path(path)).gpu(0, total=150_000_000_000)
 
 
-def _print_shell_env(folder: Path) -> int:
+_STARTUP_FILE = """\
+# Written by `python -m jax_nbmem.simgpu shell-env --kernels`: the demo's kernels put their JAX
+# arrays on the simulated GPU the way JAX's allocator would hold them on a real one.
+try:
+    import jax_nbmem.simgpu.mirror as _jax_nbmem_mirror
+
+    _jax_nbmem_mirror.start_from_environment()
+    del _jax_nbmem_mirror
+except Exception as _error:  # a demo aid never stops a kernel from starting
+    print(f"jax_nbmem simulated GPU: the mirror did not start ({_error})")
+"""
+
+
+def _print_shell_env(folder: Path, kernels: bool = False) -> int:
     """For `eval "$(python -m jax_nbmem.simgpu shell-env DIR)"` in the demo script."""
     try:
         lib = build(folder)
@@ -317,7 +410,67 @@ def _print_shell_env(folder: Path) -> int:
     env = env_for_subprocess(lib.parent, state, base=os.environ)
     for name in ("LD_LIBRARY_PATH", STATE_ENV_VAR):
         print(f"export {name}={shlex.quote(env[name])}")
+    if kernels:
+        # An IPython profile of the demo's own, so the user's profile stays untouched.
+        ipython_dir = folder / "ipython"
+        startup = ipython_dir / "profile_default" / "startup" / "50-jax-nbmem-simgpu.py"
+        startup.parent.mkdir(parents=True, exist_ok=True)
+        startup.write_text(_STARTUP_FILE)
+        print(f"export IPYTHONDIR={shlex.quote(str(ipython_dir))}")
     return 0
+
+
+def start_tenant(
+    state_path: str | os.PathLike[str],
+    notebook: str = "neighbour.ipynb",
+    fraction: float | None = None,
+    timeout: float = 90.0,
+) -> tuple[int, int]:
+    """Start a neighbour on the simulated GPU: a real, idle Jupyter kernel that preallocated.
+
+    It runs JAX (on the CPU) with preallocation on (``fraction`` of the GPU, JAX's 75% by
+    default), and its mirror puts the pool on the simulated GPU; it names ``notebook`` as its
+    own (``JPY_SESSION_NAME``). It runs until it is shut down (the panel's button does) or
+    killed. Returns its PID and the bytes it holds once its pool is on the GPU.
+    """
+    from jupyter_client.connect import write_connection_file
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], not {fraction}")
+    state_path = Path(state_path).resolve()
+    runtime = Path(jupyter_runtime_dir())
+    runtime.mkdir(parents=True, exist_ok=True)
+    connection = runtime / f"kernel-{uuid_module.uuid4()}.json"
+    write_connection_file(str(connection), ip="127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PYTHON_CLIENT_")}
+    env.pop("XLA_CLIENT_MEM_FRACTION", None)
+    env.update({STATE_ENV_VAR: str(state_path), "JAX_PLATFORMS": "cpu"})
+    env["JPY_SESSION_NAME"] = notebook
+    if fraction is not None:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:g}"  # every jaxlib reads this one
+    warm_up = (
+        "import jax_nbmem.simgpu.mirror as _mirror, jax.numpy as _jnp; "
+        "_mirror.start_from_environment(); _jnp.ones(1).block_until_ready()"
+    )
+    log_path = state_path.with_name(f"tenant-{connection.stem}.log")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection),
+             f"--IPKernelApp.exec_lines={warm_up}"],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # it outlives this command
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = SimState.read(state_path).process_bytes(process.pid)
+        if held:
+            return process.pid, held
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"the neighbour kernel did not take its pool; its log: {log_path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,9 +489,42 @@ def main(argv: list[str] | None = None) -> int:
         help="build into DIR, write DIR/gpu.state (demo) if missing, print `export` lines",
     )
     shell_cmd.add_argument("dir")
+    shell_cmd.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also have kernels mirror their JAX arrays onto the simulated GPU, as JAX's "
+        "allocator would hold them (an IPython startup file; exports IPYTHONDIR)",
+    )
+    tenant_cmd = commands.add_parser(
+        "tenant",
+        help="start a neighbour: a real idle Jupyter kernel whose JAX preallocated on the "
+        "simulated GPU (stop it with the panel's shut-down button, or kill PID)",
+    )
+    tenant_cmd.add_argument(
+        "--state",
+        default=os.environ.get(STATE_ENV_VAR),
+        help=f"state file (default: ${STATE_ENV_VAR})",
+    )
+    tenant_cmd.add_argument("--notebook", default="neighbour.ipynb", help="the notebook it names")
+    tenant_cmd.add_argument(
+        "--fraction", type=float, default=None, help="its pool's share of the GPU (default 0.75)"
+    )
     args = parser.parse_args(argv)
     if args.command == "shell-env":
-        return _print_shell_env(Path(args.dir))
+        return _print_shell_env(Path(args.dir), kernels=args.kernels)
+    if args.command == "tenant":
+        if not args.state:
+            parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")
+        try:
+            pid, held = start_tenant(args.state, args.notebook, args.fraction)
+        except (RuntimeError, ValueError) as error:
+            print(f"jax_nbmem simulated GPU: {error}", file=sys.stderr)
+            return 1
+        print(
+            f"Simulated neighbour: kernel PID {pid} ({args.notebook}, preallocated) holds "
+            f"{held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {pid}"
+        )
+        return 0
     if args.command == "build":
         try:
             print(build(args.dir, old_driver=args.old_driver).parent)

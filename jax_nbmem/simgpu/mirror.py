@@ -1,0 +1,162 @@
+"""This process's JAX arrays on the simulated GPU, held the way JAX's allocator would hold them.
+
+In the demo (``scripts/quickstart.sh --simulated-gpu``) the kernel's JAX runs on the CPU, so
+the simulated GPU would never see it. The mirror, a daemon thread in the kernel, closes that
+gap: once JAX's backend has started (it never starts it), it writes this process's entry in
+the state file as the real allocator would make it under the mode JAX started with:
+
+* preallocation (JAX's default, ``fraction F``, ``bfc``/``cuda_async`` with preallocation):
+  the whole pool, ``F`` × the GPU's total, from the first operation on;
+* ``off`` (and ``vmm``): the pool grows with the arrays and keeps what they freed (the
+  allocator returns freed blocks to its pool, not to the GPU): the high-water mark;
+* ``platform``: exactly what the arrays hold now.
+
+Plus a CUDA context's worth for the process. The figures are labelled simulated wherever they
+show (the GPU's name says so). The entry lasts as long as the process (``ends=exit`` in the
+state file), as a real driver forgets a process that exited, however it ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState
+
+__all__ = ["CONTEXT_BYTES", "Mirror", "held_bytes", "start_from_environment", "started_mode"]
+
+CONTEXT_BYTES = 300 * 1024**2  # what a CUDA context takes on a large GPU, before any array
+_INTERVAL_S = 0.25
+_DEFAULT_FRACTION = 0.75
+
+
+@dataclass(frozen=True)
+class StartedMode:
+    """How JAX's GPU allocator would behave, as the environment said when the backend started."""
+
+    preallocate: bool
+    fraction: float
+    allocator: str
+
+    @property
+    def name(self) -> str:
+        """A short name: ``on``, ``fraction 0.3``, ``off``, ``platform``, ``vmm``..."""
+        if self.allocator == "platform":
+            return "platform"
+        if not self.preallocate or self.allocator == "vmm":
+            return "off" if self.allocator in ("default", "bfc") else self.allocator
+        return "on" if self.fraction == _DEFAULT_FRACTION else f"fraction {self.fraction:g}"
+
+
+def started_mode(environ: dict[str, str] | os._Environ) -> StartedMode:
+    """Read JAX's allocator variables the way jaxlib does when its backend starts."""
+    preallocate = environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in (
+        "false",
+        "0",
+    )
+    raw = environ.get("XLA_CLIENT_MEM_FRACTION") or environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    try:
+        fraction = float(raw) if raw else _DEFAULT_FRACTION
+    except ValueError:
+        fraction = _DEFAULT_FRACTION
+    allocator = environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() or "default"
+    return StartedMode(preallocate, fraction, allocator)
+
+
+def held_bytes(mode: StartedMode, total: int, live: int, high_water: int) -> int:
+    """What the process would hold on a GPU of *total* bytes (see the module's docstring)."""
+    if mode.allocator == "platform":
+        return CONTEXT_BYTES + live
+    if not mode.preallocate or mode.allocator == "vmm":
+        return CONTEXT_BYTES + high_water
+    return CONTEXT_BYTES + max(int(mode.fraction * total), 0)
+
+
+def _backend_started() -> bool:
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is None:
+        return False  # JAX not even imported: nothing to mirror, and we never import it
+    check = getattr(bridge, "backends_are_initialized", None)
+    if callable(check):
+        return bool(check())
+    return bool(getattr(bridge, "_backends", None))
+
+
+def _live_array_bytes() -> int:
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 0
+    return sum(int(getattr(array, "nbytes", 0)) for array in jax.live_arrays())
+
+
+class Mirror:
+    """The thread that keeps this process's entry in the state file (see the module)."""
+
+    def __init__(self, state_path: str | os.PathLike[str], gpu: int = 0) -> None:
+        self.state_path = Path(state_path)
+        self.gpu = gpu
+        self.pid = os.getpid()
+        self.mode: StartedMode | None = None
+        self.written: int | None = None
+        self._high_water = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
+
+    def start(self) -> Mirror:
+        """Start the thread; at exit the entry is removed."""
+        self._thread.start()
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and take this process off the simulated GPU."""
+        self._stop.set()
+        if self.written is not None:
+            with contextlib.suppress(Exception):
+                SimState.read(self.state_path).remove_process(self.pid).write()
+            self.written = None
+
+    def step(self) -> None:
+        """One look: write the entry if what the process would hold changed."""
+        if not _backend_started():
+            return
+        if self.mode is None:
+            self.mode = started_mode(os.environ)  # as JAX read them, give or take a moment
+        live = _live_array_bytes()
+        self._high_water = max(self._high_water, live)
+        state = SimState.read(self.state_path)
+        total = state.total_bytes(self.gpu)
+        if total is None:
+            return
+        held = held_bytes(self.mode, total, live, self._high_water)
+        if held != self.written:
+            state.remove_process(self.pid)
+            state.process(self.gpu, self.pid, held, ends_with_process=True).write()
+            self.written = held
+
+    def _run(self) -> None:
+        while not self._stop.wait(_INTERVAL_S):
+            try:
+                self.step()
+            except Exception:  # a demo aid: it must never disturb the kernel
+                continue
+
+
+_started: Mirror | None = None
+
+
+def start_from_environment() -> Mirror | None:
+    """Start this process's mirror (once) when ``$JAX_NBMEM_SIMGPU_STATE`` names a state file.
+
+    What the IPython startup file of the demo calls (``shell-env --kernels``).
+    """
+    global _started
+    path = os.environ.get(STATE_ENV_VAR)
+    if _started is None and path:
+        _started = Mirror(path).start()
+    return _started

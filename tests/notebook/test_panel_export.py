@@ -1,0 +1,60 @@
+"""`jupyter nbconvert --to html --execute` on the quickstart: the panel's picture is in the page.
+
+The exported page cannot run the widget without the network (its widget manager comes from a
+CDN), so the panel's snapshot must carry the picture: opened in chromium, which reaches no
+host, the page shows the panel's SVG as of the end of the run.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jax_nbmem.simgpu import GIB
+from tests.ipython_session import clean_environ
+from tests.jupyterlab import chromium_page, console_messages, screenshot
+from tests.notebook.test_panel_kernel import OTHER_PID
+from tests.notebook.test_panel_browser import QUICKSTART
+
+pytestmark = [pytest.mark.kernel, pytest.mark.browser]
+
+
+@pytest.mark.timeout(300)
+def test_exported_quickstart_shows_the_panel_offline(tmp_path, sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    notebook = tmp_path / "quickstart.ipynb"
+    shutil.copyfile(QUICKSTART, notebook)
+    env = {**clean_environ(), **simgpu_env, "JAX_PLATFORMS": "cpu"}
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--execute", str(notebook)],
+        env=env,
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
+    page_path = tmp_path / "quickstart.html"
+    text = page_path.read_text()
+    code_cells = len(re.findall(r"jp-CodeCell ", text))
+    assert code_cells >= 5
+    with chromium_page(tmp_path / "profile") as page:
+        page.goto(page_path.as_uri(), wait_until="load")
+        snapshot = page.locator(".jax-nbmem-snapshot").first
+        snapshot.wait_for(timeout=30_000)
+        assert snapshot.is_visible()
+        assert "GPU 0: NVIDIA H200 (simulated)" in snapshot.inner_text()
+        svg = snapshot.locator("svg")
+        assert svg.is_visible() and svg.bounding_box()["width"] > 500
+        # The memory lines are drawn, and the bars reach the quickstart's last cell.
+        assert snapshot.locator("svg path[stroke='#d62728']").count() >= 1  # other processes
+        labels = snapshot.locator("svg text").all_text_contents()
+        assert "other processes" in labels and "this kernel" in labels
+        last_cell = max(int(n) for n in re.findall(r"In\W{1,6}\[(\d+)\]:", text))
+        assert f"[{last_cell}]" in labels, (last_cell, labels)
+        snapshot.scroll_into_view_if_needed()
+        shot = screenshot(page, "panel-nbconvert-export")
+        assert shot.stat().st_size > 10_000
+        errors = [m for m in console_messages(page) if m.startswith("pageerror")]
+        assert not errors, errors

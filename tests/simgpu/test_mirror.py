@@ -1,0 +1,144 @@
+"""The demo's simulated GPU tells the real story: a kernel's JAX arrays held as its mode would.
+
+Real kernels started with the environment `shell-env --kernels` prints (the quickstart's
+`--simulated-gpu`): their JAX runs on the CPU, and the mirror puts what the GPU allocator would
+hold on the simulated GPU. A neighbour from `python -m jax_nbmem.simgpu tenant` is a real idle
+kernel that preallocated, and this kernel's status names it as blocking.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jax_nbmem.simgpu import GIB, SimState
+from jax_nbmem.simgpu.mirror import CONTEXT_BYTES, StartedMode, held_bytes, started_mode
+from jax_nbmem.simgpu.simulator import start_tenant
+from tests.kernels import execute, running_kernel
+
+MIB = 1024**2
+
+
+def test_each_mode_holds_what_jax_allocator_would():
+    total, live, high = 80 * GIB, 1 * GIB, 3 * GIB
+    on = started_mode({})
+    assert on.name == "on" and held_bytes(on, total, live, high) == CONTEXT_BYTES + 60 * GIB
+    fraction = started_mode({"XLA_CLIENT_MEM_FRACTION": "0.25"})
+    assert fraction.name == "fraction 0.25"
+    assert held_bytes(fraction, total, live, high) == CONTEXT_BYTES + 20 * GIB
+    older = started_mode({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+    assert held_bytes(older, total, live, high) == CONTEXT_BYTES + 40 * GIB
+    off = started_mode({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert off.name == "off"
+    assert held_bytes(off, total, live, high) == CONTEXT_BYTES + high  # keeps what was freed
+    platform = started_mode({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
+    assert held_bytes(platform, total, live, high) == CONTEXT_BYTES + live  # follows the arrays
+    assert StartedMode(True, 0.75, "vmm").name == "vmm"
+
+
+def test_a_state_file_reads_back_as_written(tmp_path):
+    state = SimState(tmp_path / "gpu.state").gpu(0, total=80 * GIB).gpu(1, 8 * GIB, name=b"\xffx")
+    state.process(0, 11, 5 * GIB).process(1, 12, None, graphics=True).lose(1)
+    state.slow("processes", 0.25).fail("memory", "UNKNOWN", 1).write()
+    again = SimState.read(state.path)
+    assert again.render() == state.render()
+    assert again.process_bytes(11) == 5 * GIB and again.process_bytes(12) is None
+    assert again.total_bytes(0) == 80 * GIB and again.total_bytes(5) is None
+
+
+@pytest.fixture
+def demo_env(tmp_path):
+    """The environment the quickstart's --simulated-gpu gives JupyterLab and its kernels."""
+    out = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.simgpu", "shell-env", "--kernels", str(tmp_path / "sim")],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    exports = dict(re.findall(r"^export (\w+)=(.*)$", out, re.M))
+    assert set(exports) == {"LD_LIBRARY_PATH", "JAX_NBMEM_SIMGPU_STATE", "IPYTHONDIR"}
+    env = {**os.environ, **{k: v.strip("'") for k, v in exports.items()}, "JAX_PLATFORMS": "cpu"}
+    SimState(env["JAX_NBMEM_SIMGPU_STATE"]).gpu(0, total=80 * GIB).write()
+    return env
+
+
+def held_by(state_path, pid, until, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    held = None
+    while time.monotonic() < deadline:
+        held = SimState.read(state_path).process_bytes(pid)
+        if until(held):
+            return held
+        time.sleep(0.1)
+    raise AssertionError(f"PID {pid} holds {held} on the simulated GPU")
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(180)
+def test_preallocation_takes_the_pool_at_the_first_operation(demo_env):
+    state = demo_env["JAX_NBMEM_SIMGPU_STATE"]
+    with running_kernel(env=demo_env) as (manager, client):
+        pid = manager.provisioner.process.pid
+        execute(client, "%load_ext jax_nbmem\n%jaxalloc on\nimport jax")
+        time.sleep(0.6)
+        assert SimState.read(state).process_bytes(pid) is None  # JAX has not started
+        execute(client, "import jax.numpy as jnp\nx = jnp.ones((1024, 1024, 16))")  # 64 MiB
+        held = held_by(state, pid, lambda held: held is not None)
+        assert held == CONTEXT_BYTES + 60 * GIB
+        assert nvml_pids(demo_env) == [pid]
+        out, _ = execute(client, "%jaxmem status --json")
+        report = json.loads(out[out.index("{") :])
+        mine = [p for p in report["processes"] if p["pid"] == pid]
+        assert mine and mine[0]["used_bytes"] == held
+    # The kernel is gone (killed, without a goodbye): the driver no longer lists its pool.
+    assert nvml_pids(demo_env) == []
+
+
+def nvml_pids(env) -> list[int]:
+    """The PIDs the simulated GPU 0 lists, asked through the real pynvml in a subprocess."""
+    code = (
+        "import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+        "print([p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    return json.loads(out)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(180)
+def test_without_preallocation_the_pool_grows_and_keeps_what_was_freed(demo_env):
+    state = demo_env["JAX_NBMEM_SIMGPU_STATE"]
+    with running_kernel(env=demo_env) as (manager, client):
+        pid = manager.provisioner.process.pid
+        execute(client, "%load_ext jax_nbmem\n%jaxalloc off")
+        execute(client, "import jax.numpy as jnp\nx = jnp.ones((1024, 1024, 64))")  # 256 MiB
+        grown = held_by(state, pid, lambda held: (held or 0) >= CONTEXT_BYTES + 256 * MIB)
+        assert grown == CONTEXT_BYTES + 256 * MIB
+        execute(client, "del x\nimport gc; gc.collect()")
+        time.sleep(0.8)
+        assert SimState.read(state).process_bytes(pid) == grown  # back to the pool, not the GPU
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_a_neighbour_that_preallocated_is_named_as_blocking(demo_env, monkeypatch):
+    state = demo_env["JAX_NBMEM_SIMGPU_STATE"]
+    for name in ("LD_LIBRARY_PATH", "IPYTHONDIR"):
+        monkeypatch.setenv(name, demo_env[name])
+    neighbour, held = start_tenant(state, notebook="hog.ipynb")
+    try:
+        assert held == CONTEXT_BYTES + 60 * GIB
+        with running_kernel(env=demo_env) as (_, client):
+            execute(client, "%load_ext jax_nbmem")
+            out, _ = execute(client, "%jaxmem status --json")
+            report = json.loads(out[out.index("{") :])
+            blocking = [w for w in report["warnings"] if w["kind"] == "blocking-preallocation"]
+            assert blocking and blocking[0]["pid"] == neighbour, report["warnings"]
+            assert "hog.ipynb" in blocking[0]["message"]
+    finally:
+        os.kill(neighbour, signal.SIGTERM)
