@@ -237,9 +237,11 @@ def test_two_views_and_a_page_reload_draw_the_same_live_picture(
     lab_page.keyboard.press("Control+s")
     lab_page.locator(".jp-NotebookPanel:visible .jp-mod-dirty").wait_for(state="detached")
     deadline = time.monotonic() + 30
-    while "application/vnd.jupyter.widget-view+json" not in (
-        server.root_dir / "views.ipynb"
-    ).read_text() and time.monotonic() < deadline:
+    while (
+        "application/vnd.jupyter.widget-view+json"
+        not in (server.root_dir / "views.ipynb").read_text()
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     before = plot_state(lab_page, 0)
     lab_page.reload(wait_until="domcontentloaded")

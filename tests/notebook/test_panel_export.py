@@ -15,8 +15,8 @@ import pytest
 from jax_nbmem.simgpu import GIB
 from tests.ipython_session import clean_environ
 from tests.jupyterlab import chromium_page, console_messages, screenshot
-from tests.notebook.test_panel_kernel import OTHER_PID
 from tests.notebook.test_panel_browser import QUICKSTART
+from tests.notebook.test_panel_kernel import OTHER_PID
 
 pytestmark = [pytest.mark.kernel, pytest.mark.browser]
 

@@ -109,7 +109,9 @@ def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
     lengths = [len(timeline[0]["x"]) for timeline in timelines]  # "this kernel" is first
     assert lengths[-1] > lengths[0], lengths
     for state in states:  # every message within the budget of one update
-        assert len(json.dumps(state)) <= 32 * 1024, {k: len(json.dumps(v)) for k, v in state.items()}
+        assert len(json.dumps(state)) <= 32 * 1024, {
+            k: len(json.dumps(v)) for k, v in state.items()
+        }
 
 
 def test_showing_the_panel_twice_keeps_one_live_panel(gpu_kernel):
