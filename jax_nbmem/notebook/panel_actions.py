@@ -64,7 +64,7 @@ class ShutdownActions:
         try:
             report = self._session.watcher.latest()
             tenant = next((t for t in report.tenants() if t.pid == pid), None) if report else None
-            notebook = tenant.notebook if tenant is not None else None
+            notebook = (tenant.notebook_shown or tenant.notebook) if tenant is not None else None
         except Exception:
             log.debug("jax_nbmem: no tenant record for PID %s", pid, exc_info=True)
         name = f" ({printable(notebook.rsplit('/', 1)[-1])})" if notebook else ""

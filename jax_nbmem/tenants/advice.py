@@ -97,7 +97,8 @@ def _namespace_message(tenant: Tenant) -> str:
 
 def _label(tenant: Tenant, *, start: bool = True) -> str:
     noun = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(tenant.kind)
-    details = [f"notebook {tenant.notebook}"] if tenant.notebook else []
+    notebook = tenant.notebook_shown or tenant.notebook
+    details = [f"notebook {notebook}"] if notebook else []
     # Without a notebook, the command says what it is; for a process judged only by its
     # size it is all there is to go by.
     if tenant.cmdline and (tenant.kind == "process" or tenant.source == "memory size"):

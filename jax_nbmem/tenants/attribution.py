@@ -101,6 +101,7 @@ class ProcessInfo:
     server_url: str | None = None
     gpu_device_open: bool | None = None
     mode_at_start: str | None = None
+    notebook_shown: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class Tenant:
     reason: str | None = None
     server_url: str | None = None
     mode_at_start: str | None = None
+    notebook_shown: str | None = None
     source: str = "unknown"
     mode: str | None = None
     jax: dict | None = None
@@ -141,6 +143,23 @@ class Tenant:
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
         return asdict(self)
+
+
+def shown_notebook(path: str | None, user: str | None) -> str | None:
+    """A notebook's path as people read it: under its owner's home, ``~/...``; else as is.
+
+    A Jupyter server shows paths relative to its root (usually that home), which wins when
+    it is known; this is for paths from a kernel's own environment or beacon.
+    """
+    if not path or not os.path.isabs(path):
+        return path
+    try:
+        home = os.path.expanduser(f"~{user}") if user else os.path.expanduser("~")
+    except (KeyError, RuntimeError):
+        return path
+    if home and home != "/" and path.startswith(home.rstrip("/") + "/"):
+        return "~/" + path[len(home.rstrip("/")) + 1 :]
+    return path
 
 
 def inspect_process(
@@ -195,6 +214,7 @@ def inspect_process(
     notebook = session.notebook if session is not None else None
     if notebook is None and environ is not None:
         notebook = environ.get("JPY_SESSION_NAME") or None
+    shown = session.path if session is not None and session.path else None
     allocator_env = (
         None if environ is None else {k: environ[k] for k in MANAGED_VARIABLES if k in environ}
     )
@@ -208,6 +228,7 @@ def inspect_process(
         cmdline=_short_cmdline(args),
         kernel_id=kernel_id,
         notebook=notebook,
+        notebook_shown=shown or shown_notebook(notebook, user),
         idle_s=session.idle_s() if session is not None else None,
         runs_jax=runs_jax,
         allocator_env=allocator_env,
@@ -404,6 +425,8 @@ def attribute(
         else:
             verdict = _from_outside(info, process.used_bytes, total)
         fields.update(verdict)
+        if "notebook" in verdict:  # the kernel named its notebook itself
+            fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))
         tenants.append(Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields))
     return tenants
 

@@ -184,13 +184,18 @@ def _loopback_host(host: str) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True)
 class ServerKernel:
-    """One kernel as its Jupyter server sees it; ``notebook`` is None unless it serves one."""
+    """One kernel as its Jupyter server sees it; ``notebook`` is None unless it serves one.
+
+    ``notebook`` is the notebook's full path; ``path`` the path as the server shows it
+    (relative to its root directory).
+    """
 
     kernel_id: str
     server_url: str
     notebook: str | None
     execution_state: str | None
     last_activity: float | None  # seconds since the epoch; None when the server did not say
+    path: str | None = None
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since the kernel's last activity; 0 while busy; None when unknown."""
@@ -356,11 +361,12 @@ def _ask_server(server: JupyterServer, deadline: float, answers: dict) -> None:
 
 
 def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> dict:
-    notebooks = {}
+    notebooks, shown = {}, {}
     for session in sessions if isinstance(sessions, list) else []:
         kernel = session.get("kernel") or {}
         path = session.get("path") or ""
         if kernel.get("id") and (session.get("type") == "notebook" or path.endswith(".ipynb")):
+            shown[kernel["id"]] = path
             if server.root_dir and not os.path.isabs(path):
                 path = os.path.join(server.root_dir, path)
             notebooks[kernel["id"]] = path
@@ -372,6 +378,7 @@ def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> 
                 kernel_id=kernel_id,
                 server_url=server.url,
                 notebook=notebooks.get(kernel_id),
+                path=shown.get(kernel_id),
                 execution_state=kernel.get("execution_state"),
                 last_activity=_epoch_seconds(kernel.get("last_activity")),
             )
@@ -407,7 +414,8 @@ def shutdown_kernel(
     refusal = _refusal(pid, tenant)
     if refusal:
         return ShutdownResult(False, None, refusal)
-    label = f"kernel PID {pid}" + (f" ({tenant.notebook})" if tenant.notebook else "")
+    notebook = tenant.notebook_shown or tenant.notebook
+    label = f"kernel PID {pid}" + (f" ({notebook})" if notebook else "")
     server = None
     if tenant.kernel_id and tenant.server_url:
         server = next((s for s in find_servers(runtime_dir) if s.url == tenant.server_url), None)

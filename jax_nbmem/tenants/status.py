@@ -151,7 +151,7 @@ def _process_line(process: Mapping[str, Any]) -> str:
     label = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(kind, kind)
     parts = [f"pid {process['pid']:<8} {label:<11} {format_bytes(process['used_bytes']):>10}"]
     if process.get("notebook"):
-        parts.append(process["notebook"])
+        parts.append(process.get("notebook_shown") or process["notebook"])
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
     source = process.get("source")

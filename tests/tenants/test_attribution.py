@@ -330,3 +330,16 @@ def test_a_process_on_two_gpus_is_inspected_once_and_listed_twice(neighbours):
         (1, "kernel", None),  # NVML did not give its bytes there: cannot tell
     ]
     assert Path(tenants[1].notebook).name == "train.ipynb"
+
+
+def test_notebook_paths_are_shown_as_people_read_them(tmp_path):
+    import os
+
+    from jax_nbmem.tenants.attribution import shown_notebook
+
+    home = os.path.expanduser("~")
+    assert shown_notebook(f"{home}/work/train.ipynb", None) == "~/work/train.ipynb"
+    assert shown_notebook("/srv/shared/x.ipynb", None) == "/srv/shared/x.ipynb"
+    assert shown_notebook("work/train.ipynb", None) == "work/train.ipynb"  # a server's own
+    assert shown_notebook(None, None) is None
+    assert shown_notebook(f"{home}/a.ipynb", "no-such-user-here") == f"{home}/a.ipynb"

@@ -173,6 +173,7 @@ def test_a_renamed_notebook_is_named_by_its_server(server, notebook):
 
     assert (tenant.kind, tenant.kernel_id) == ("kernel", kernel_id)
     assert tenant.notebook == str(server.root / "work" / "renamed.ipynb")
+    assert tenant.notebook_shown == "work/renamed.ipynb"  # as the server shows it
     assert tenant.server_url == server.info.url
     assert tenant.idle_s is not None and tenant.idle_s >= 0
     assert server.token not in repr(tenant) and server.token not in json.dumps(tenant.to_dict())
