@@ -6,7 +6,8 @@ gap: once JAX's backend has started (it never starts it), it writes this process
 the state file as the real allocator would make it under the mode JAX started with:
 
 * preallocation (JAX's default, ``fraction F``, ``bfc``/``cuda_async`` with preallocation):
-  the whole pool, ``F`` × the GPU's total, from the first operation on;
+  the whole pool, ``F`` × the GPU's total, from the first operation on; when that much is not
+  free, 0.9 times as much, again and again until it fits, as XLA's allocator retries;
 * ``off`` (and ``vmm``): the pool grows with the arrays and keeps what they freed (the
   allocator returns freed blocks to its pool, not to the GPU): the high-water mark;
 * ``platform``: exactly what the arrays hold now.
@@ -28,11 +29,20 @@ from pathlib import Path
 
 from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState
 
-__all__ = ["CONTEXT_BYTES", "Mirror", "held_bytes", "start_from_environment", "started_mode"]
+__all__ = [
+    "CONTEXT_BYTES",
+    "Mirror",
+    "held_bytes",
+    "pool_bytes",
+    "preallocates",
+    "start_from_environment",
+    "started_mode",
+]
 
 CONTEXT_BYTES = 300 * 1024**2  # what a CUDA context takes on a large GPU, before any array
 _INTERVAL_S = 0.25
 _DEFAULT_FRACTION = 0.75
+_RETRY_FACTOR, _RETRIES = 0.9, 60
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,37 @@ def started_mode(environ: dict[str, str] | os._Environ) -> StartedMode:
     return StartedMode(preallocate, fraction, allocator)
 
 
-def held_bytes(mode: StartedMode, total: int, live: int, high_water: int) -> int:
-    """What the process would hold on a GPU of *total* bytes (see the module's docstring)."""
+def preallocates(mode: StartedMode) -> bool:
+    """Whether the allocator takes its whole pool at the first allocation."""
+    return mode.preallocate and mode.allocator not in ("platform", "vmm")
+
+
+def pool_bytes(mode: StartedMode, total: int, free: int | None) -> int:
+    """The pool a preallocating allocator takes: ``fraction`` × *total*, shrunk to fit *free*."""
+    pool = int(mode.fraction * total)
+    if free is None:
+        return pool
+    room = free - CONTEXT_BYTES
+    for _ in range(_RETRIES):
+        if pool <= room:
+            return pool
+        pool = int(pool * _RETRY_FACTOR)
+    return 0
+
+
+def held_bytes(
+    mode: StartedMode, total: int, live: int, high_water: int, free: int | None = None
+) -> int:
+    """What the process would hold on a GPU of *total* bytes, *free* of them free for it.
+
+    See the module's docstring; *free* is what the GPU had free without this process.
+    """
+    room = None if free is None else max(0, free - CONTEXT_BYTES)
     if mode.allocator == "platform":
-        return CONTEXT_BYTES + live
-    if not mode.preallocate or mode.allocator == "vmm":
-        return CONTEXT_BYTES + high_water
-    return CONTEXT_BYTES + max(int(mode.fraction * total), 0)
+        return CONTEXT_BYTES + (live if room is None else min(live, room))
+    if not preallocates(mode):
+        return CONTEXT_BYTES + (high_water if room is None else min(high_water, room))
+    return CONTEXT_BYTES + pool_bytes(mode, total, free)
 
 
 def _backend_started() -> bool:
@@ -104,6 +138,7 @@ class Mirror:
         self.mode: StartedMode | None = None
         self.written: int | None = None
         self._high_water = 0
+        self._pool: int | None = None  # a preallocated pool's size, fixed when it was taken
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
 
@@ -133,7 +168,13 @@ class Mirror:
         total = state.total_bytes(self.gpu)
         if total is None:
             return
-        held = held_bytes(self.mode, total, live, self._high_water)
+        free = state.free_bytes(self.gpu, leaving_out=self.pid)
+        if preallocates(self.mode):
+            if self._pool is None:  # taken once, at the first allocation, and kept
+                self._pool = held_bytes(self.mode, total, live, self._high_water, free)
+            held = self._pool
+        else:
+            held = held_bytes(self.mode, total, live, self._high_water, free)
         if held != self.written:
             state.remove_process(self.pid)
             state.process(self.gpu, self.pid, held, ends_with_process=True).write()

@@ -85,7 +85,7 @@ typedef struct {
 } sim_gpu;
 
 typedef struct {
-    unsigned int gpu, pid, graphics;
+    unsigned int gpu, pid, graphics, ends_with_exit;
     unsigned long long used;
 } sim_proc;
 
@@ -187,6 +187,23 @@ static int call_kind(const char *word) {
     return -2;
 }
 
+/* Whether process PID runs: it exists and has not exited (a zombie's GPU memory is already
+ * freed, as the driver tears a context down at exit, before the parent reaps it). */
+static int process_running(unsigned int pid) {
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (file == NULL) {
+        /* EPERM means it exists (another user's): only "no such process" says it ended. */
+        return !(kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+    }
+    size_t got = fread(stat, 1, sizeof stat - 1, file);
+    fclose(file);
+    stat[got] = '\0';
+    const char *end = strrchr(stat, ')');
+    return end == NULL || (end[1] == ' ' && end[2] != 'Z' && end[2] != 'X');
+}
+
 static void parse_line(sim_state *state, char *line) {
     char word[16], text[SIM_TEXT];
     unsigned int index, pid;
@@ -213,9 +230,9 @@ static void parse_line(sim_state *state, char *line) {
         if (sscanf(line, "proc %u %u used=%31s kind=%31s ends=%31s", &index, &pid, used, kind,
                    ends) < 3)
             return;
-        /* EPERM means it exists (another user's): only "no such process" drops it. */
-        if (strcmp(ends, "exit") == 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) return;
         sim_proc *proc = &state->procs[state->proc_count++];
+        /* Checked at each call, not here: the parsed state is kept while the file is unchanged. */
+        proc->ends_with_exit = strcmp(ends, "exit") == 0;
         proc->gpu = index;
         proc->pid = pid;
         proc->graphics = strcmp(kind, "graphics") == 0;
@@ -404,6 +421,7 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
+        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
         /* A process on both the compute and the graphics list holds its memory once. */
         for (j = 0; j < i; j++) {
             if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid) break;
@@ -600,7 +618,10 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     for (i = 0; i < state->proc_count; i++) {
-        if (state->procs[i].gpu == device->index && state->procs[i].graphics == graphics) found++;
+        const sim_proc *proc = &state->procs[i];
+        if (proc->gpu != device->index || proc->graphics != graphics) continue;
+        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
+        found++;
     }
     if (found > *count || (found > 0 && !infos)) {
         *count = found;
@@ -612,12 +633,14 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
+        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
         infos[found].pid = proc->pid;
         infos[found].usedGpuMemory = proc->used;
         infos[found].gpuInstanceId = 0xFFFFFFFFu;
         infos[found].computeInstanceId = 0xFFFFFFFFu;
-        found++;
+        if (++found == *count) break; /* one more may have started between the two loops */
     }
+    *count = found; /* one may have exited between the two loops */
     release_state(state);
     return NVML_SUCCESS;
 }

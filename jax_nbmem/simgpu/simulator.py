@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 GIB = 1024**3
+DRIVER_BYTES = 500 * 1024**2  # what the stub counts as used besides its processes
 LIBRARY_NAME = "libnvidia-ml.so.1"
 STATE_ENV_VAR = "JAX_NBMEM_SIMGPU_STATE"
 
@@ -193,7 +194,8 @@ class SimState:
 
         ``uuid`` defaults to one derived from the index; ``name`` to a simulated H200 (bytes
         are passed as they are, so a name need not be valid UTF-8). ``used`` pins the device's
-        used bytes; by default it is the sum of its processes plus 500 MiB for the driver.
+        used bytes; by default it is the sum of its processes plus 500 MiB for the driver
+        (:data:`DRIVER_BYTES`).
         ``reserved`` is memory the driver keeps back (NVML's v2 memory info). ``raw=True``
         reports ``total``, ``used`` and ``free`` exactly as given, even when they make no
         sense (used above total, 2**64 - 1), as a confused driver would.
@@ -297,7 +299,13 @@ class SimState:
             elif kind == "proc":
                 fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
                 used = None if fields.get("used") == "na" else int(fields["used"])
-                state.process(int(words[1]), int(words[2]), used, fields.get("kind") == "graphics")
+                state.process(
+                    int(words[1]),
+                    int(words[2]),
+                    used,
+                    fields.get("kind") == "graphics",
+                    ends_with_process=fields.get("ends") == "exit",
+                )
             elif kind == "lost":
                 state.lose(int(words[1]))
             elif kind == "slow":
@@ -330,6 +338,23 @@ class SimState:
         """What process ``pid`` holds over all GPUs; None when it is on none (or unknown)."""
         held = [proc.used for proc in self._processes if proc.pid == pid]
         return sum(held) if held and None not in held else None
+
+    def free_bytes(self, gpu: int, leaving_out: int | None = None) -> int | None:
+        """What GPU ``gpu`` reports free, as the stub computes it, without process ``leaving_out``.
+
+        None when the state has no such GPU or pins numbers that say nothing (``raw``).
+        """
+        found = self._gpus.get(gpu)
+        if found is None or found.raw:
+            return None
+        if found.free is not None:
+            return found.free
+        if found.used is not None:
+            used = found.used
+        else:
+            held = [p.used or 0 for p in self._processes if p.gpu == gpu and p.pid != leaving_out]
+            used = DRIVER_BYTES + sum(held)
+        return max(0, found.total - found.reserved - used)
 
     def total_bytes(self, gpu: int) -> int | None:
         """GPU ``gpu``'s total memory, or None when the state has no such GPU."""

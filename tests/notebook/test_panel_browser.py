@@ -303,3 +303,119 @@ def test_two_hundred_quick_cells_stay_legible(start_lab_server, lab_page, sim_st
     lab_page.locator(PANEL).scroll_into_view_if_needed()
     shot = screenshot(lab_page, "panel-200-cells")
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_the_panel_is_live_in_notebook_7(start_lab_server, lab_page, sim_state, simgpu_env):
+    pytest.importorskip("notebook", minversion="7")
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    write_notebook(server.root_dir / "nb7.ipynb", ["%load_ext jax_nbmem\n%jaxmem", "x = 1"])
+    # Notebook 7 is served by the same jupyter_server, under /notebooks/.
+    lab_page.goto(
+        f"{server.base_url}/notebooks/nb7.ipynb?token={server.token}",
+        wait_until="domcontentloaded",
+    )
+    lab_page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+    wait_kernel_connected(server, 90, notebook="nb7.ipynb")
+    lab_page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+    lab_page.get_by_role("menuitem", name="Run", exact=True).click()
+    lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+    wait_for_plots(lab_page, 1, 90)
+    state = plot_state(lab_page, 0)
+    assert "other processes" in state["names"] and "this kernel" in state["names"]
+    points = state["points"]
+    deadline = time.monotonic() + 20
+    while plot_state(lab_page, 0)["last"][0][0] <= state["last"][0][0]:
+        assert time.monotonic() < deadline, "the plot did not move in Notebook 7"
+        time.sleep(0.2)
+    assert "GPU 0: NVIDIA H200 (simulated)" in lab_page.locator(PANEL).inner_text()
+    assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    lab_page.locator(PANEL).scroll_into_view_if_needed()
+    screenshot(lab_page, "panel-notebook7")
+    print(json.dumps({"points": points}))
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
+    start_lab_server, lab_page, tmp_path, monkeypatch
+):
+    import psutil
+
+    from jax_nbmem.simgpu.mirror import CONTEXT_BYTES
+    from jax_nbmem.simgpu.simulator import start_tenant
+    from tests.simgpu.test_mirror import shell_env
+
+    env = shell_env(tmp_path / "sim")  # what scripts/quickstart.sh --simulated-gpu uses
+    state = env["JAX_NBMEM_SIMGPU_STATE"]
+    SimState(state).gpu(0, total=80 * GIB).write()
+    for name in ("LD_LIBRARY_PATH", "IPYTHONDIR", "JAX_NBMEM_SIMGPU_STATE"):
+        monkeypatch.setenv(name, env[name])
+    # `python -m jax_nbmem.simgpu tenant`: an idle kernel that preallocated 75% of the GPU.
+    neighbour, held = start_tenant(state, notebook="hog.ipynb")
+    try:
+        assert held == 60 * GIB + CONTEXT_BYTES
+        server = start_lab_server(env={**env, "JAX_PLATFORMS": "cpu"})
+        cells = [
+            "%load_ext jax_nbmem\n%jaxalloc on",
+            "%jaxmem",
+            "import jax.numpy as jnp\nx = jnp.ones((1024, 1024, 16))",
+        ]
+        write_notebook(server.root_dir / "demo.ipynb", cells)
+        open_notebook(lab_page, server, "demo.ipynb")
+        run_all_cells(lab_page, timeout=120)
+        wait_for_plots(lab_page, 1, 60)
+        banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
+        lab_page.wait_for_function(
+            "s => document.querySelector(s).innerText.includes('blocking-preallocation')",
+            arg=f"{PANEL} .jax-nbmem-banner",
+            timeout=60_000,
+        )
+        text = banner.inner_text()
+        assert str(neighbour) in text and "hog.ipynb" in text, text
+        # This kernel's JAX took what was left, in 0.9x steps, as XLA's allocator does.
+        mine = SimState.read(state).process_bytes(int(server_kernel_pid(server)))
+        assert mine is not None and CONTEXT_BYTES < mine < 20 * GIB + CONTEXT_BYTES
+        lab_page.locator(PANEL).scroll_into_view_if_needed()
+        screenshot(lab_page, "panel-simulated-demo")
+
+        # Shutting the neighbour down from the panel gives its memory back.
+        lab_page.get_by_role("button", name=re.compile(rf"^Shut down PID {neighbour}")).click()
+        lab_page.get_by_role("button", name=f"Confirm: shut down PID {neighbour}").click()
+        lab_page.get_by_text(re.compile(rf"(Stopped|Killed) kernel PID {neighbour}")).wait_for(
+            timeout=30_000
+        )
+        deadline = time.monotonic() + 30
+        others = None
+        while time.monotonic() < deadline:
+            state_now = plot_state(lab_page, 0)
+            others = state_now["last"][state_now["names"].index("other processes")][1]
+            if others < 1.0:
+                break
+            time.sleep(0.25)
+        try:
+            status = psutil.Process(neighbour).status()
+        except psutil.Error as error:
+            status = repr(error)
+        from tests.simgpu.test_mirror import nvml_pids
+
+        assert others is not None and others < 1.0, (others, status, nvml_pids(env))
+        screenshot(lab_page, "panel-simulated-demo-after-shutdown")
+    finally:
+        try:
+            psutil.Process(neighbour).kill()
+        except psutil.Error:
+            pass
+
+
+def server_kernel_pid(server) -> int:
+    """The PID of the (only) kernel the server runs."""
+    import psutil
+
+    kernel_id = server.api("kernels")[0]["id"]
+    for process in psutil.process_iter(["cmdline"]):
+        if any(kernel_id in part for part in process.info["cmdline"] or []):
+            return process.pid
+    raise AssertionError(f"no process for kernel {kernel_id}")

@@ -17,7 +17,13 @@ import time
 import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
-from jax_nbmem.simgpu.mirror import CONTEXT_BYTES, StartedMode, held_bytes, started_mode
+from jax_nbmem.simgpu.mirror import (
+    CONTEXT_BYTES,
+    StartedMode,
+    held_bytes,
+    pool_bytes,
+    started_mode,
+)
 from jax_nbmem.simgpu.simulator import start_tenant
 from tests.kernels import execute, running_kernel
 
@@ -41,26 +47,44 @@ def test_each_mode_holds_what_jax_allocator_would():
     assert StartedMode(True, 0.75, "vmm").name == "vmm"
 
 
+def test_a_pool_that_does_not_fit_shrinks_as_xla_retries():
+    on = started_mode({})
+    # A neighbour holds 60 GiB of 80: 75% does not fit; 0.9x steps until it does.
+    free = 80 * GIB - 60 * GIB - 500 * MIB
+    pool = pool_bytes(on, 80 * GIB, free)
+    assert pool <= free - CONTEXT_BYTES and pool / 0.9 > free - CONTEXT_BYTES
+    assert held_bytes(on, 80 * GIB, 0, 0, free) == CONTEXT_BYTES + pool
+    # Without preallocation the arrays can only take what is free.
+    off = started_mode({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert held_bytes(off, 80 * GIB, 0, 30 * GIB, free) == free
+
+
 def test_a_state_file_reads_back_as_written(tmp_path):
     state = SimState(tmp_path / "gpu.state").gpu(0, total=80 * GIB).gpu(1, 8 * GIB, name=b"\xffx")
     state.process(0, 11, 5 * GIB).process(1, 12, None, graphics=True).lose(1)
+    state.process(0, 13, GIB, ends_with_process=True)
     state.slow("processes", 0.25).fail("memory", "UNKNOWN", 1).write()
     again = SimState.read(state.path)
-    assert again.render() == state.render()
+    assert again.render() == state.render() and "ends=exit" in again.render()
     assert again.process_bytes(11) == 5 * GIB and again.process_bytes(12) is None
     assert again.total_bytes(0) == 80 * GIB and again.total_bytes(5) is None
+
+
+def shell_env(folder) -> dict[str, str]:
+    """This environment plus what `shell-env --kernels` exports (the quickstart's demo)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.simgpu", "shell-env", "--kernels", str(folder)],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    exports = dict(re.findall(r"^export (\w+)=(.*)$", out, re.M))
+    assert set(exports) == {"LD_LIBRARY_PATH", "JAX_NBMEM_SIMGPU_STATE", "IPYTHONDIR"}
+    return {**os.environ, **{k: v.strip("'") for k, v in exports.items()}}
 
 
 @pytest.fixture
 def demo_env(tmp_path):
     """The environment the quickstart's --simulated-gpu gives JupyterLab and its kernels."""
-    out = subprocess.run(
-        [sys.executable, "-m", "jax_nbmem.simgpu", "shell-env", "--kernels", str(tmp_path / "sim")],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    exports = dict(re.findall(r"^export (\w+)=(.*)$", out, re.M))
-    assert set(exports) == {"LD_LIBRARY_PATH", "JAX_NBMEM_SIMGPU_STATE", "IPYTHONDIR"}
-    env = {**os.environ, **{k: v.strip("'") for k, v in exports.items()}, "JAX_PLATFORMS": "cpu"}
+    env = {**shell_env(tmp_path / "sim"), "JAX_PLATFORMS": "cpu"}
     SimState(env["JAX_NBMEM_SIMGPU_STATE"]).gpu(0, total=80 * GIB).write()
     return env
 
