@@ -515,6 +515,11 @@ class Sampler:
         due = self._process_due
         if self._busy:  # a cell runs: the list is due a busy interval after the last one
             due = min(due, self._process_read_at + self.busy_process_interval)
+        if _moved_much(used, self._used_at_process_read):
+            # Someone's bytes changed since the list: who holds what is stale. Read it again
+            # soon (no more often than while a cell runs), so a jump of this kernel's memory
+            # is not drawn, for a second, as another process's.
+            due = min(due, self._process_read_at + self.busy_process_interval)
         if (force and moved) or now + slack >= due:
             listing = self._read(source.processes, None, indices)
             split = _split_by_gpu(listing, source.pid)
@@ -538,10 +543,16 @@ class Sampler:
         order = list(indices) if indices is not None else sorted(g.index for g in memory)
         stats_by_index = dict(zip(order, gpu_stats, strict=False))
         split = self._split
+        listed_used = self._used_at_process_read or {}
         gpus = []
         for reading in memory:
+            stale = _moved_much(
+                {reading.index: reading.used_bytes}, {reading.index: listed_used.get(reading.index)}
+            )
             try:
-                gpus.append(_gpu_sample(reading, stats_by_index.get(reading.index), split))
+                gpus.append(
+                    _gpu_sample(reading, stats_by_index.get(reading.index), split, stale=stale)
+                )
             except Exception as exc:  # a malformed reading loses its GPU, not the sample
                 self._remember(exc)
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes)
@@ -678,7 +689,27 @@ def _held(stats: Any) -> int | None:
     return pool if pool is not None else getattr(stats, "bytes_limit", None)
 
 
-def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None) -> GpuSample:
+# How far a GPU's used bytes may move before its process list is taken as out of date.
+_STALE_LIST_BYTES = 64 * 1024**2
+
+
+def _moved_much(used: dict[int, int | None], at_list: dict[int, int | None] | None) -> bool:
+    """Whether some GPU's used bytes moved by more than ``_STALE_LIST_BYTES`` since the list."""
+    if at_list is None:
+        return False
+    for index, now in used.items():
+        then = at_list.get(index)
+        if now is not None and then is not None and abs(now - then) > _STALE_LIST_BYTES:
+            return True
+    return False
+
+
+def _gpu_sample(
+    reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None, stale: bool = False
+) -> GpuSample:
+    """One GPU's sample. *stale*: its used bytes moved since the process list was read, so
+    the list's split cannot say whose bytes moved: others are unknown until the next list.
+    """
     used = reading.used_bytes
     self_bytes: int | None = None
     others: int | None = None
@@ -690,7 +721,9 @@ def _gpu_sample(reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None
             self_bytes = 0  # JAX does not use this GPU and NVML does not list us: nothing
         # Otherwise our pid is missing from a GPU that JAX holds (e.g. NVML sees another PID
         # namespace in a container): unknown, not 0.
-        if used is not None and self_bytes is not None:
+        if stale:
+            others = None
+        elif used is not None and self_bytes is not None:
             others = max(0, used - self_bytes)
         else:
             others = mine.others
