@@ -12,7 +12,8 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # numpy 2 came after jaxlib 0.4.26, which was built against numpy 1.
 "${pip[@]}" "jax==0.4.26" "jaxlib==0.4.26" "numpy<2" "scipy<1.14"
 "${pip[@]}" -e . "pytest>=7.4" "pytest-timeout>=2.1" \
-    "ipython==8.0.0" "ipywidgets==8.0.0" "plotly==5.24.1" "nvidia-ml-py==12.535.108"
+    "ipython==8.0.0" "ipywidgets==8.0.0" "anywidget==0.9.0" "plotly==5.24.1" \
+    "nvidia-ml-py==12.535.108"
 "$venv/bin/python" -c "import jax, jaxlib; print('oldest: jax', jax.__version__, 'jaxlib', jaxlib.__version__)"
 # As if activated: IPython puts $VIRTUAL_ENV's packages first on sys.path, so a virtualenv
 # active around this script (CI's own) would otherwise lend its newer JAX to the shells here.

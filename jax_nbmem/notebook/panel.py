@@ -14,8 +14,8 @@ Three ways to show it (``c.JaxNbMem.panel``):
   Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
   that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
   frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
-  after every cell (on the cell's path: headless runs, ``nbconvert --execute``, end with the
-  picture of their last cell); once one has, at most every 30 s.
+  after cells on the cell's path, within 2% of the wall time (headless runs, ``nbconvert
+  --execute``, end with the picture of their last cells); once one has, at most every 30 s.
 * ``static``: a plotly figure (with the SVG and a text fallback in the same output) refreshed
   after each cell through a display handle, for frontends without widgets.
 * ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
@@ -72,6 +72,9 @@ _TABLE_CELLS = 10
 _FIRST_SAMPLE_WAIT_S = 0.5
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up the saved file
+# Until then the snapshot is redrawn on the cell's path, within this share of the wall time:
+# a run of many quick cells redraws it every few cells, a slow cell after itself.
+_HEADLESS_SNAPSHOT_SHARE = 0.02
 _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 
@@ -85,6 +88,7 @@ class _PanelState:
     listener: Any = None  # our cell listener on the session, once registered
     snapshot: Any = None  # DisplayHandle of the widget's static snapshot
     snapshot_at: float = 0.0  # time.monotonic() of its last refresh
+    snapshot_cost: float = 0.0  # seconds its last refresh on the cell's path took
     timeline: Any = None  # LiveFigure of the static fallback, kept between its updates
     refresh_after_cells: bool = True  # False in a terminal: an update would print again
 
@@ -501,12 +505,14 @@ def _snapshot_bundle(live: _LivePanel) -> dict[str, str]:
 
 
 def _refresh_snapshot(state: _PanelState) -> None:
-    """Keep the widget's snapshot current: after every cell until a view has drawn.
+    """Keep the widget's snapshot current for places where no view draws the widget.
 
-    Until then nothing on screen is live (a headless run, an export, a frontend without the
-    widget), so the figure is brought up to date here, on the cell's path: the last cell of an
-    ``nbconvert --execute`` run is in its picture. Once a view draws, the snapshot only backs
-    up the saved notebook and is refreshed from the last figure every ``_SNAPSHOT_EVERY_S``.
+    Until a view has drawn, nothing on screen is live (a headless run, an export, a frontend
+    without the widget), so the figure is brought up to date here, on the cell's path, where
+    the export sees it: within ``_HEADLESS_SNAPSHOT_SHARE`` of the wall time, so at worst the
+    last fraction of a second of quick cells is missing from an export's picture. Once a view
+    draws, the snapshot only backs up the saved notebook: redrawn from the last figure every
+    ``_SNAPSHOT_EVERY_S``.
     """
     live = state.live
     if live is None or state.snapshot is None:
@@ -515,10 +521,15 @@ def _refresh_snapshot(state: _PanelState) -> None:
     if live.plot.views_drawn:
         if now - state.snapshot_at < _SNAPSHOT_EVERY_S:
             return
-    else:
-        live.refresh_after_cell()
+        state.snapshot.update(_snapshot_bundle(live), raw=True)
+        state.snapshot_at = now
+        return
+    if now - state.snapshot_at < state.snapshot_cost / _HEADLESS_SNAPSHOT_SHARE:
+        return
+    live.refresh_after_cell()
     state.snapshot.update(_snapshot_bundle(live), raw=True)
-    state.snapshot_at = now
+    state.snapshot_at = time.monotonic()
+    state.snapshot_cost = state.snapshot_at - now
 
 
 def cell_finished(session: Any) -> None:
