@@ -707,8 +707,10 @@ def _moved_much(used: dict[int, int | None], at_list: dict[int, int | None] | No
 def _gpu_sample(
     reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None, stale: bool = False
 ) -> GpuSample:
-    """One GPU's sample. *stale*: its used bytes moved since the process list was read, so
-    the list's split cannot say whose bytes moved: others are unknown until the next list.
+    """One GPU's sample from its memory reading, JAX's counters and the process list's split.
+
+    *stale*: the GPU's used bytes moved since the process list was read, so the split cannot
+    say whose bytes moved; others are unknown (a gap, not a guess) until the next list.
     """
     used = reading.used_bytes
     self_bytes: int | None = None
