@@ -14,8 +14,9 @@ Three ways to show it (``c.JaxNbMem.panel``):
   Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
   that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
   frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
-  after cells on the cell's path, within 2% of the wall time (headless runs, ``nbconvert
-  --execute``, end with the picture of their last cells); once one has, at most every 30 s.
+  after cells on the cell's path, from a budget of 2% of the wall time with a burst (headless
+  runs, ``nbconvert --execute``, end with the picture of their last cell); once one has, at
+  most every 30 s.
 * ``static``: a plotly figure (with the SVG and a text fallback in the same output) refreshed
   after each cell through a display handle, for frontends without widgets.
 * ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
@@ -72,9 +73,11 @@ _TABLE_CELLS = 10
 _FIRST_SAMPLE_WAIT_S = 0.5
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up the saved file
-# Until then the snapshot is redrawn on the cell's path, within this share of the wall time:
-# a run of many quick cells redraws it every few cells, a slow cell after itself.
+# Until then the snapshot is redrawn on the cell's path, from a budget that fills with this
+# share of the wall time up to a burst: a run's last cells are in its picture, while a long run
+# of quick cells redraws it only every few cells.
 _HEADLESS_SNAPSHOT_SHARE = 0.02
+_HEADLESS_SNAPSHOT_BURST_S = 0.25
 _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 
@@ -89,6 +92,7 @@ class _PanelState:
     snapshot: Any = None  # DisplayHandle of the widget's static snapshot
     snapshot_at: float = 0.0  # time.monotonic() of its last refresh
     snapshot_cost: float = 0.0  # seconds its last refresh on the cell's path took
+    snapshot_budget: float = _HEADLESS_SNAPSHOT_BURST_S  # seconds it may take on the path
     timeline: Any = None  # LiveFigure of the static fallback, kept between its updates
     refresh_after_cells: bool = True  # False in a terminal: an update would print again
 
@@ -194,13 +198,21 @@ def _first_gpu(sampler: Any) -> int | None:
     return indices[0] if indices else None
 
 
-def _snapshot_html(figure: dict | None, text: str, panel_id: str = "", live: bool = False) -> str:
+def _snapshot_html(
+    figure: dict | None,
+    text: str,
+    panel_id: str = "",
+    live: bool = False,
+    last_cell: int | None = None,
+) -> str:
     """The panel as static HTML: its first lines, the SVG picture, and when it was taken."""
     lines = text.split("\n\n", 1)[0].splitlines()
     header = html.escape(lines[0]) if lines else ""
     banner = "<br>".join(html.escape(line) for line in lines[1:])
     picture = figure_svg(figure) if figure is not None else ""
     taken = time.strftime("%Y-%m-%d %H:%M:%S")
+    if last_cell is not None:
+        taken += f", after cell [{last_cell}]"
     note = (
         f"Snapshot of the live panel at {taken}; the panel itself is live while its kernel runs."
         if live
@@ -291,7 +303,9 @@ class _LivePanel:
     def snapshot_html(self) -> str:
         """The last picture drawn, as static HTML that a drawn view hides."""
         text = _summary_text(self._session, self.gpu_index)
-        return _snapshot_html(self.figure, text, self.plot.panel_id, live=True)
+        records = self._records()
+        last = records[-1].execution_count if records else None
+        return _snapshot_html(self.figure, text, self.plot.panel_id, live=True, last_cell=last)
 
     def start(self) -> None:
         """Subscribe to the sampler and start the update thread (no-op when running)."""
@@ -509,8 +523,10 @@ def _refresh_snapshot(state: _PanelState) -> None:
 
     Until a view has drawn, nothing on screen is live (a headless run, an export, a frontend
     without the widget), so the figure is brought up to date here, on the cell's path, where
-    the export sees it: within ``_HEADLESS_SNAPSHOT_SHARE`` of the wall time, so at worst the
-    last fraction of a second of quick cells is missing from an export's picture. Once a view
+    the export sees it: from a budget of ``_HEADLESS_SNAPSHOT_SHARE`` of the wall time (with a
+    burst of ``_HEADLESS_SNAPSHOT_BURST_S``), so the last cells of a run are in its picture
+    and only a long run of quick cells skips some in between. The picture says which cell it
+    shows last. Once a view
     draws, the snapshot only backs up the saved notebook: redrawn from the last figure every
     ``_SNAPSHOT_EVERY_S``.
     """
@@ -524,12 +540,16 @@ def _refresh_snapshot(state: _PanelState) -> None:
         state.snapshot.update(_snapshot_bundle(live), raw=True)
         state.snapshot_at = now
         return
-    if now - state.snapshot_at < state.snapshot_cost / _HEADLESS_SNAPSHOT_SHARE:
+    refill = (now - state.snapshot_at) * _HEADLESS_SNAPSHOT_SHARE
+    budget = min(_HEADLESS_SNAPSHOT_BURST_S, state.snapshot_budget + refill)
+    if budget < state.snapshot_cost:
+        state.snapshot_budget, state.snapshot_at = budget, now
         return
     live.refresh_after_cell()
     state.snapshot.update(_snapshot_bundle(live), raw=True)
     state.snapshot_at = time.monotonic()
     state.snapshot_cost = state.snapshot_at - now
+    state.snapshot_budget = budget - state.snapshot_cost
 
 
 def cell_finished(session: Any) -> None:

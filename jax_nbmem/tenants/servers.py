@@ -38,6 +38,7 @@ __all__ = [
     "SessionIndex",
     "ShutdownResult",
     "current_user",
+    "epoch_seconds",
     "find_servers",
     "kernel_sessions",
     "shutdown_kernel",
@@ -380,12 +381,15 @@ def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> 
                 notebook=notebooks.get(kernel_id),
                 path=shown.get(kernel_id),
                 execution_state=kernel.get("execution_state"),
-                last_activity=_epoch_seconds(kernel.get("last_activity")),
+                last_activity=epoch_seconds(kernel.get("last_activity")),
             )
     return found
 
 
-def _epoch_seconds(stamp: object) -> float | None:
+def epoch_seconds(stamp: object) -> float | None:
+    """A server's time stamp (ISO 8601 text, or a datetime) as seconds since the epoch."""
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
     if not isinstance(stamp, str):
         return None
     try:  # Python 3.10's fromisoformat does not take the trailing "Z" servers write

@@ -65,12 +65,15 @@ def collect(
     own_pid: int | None = None,
     in_kernel: bool = False,
     share_dir: str | None = None,
+    sessions=None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
     ``control`` (an `AllocatorControl`) adds this kernel's allocator report; ``in_kernel``
     makes warnings about *this* process (its preallocation, whether its mode will fit).
     The attributed `Tenant` records stay available as ``report.tenants()`` (not in the JSON).
+    ``sessions`` (kernel id → `ServerKernel`) stands for asking the running Jupyter servers,
+    e.g. a server's own kernels as the server extension knows them.
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -92,6 +95,7 @@ def collect(
         environ=environ,
         own_on_gpu=on_gpu if in_kernel else None,
         beacons=beacons,
+        sessions=sessions,
     )
     notes = [visible.note] if visible.note else []
 

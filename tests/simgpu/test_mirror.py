@@ -6,6 +6,7 @@ hold on the simulated GPU. A neighbour from `python -m jax_nbmem.simgpu tenant` 
 kernel that preallocated, and this kernel's status names it as blocking.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -100,12 +101,17 @@ def held_by(state_path, pid, until, timeout=30.0):
     raise AssertionError(f"PID {pid} holds {held} on the simulated GPU")
 
 
+@contextlib.contextmanager
+def demo_kernel(env):
+    """A real kernel of the demo: (its PID, a client, the state file's path)."""
+    with running_kernel(env=env) as (manager, client):
+        yield manager.provisioner.process.pid, client, env["JAX_NBMEM_SIMGPU_STATE"]
+
+
 @pytest.mark.kernel
 @pytest.mark.timeout(180)
 def test_preallocation_takes_the_pool_at_the_first_operation(demo_env):
-    state = demo_env["JAX_NBMEM_SIMGPU_STATE"]
-    with running_kernel(env=demo_env) as (manager, client):
-        pid = manager.provisioner.process.pid
+    with demo_kernel(demo_env) as (pid, client, state):
         execute(client, "%load_ext jax_nbmem\n%jaxalloc on\nimport jax")
         time.sleep(0.6)
         assert SimState.read(state).process_bytes(pid) is None  # JAX has not started
@@ -136,9 +142,7 @@ def nvml_pids(env) -> list[int]:
 @pytest.mark.kernel
 @pytest.mark.timeout(180)
 def test_without_preallocation_the_pool_grows_and_keeps_what_was_freed(demo_env):
-    state = demo_env["JAX_NBMEM_SIMGPU_STATE"]
-    with running_kernel(env=demo_env) as (manager, client):
-        pid = manager.provisioner.process.pid
+    with demo_kernel(demo_env) as (pid, client, state):
         execute(client, "%load_ext jax_nbmem\n%jaxalloc off")
         execute(client, "import jax.numpy as jnp\nx = jnp.ones((1024, 1024, 64))")  # 256 MiB
         grown = held_by(state, pid, lambda held: (held or 0) >= CONTEXT_BYTES + 256 * MIB)

@@ -1,0 +1,102 @@
+"""The extension's routes. Each reads the monitor's snapshot; none waits for NVML.
+
+Every route is behind the server's own authentication: the API answers 403 without a token or
+a login cookie, the board page sends the browser to the login page. The shutdown route acts
+only on this server's kernels, and a cookie-authenticated POST needs the XSRF token, as
+Jupyter's own API does (jupyter_server checks it before the handler runs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from tornado import web
+
+__all__ = ["BoardHandler", "HistoryHandler", "ShutdownHandler", "StatusHandler", "routes"]
+
+_STATIC = Path(__file__).with_name("static")
+AUTH_RESOURCE = "kernels"  # what Jupyter's authorizer is asked about: these are kernels' data
+
+
+class _MonitorMixin:
+    @property
+    def monitor(self) -> Any:
+        return self.settings["jax_nbmem_monitor"]
+
+
+class StatusHandler(_MonitorMixin, APIHandler):
+    """``GET /jax-nbmem/api/status``: ``jax-nbmem status --json``'s report, plus this server's
+    ``kernels`` and the snapshot's ``server`` facts (its age, a slow refresh).
+    """
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        snapshot = self.monitor.snapshot()
+        if snapshot is None:
+            self.set_status(503)
+            self.set_header("Retry-After", "2")
+            self.finish(json.dumps({"message": "jax_nbmem: the first snapshot is on its way"}))
+            return
+        self.finish(json.dumps(snapshot, default=str))
+
+
+class HistoryHandler(_MonitorMixin, APIHandler):
+    """``GET /jax-nbmem/api/history``: each GPU's used memory over the last minutes."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.finish(json.dumps({"gpus": self.monitor.history()}))
+
+
+class ShutdownHandler(_MonitorMixin, APIHandler):
+    """``POST /jax-nbmem/api/kernels/<id>/shutdown``: stop one of this server's kernels."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str) -> None:
+        manager = self.kernel_manager
+        if kernel_id not in manager:
+            raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
+        await manager.shutdown_kernel(kernel_id)
+        await self.monitor.tick()  # the next snapshot no longer lists it
+        self.finish(json.dumps({"kernel_id": kernel_id, "stopped": True}))
+
+
+class BoardHandler(_MonitorMixin, JupyterHandler):
+    """``GET /jax-nbmem/``: the GPU board, one self-contained page (no CDN)."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        page = (_STATIC / "board.html").read_text(encoding="utf-8")
+        script = (_STATIC / "board.js").read_text(encoding="utf-8")
+        settings = json.dumps({"baseUrl": self.base_url, "xsrfToken": self.xsrf_token.decode()})
+        page = page.replace("/*SETTINGS*/", f"const SETTINGS = {settings};")
+        page = page.replace("/*SCRIPT*/", script.replace("</", "<\\/"))
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(page)
+
+
+def routes(base_url: str) -> list[tuple[str, type]]:
+    """The URL patterns under the server's base URL."""
+    prefix = base_url.rstrip("/") + "/jax-nbmem"
+    return [
+        (prefix + "/?", BoardHandler),
+        (prefix + "/api/status", StatusHandler),
+        (prefix + "/api/history", HistoryHandler),
+        (prefix + r"/api/kernels/([\w-]+)/shutdown", ShutdownHandler),
+    ]

@@ -1,0 +1,233 @@
+"""One snapshot of the GPUs and this server's kernels, refreshed off the event loop.
+
+The server's event loop must never wait for NVML, ``/proc`` or a slow disk of beacons. Every
+``refresh_s`` a tick on the loop reads what the server itself knows of its kernels and notebooks
+(in memory), and hands it to a single worker thread that builds the status report: NVML,
+attribution, beacons, warnings. The routes and the metrics read the last finished snapshot
+only. A refresh still running when the next tick comes (NVML hung) is left alone, one at a
+time; once it has run longer than ``deadline_s`` the snapshot says so (``server.problem``)
+and how old it is, instead of anyone waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds
+from jax_nbmem.tenants.status import collect
+
+__all__ = ["ServerMonitor"]
+
+log = logging.getLogger("jax_nbmem")
+
+
+class ServerMonitor:
+    """The snapshot behind the server extension's routes and metrics (see the module)."""
+
+    def __init__(
+        self,
+        kernel_manager: Any,
+        session_manager: Any,
+        *,
+        server_url: str = "",
+        root_dir: str | None = None,
+        share_dir: str | None = None,
+        refresh_s: float = 2.0,
+        deadline_s: float = 10.0,
+        history_s: float = 600.0,
+        report: Callable[..., Mapping[str, Any]] = collect,
+    ) -> None:
+        self.kernel_manager = kernel_manager
+        self.session_manager = session_manager
+        self.server_url = server_url
+        self.root_dir = root_dir
+        self.share_dir = share_dir or None
+        self.refresh_s = refresh_s
+        self.deadline_s = deadline_s
+        self._report = report
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="jax_nbmem-server")
+        self._lock = threading.Lock()
+        self._snapshot: dict[str, Any] | None = None
+        self._in_flight: Future | None = None
+        self._in_flight_since: float | None = None
+        self._history: dict[str, deque] = {}
+        self._history_points = max(2, int(history_s / refresh_s))
+        self._task: asyncio.Task | None = None
+        self.refreshes = 0
+
+    # ---- on the event loop -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start ticking on the running event loop (the server's)."""
+        if self._task is None:
+            self._task = asyncio.get_event_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop ticking; a refresh in flight finishes on its own, unwaited."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._executor.shutdown(wait=False)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("jax_nbmem: a status refresh could not start", exc_info=True)
+            await asyncio.sleep(self.refresh_s)
+
+    async def tick(self) -> None:
+        """Start a refresh unless one is running; returns at once (never waits for it)."""
+        if self._in_flight is not None and not self._in_flight.done():
+            return
+        kernels = await self._server_kernels()
+        self._in_flight_since = time.monotonic()
+        self._in_flight = self._executor.submit(self._refresh, kernels)
+
+    async def _server_kernels(self) -> list[dict[str, Any]]:
+        """This server's kernels with their notebooks, from its own managers (in memory)."""
+        sessions = await self.session_manager.list_sessions()
+        notebooks = {}
+        for session in sessions:
+            kernel = session.get("kernel") or {}
+            if kernel.get("id"):
+                notebooks[kernel["id"]] = session.get("path")
+        found = []
+        for model in self.kernel_manager.list_kernels():
+            kernel_id = model.get("id")
+            found.append({
+                "kernel_id": kernel_id,
+                "name": model.get("name"),
+                "path": notebooks.get(kernel_id),
+                "execution_state": model.get("execution_state"),
+                "last_activity": epoch_seconds(model.get("last_activity")),
+                "connections": model.get("connections"),
+                "pid": _kernel_pid(self.kernel_manager, kernel_id),
+            })  # fmt: skip
+        return found
+
+    # ---- on the worker thread ----------------------------------------------------------
+
+    def _refresh(self, kernels: list[dict[str, Any]]) -> None:
+        began = time.monotonic()
+        try:
+            sessions = SessionIndex({k["kernel_id"]: self._session(k) for k in kernels})
+            report = dict(self._report(sessions=sessions, share_dir=self.share_dir))
+        except Exception as exc:  # said in the snapshot, never raised into the server
+            log.warning("jax_nbmem: status refresh failed", exc_info=True)
+            with self._lock:
+                if self._snapshot is not None:
+                    self._snapshot["server"]["problem"] = f"refresh failed: {exc}"
+            return
+        now = time.time()
+        report["kernels"] = _join_kernels(kernels, report.get("processes", []), now)
+        report["server"] = {
+            "url": self.server_url,
+            "taken_at": now,
+            "refresh_took_s": round(time.monotonic() - began, 3),
+            "problem": None,
+        }
+        with self._lock:
+            self._snapshot = report
+            for gpu in report.get("gpus", []):
+                uuid = gpu.get("uuid") or str(gpu.get("index"))
+                points = self._history.setdefault(uuid, deque(maxlen=self._history_points))
+                points.append([round(now, 1), gpu.get("used_bytes"), gpu.get("total_bytes")])
+            for uuid in set(self._history) - {g.get("uuid") for g in report.get("gpus", [])}:
+                del self._history[uuid]  # a GPU gone from the report leaves the history too
+            self.refreshes += 1
+
+    def _session(self, kernel: Mapping[str, Any]) -> ServerKernel:
+        path = kernel.get("path")
+        notebook = path
+        if path and self.root_dir and not path.startswith("/"):
+            notebook = f"{self.root_dir.rstrip('/')}/{path}"
+        return ServerKernel(
+            kernel_id=kernel["kernel_id"],
+            server_url=self.server_url,
+            notebook=notebook,
+            execution_state=kernel.get("execution_state"),
+            last_activity=kernel.get("last_activity"),
+            path=path,
+        )
+
+    # ---- for the routes (any thread) ---------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The last snapshot, with its age and any problem of the refresh under way; or None."""
+        with self._lock:
+            if self._snapshot is None:
+                return None
+            snapshot = dict(self._snapshot)
+            server = dict(snapshot["server"])
+        server["age_s"] = round(max(0.0, time.time() - server["taken_at"]), 3)
+        running = self._in_flight is not None and not self._in_flight.done()
+        if running and self._in_flight_since is not None:
+            late = time.monotonic() - self._in_flight_since
+            if late > self.deadline_s:
+                server["problem"] = (
+                    f"the refresh under way has taken {late:.0f} s (NVML or a disk is slow); "
+                    f"these figures are {server['age_s']:.0f} s old"
+                )
+        snapshot["server"] = server
+        return snapshot
+
+    def history(self) -> dict[str, list]:
+        """Each GPU's ``[time, used bytes, total bytes]`` over the last minutes, by UUID."""
+        with self._lock:
+            return {uuid: list(points) for uuid, points in self._history.items()}
+
+
+def _kernel_pid(kernel_manager: Any, kernel_id: str | None) -> int | None:
+    """The kernel's process ID where its provisioner says (local kernels); else None."""
+    try:
+        manager = kernel_manager.get_kernel(kernel_id)
+        provisioner = getattr(manager, "provisioner", None)
+        pid = getattr(provisioner, "pid", None)
+        if pid is None:
+            process = getattr(provisioner, "process", None)
+            pid = getattr(process, "pid", None)
+        return int(pid) if pid is not None else None
+    except Exception:
+        return None
+
+
+def _join_kernels(
+    kernels: list[dict[str, Any]], processes: list[Mapping[str, Any]], now: float
+) -> list[dict[str, Any]]:
+    """This server's kernels, each with what the GPUs say of its process."""
+    by_pid: dict[int, list[Mapping[str, Any]]] = {}
+    for process in processes:
+        by_pid.setdefault(process.get("pid"), []).append(process)
+    joined = []
+    for kernel in kernels:
+        on_gpus = by_pid.get(kernel.get("pid"), [])
+        known = [p.get("used_bytes") for p in on_gpus if p.get("used_bytes") is not None]
+        last = kernel.get("last_activity")
+        joined.append({
+            "kernel_id": kernel["kernel_id"],
+            "name": kernel.get("name"),
+            "notebook": kernel.get("path"),
+            "execution_state": kernel.get("execution_state"),
+            "connections": kernel.get("connections"),
+            "pid": kernel.get("pid"),
+            "idle_s": None if last is None else round(max(0.0, now - last), 1),
+            "gpus": sorted({p.get("gpu") for p in on_gpus}),
+            "gpu_memory_bytes": sum(known) if known else (0 if not on_gpus else None),
+            "mode": next((p.get("mode") for p in on_gpus if p.get("mode")), None),
+            "preallocated": next(
+                (p.get("preallocated") for p in on_gpus if p.get("preallocated") is not None),
+                None,
+            ),
+        })  # fmt: skip
+    return joined
