@@ -39,6 +39,9 @@ MAY_IMPORT = {
     "package": {"tenants", "notebook"},
 }
 MAY_USE_UI = {"notebook", "package"}
+# A web framework only in the server face (the exporter's HTTP server is the standard library's).
+WEB = {"tornado", "jupyter_server"}
+MAY_USE_WEB = {"server"}
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -130,6 +133,8 @@ def violations(package: Path) -> list[str]:
             found.append(f"{where}: only jax_nbmem/gpu/nvml.py may import pynvml")
         if outside & UI and part not in MAY_USE_UI:
             found.append(f"{where}: {part} imports {sorted(outside & UI)}")
+        if outside & WEB and part not in MAY_USE_WEB:
+            found.append(f"{where}: {part} imports {sorted(outside & WEB)}")
         for target in sorted(inside):
             other = part_of(target)
             if other != part and other not in MAY_IMPORT[part]:

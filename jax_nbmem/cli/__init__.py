@@ -1,6 +1,6 @@
-"""Face: the ``jax-nbmem`` command (status, kernelspecs that start in an allocator mode).
+"""Face: the ``jax-nbmem`` command (status, the node exporter, kernelspecs in a mode).
 
 A thin layer over the core: it parses arguments, calls the core and prints what it returns.
-May import any core part (allocator, gpu, record, tenants, tools) and jupyter_client; never
-IPython, the widgets or another face.
+May import any core part (allocator, gpu, record, tenants, tools), jupyter_client and
+prometheus_client (the exporter); never IPython, the widgets or another face.
 """

@@ -1,6 +1,7 @@
-"""The ``jax-nbmem`` command: GPU status, and kernelspecs that start in an allocator mode.
+"""The ``jax-nbmem`` command: GPU status, metrics, and kernelspecs that start in a mode.
 
 jax-nbmem status [--json]
+jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -81,6 +82,30 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exporter(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.exporter import Exporter
+
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        print(
+            "jax-nbmem exporter needs prometheus_client: pip install 'jax_nbmem[server]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        exporter = Exporter(args.listen, args.interval, args.share_dir)
+    except ValueError as error:
+        print(f"jax-nbmem exporter: {error}", file=sys.stderr)
+        return 2
+    try:
+        exporter.serve(ready=lambda url: print(f"jax-nbmem exporter: serving {url}", flush=True))
+    except OSError as error:
+        print(f"jax-nbmem exporter: cannot listen on {args.listen}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
@@ -95,6 +120,26 @@ def _parser() -> argparse.ArgumentParser:
         help="also read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
     )
     status.set_defaults(run=_status)
+
+    exporter = commands.add_parser(
+        "exporter",
+        help="serve the node's GPU metrics (every user's kernels) for Prometheus at /metrics",
+    )
+    exporter.add_argument(
+        "--listen",
+        default="127.0.0.1:9840",
+        metavar="HOST:PORT",
+        help="address to listen on (default: 127.0.0.1:9840, loopback only)",
+    )
+    exporter.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between two snapshots (default 5)"
+    )
+    exporter.add_argument(
+        "--share-dir",
+        metavar="DIR",
+        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+    )
+    exporter.set_defaults(run=_exporter)
 
     kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")
     kernel_commands = kernel.add_subparsers(dest="kernel_command", required=True)

@@ -29,8 +29,10 @@ class _MonitorMixin:
 
 
 class StatusHandler(_MonitorMixin, APIHandler):
-    """``GET /jax-nbmem/api/status``: ``jax-nbmem status --json``'s report, plus this server's
-    ``kernels`` and the snapshot's ``server`` facts (its age, a slow refresh).
+    """``GET /jax-nbmem/api/status``: the report of ``jax-nbmem status --json``, and more.
+
+    It adds this server's ``kernels`` and the snapshot's ``server`` facts (its age, a slow
+    refresh); 503 until the first snapshot is taken.
     """
 
     auth_resource = AUTH_RESOURCE
@@ -38,6 +40,7 @@ class StatusHandler(_MonitorMixin, APIHandler):
     @web.authenticated
     @authorized
     def get(self) -> None:
+        """Answer from the last snapshot."""
         snapshot = self.monitor.snapshot()
         if snapshot is None:
             self.set_status(503)
@@ -55,6 +58,7 @@ class HistoryHandler(_MonitorMixin, APIHandler):
     @web.authenticated
     @authorized
     def get(self) -> None:
+        """Answer from the monitor's history."""
         self.finish(json.dumps({"gpus": self.monitor.history()}))
 
 
@@ -66,6 +70,7 @@ class ShutdownHandler(_MonitorMixin, APIHandler):
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str) -> None:
+        """Shut the kernel down through the server's kernel manager; 404 if it is not ours."""
         manager = self.kernel_manager
         if kernel_id not in manager:
             raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
@@ -82,6 +87,7 @@ class BoardHandler(_MonitorMixin, JupyterHandler):
     @web.authenticated
     @authorized
     def get(self) -> None:
+        """The page, its script inlined, with the base URL and the XSRF token it needs."""
         page = (_STATIC / "board.html").read_text(encoding="utf-8")
         script = (_STATIC / "board.js").read_text(encoding="utf-8")
         settings = json.dumps({"baseUrl": self.base_url, "xsrfToken": self.xsrf_token.decode()})

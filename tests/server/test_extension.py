@@ -1,0 +1,235 @@
+"""The server extension in a real Jupyter server, on the simulated GPU, with real kernels.
+
+The status route, its authentication, the gauges on the server's own /metrics (parsed with
+prometheus_client's parser), the shutdown route with its XSRF check, and a slow NVML that must
+not hold up the server.
+"""
+
+import http.cookiejar
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jax_nbmem.simgpu import GIB, SimState
+
+pytestmark = pytest.mark.kernel
+pytest_plugins = ("tests.jupyterlab",)
+
+MIB = 1024**2
+
+
+def call(server, path, method="GET", body=None, token=True, opener=None, headers=None):
+    """(status, decoded body) of a request to the server; HTTP errors are answers too."""
+    request = urllib.request.Request(
+        f"{server.base_url}/{path.lstrip('/')}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            **({"Authorization": f"token {server.token}"} if token else {}),
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
+    )
+    try:
+        with (opener or urllib.request.build_opener()).open(request, timeout=15) as reply:
+            text = reply.read().decode()
+            status = reply.status
+    except urllib.error.HTTPError as error:
+        text, status = error.read().decode(), error.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def wait_for(what, check, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last})")
+
+
+def metrics(server) -> dict:
+    """``{(name, frozenset(labels)): value}`` of the jax_nbmem samples on /metrics."""
+    status, text = call(server, "metrics")
+    assert status == 200, text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("jax_nbmem_"):
+                found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def start_session(server, notebook: str) -> dict:
+    status, session = call(
+        server, "api/sessions", "POST",
+        {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}},
+    )  # fmt: skip
+    assert status == 201, session
+    return session
+
+
+def kernel_pids(server) -> dict[str, int]:
+    """Kernel id → PID, as the extension's status reports them."""
+    status, report = call(server, "jax-nbmem/api/status")
+    if status != 200:
+        return {}
+    return {k["kernel_id"]: k["pid"] for k in report["kernels"] if k["pid"]}
+
+
+@pytest.fixture
+def gpu_server(start_lab_server, sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    return start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+
+
+def test_status_and_metrics_name_every_kernel_and_follow_a_shutdown(gpu_server, sim_state):
+    server = gpu_server
+    assert call(server, "jax-nbmem/api/status", token=False)[0] == 403
+    first, second = start_session(server, "work/a.ipynb"), start_session(server, "b.ipynb")
+    ids = (first["kernel"]["id"], second["kernel"]["id"])
+    pids = wait_for(
+        "both kernels' PIDs", lambda: (p := kernel_pids(server)) and all(i in p for i in ids) and p
+    )
+    state = SimState(sim_state.path).gpu(0, total=80 * GIB)
+    state.process(0, pids[ids[0]], 10 * GIB).process(0, pids[ids[1]], 20 * GIB).write()
+
+    def both_on_the_gpu():
+        status, report = call(server, "jax-nbmem/api/status")
+        on_gpu = {k["kernel_id"]: k for k in report.get("kernels", []) if k["gpu_memory_bytes"]}
+        return report if set(ids) <= set(on_gpu) else None
+
+    report = wait_for("both kernels on the GPU", both_on_the_gpu)
+    kernels = {k["kernel_id"]: k for k in report["kernels"]}
+    assert (
+        kernels[ids[0]]["notebook"] == "work/a.ipynb" and kernels[ids[1]]["notebook"] == "b.ipynb"
+    )
+    assert kernels[ids[0]]["gpu_memory_bytes"] == 10 * GIB
+    processes = {p["pid"]: p for p in report["processes"]}
+    assert processes[pids[ids[0]]]["kind"] == "kernel"
+    assert processes[pids[ids[0]]]["notebook_shown"] == "work/a.ipynb"
+    assert report["server"]["age_s"] < 10 and report["server"]["problem"] is None
+    # The same report as `jax-nbmem status --json`, plus kernels and server.
+    assert {"nvml", "gpus", "processes", "warnings", "notes"} <= set(report)
+
+    found = wait_for(
+        "the kernels' gauges",
+        lambda: (
+            (m := metrics(server))
+            and any(name == "jax_nbmem_kernel_gpu_memory_bytes" for name, _ in m)
+            and m
+        ),
+    )
+    uuid = report["gpus"][0]["uuid"]
+    assert (
+        found[
+            ("jax_nbmem_gpu_memory_total_bytes", frozenset({"gpu_uuid": uuid, "gpu": "0"}.items()))
+        ]
+        == 80 * GIB
+    )
+    used = found[
+        ("jax_nbmem_gpu_memory_used_bytes", frozenset({"gpu_uuid": uuid, "gpu": "0"}.items()))
+    ]
+    assert used == 30 * GIB + 500 * MIB
+    mine = {
+        dict(labels)["kernel_id"]: (dict(labels), value)
+        for (name, labels), value in found.items()
+        if name == "jax_nbmem_kernel_gpu_memory_bytes"
+    }
+    labels, value = mine[ids[0]]
+    assert value == 10 * GIB
+    assert labels["notebook"] == "work/a.ipynb" and labels["gpu_uuid"] == uuid
+    assert labels["user"] and labels["pid"] == str(pids[ids[0]])
+    kinds = {dict(labels)["kind"] for (name, labels) in found if name == "jax_nbmem_warnings"}
+    assert "blocking-preallocation" in kinds
+
+    # Shut the second kernel down through the extension: it leaves the metrics.
+    status, answer = call(server, f"jax-nbmem/api/kernels/{ids[1]}/shutdown", "POST", {})
+    assert status == 200 and answer == {"kernel_id": ids[1], "stopped": True}
+    assert call(server, f"jax-nbmem/api/kernels/{ids[1]}/shutdown", "POST", {})[0] == 404
+    SimState(sim_state.path).gpu(0, total=80 * GIB).process(0, pids[ids[0]], 10 * GIB).write()
+    wait_for(
+        "the stopped kernel to leave the metrics",
+        lambda: not any(dict(labels).get("kernel_id") == ids[1] for _, labels in metrics(server)),
+    )
+    assert ids[1] not in {k["id"] for k in call(server, "api/kernels")[1]}
+
+
+def test_a_cookie_login_needs_the_xsrf_token_to_shut_a_kernel_down(gpu_server):
+    server = gpu_server
+    kernel_id = start_session(server, "c.ipynb")["kernel"]["id"]
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    # The board page, opened with the token once, logs the browser in (cookies, as a person).
+    status, page = call(server, f"jax-nbmem/?token={server.token}", token=False, opener=opener)
+    assert status == 200 and "GPU board" in page
+    xsrf = next(c.value for c in jar if c.name == "_xsrf")
+    path = f"jax-nbmem/api/kernels/{kernel_id}/shutdown"
+    assert call(server, path, "POST", {}, token=False, opener=opener)[0] == 403  # no XSRF
+    assert kernel_id in {k["id"] for k in call(server, "api/kernels")[1]}
+    status, answer = call(
+        server, path, "POST", {}, token=False, opener=opener, headers={"X-XSRFToken": xsrf}
+    )
+    assert status == 200 and answer["stopped"], answer
+
+
+@pytest.mark.timeout(300)
+def test_fifty_kernels_and_a_slow_nvml_never_hold_up_the_server(
+    start_lab_server, sim_state, simgpu_env, tmp_path
+):
+    # Kernels that only sleep: the server starts and lists them like any other.
+    spec = tmp_path / "kernels" / "share" / "jupyter" / "kernels" / "sleeper"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", "import time; time.sleep(600)", "{connection_file}"],
+        "display_name": "sleeper", "language": "python",
+    }))  # fmt: skip
+    sim_state.gpu(0, total=80 * GIB).slow("processes", 2.0).write()  # NVML takes 2 s
+    env = {
+        **simgpu_env,
+        "JAX_PLATFORMS": "cpu",
+        "JUPYTER_PATH": str(tmp_path / "kernels" / "share" / "jupyter"),
+    }
+    server = start_lab_server(env=env)
+    for _ in range(50):
+        status, kernel = call(server, "api/kernels", "POST", {"name": "sleeper"})
+        assert status == 201, kernel
+    report = wait_for(
+        "a snapshot of the 50 kernels",
+        lambda: (
+            (r := call(server, "jax-nbmem/api/status"))[0] == 200
+            and len(r[1]["kernels"]) == 50
+            and r[1]
+        ),
+    )
+    assert report["server"]["refresh_took_s"] >= 2.0  # the slow NVML was in it
+
+    def timed(path):
+        began = time.perf_counter()
+        status, _ = call(server, path)
+        assert status == 200
+        return time.perf_counter() - began
+
+    status_s, kernels_s = [], []
+    end = time.monotonic() + 6  # three refreshes, each 2 s in NVML
+    while time.monotonic() < end:
+        status_s.append(timed("jax-nbmem/api/status"))
+        kernels_s.append(timed("api/kernels"))
+    status_s.sort()
+    kernels_s.sort()
+    print(json.dumps({"status_ms_median": round(1000 * status_s[len(status_s) // 2], 1),
+                      "status_ms_max": round(1000 * status_s[-1], 1),
+                      "api_kernels_ms_max": round(1000 * kernels_s[-1], 1),
+                      "requests": len(status_s)}))  # fmt: skip
+    assert status_s[len(status_s) // 2] < 0.2  # from the cache
+    assert status_s[-1] < 0.5 and kernels_s[-1] < 0.5  # never the 2 s of NVML
