@@ -40,8 +40,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     except ValueError:
         if host != "localhost":
             raise ValueError(f"--listen wants an IP address or localhost; got {host!r}") from None
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen wants a port from 1 to 65535; got {port!r}")
+    if not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (said at start)
+        raise ValueError(f"--listen wants a port from 0 to 65535; got {port!r}")
     return host, int(port)
 
 

@@ -51,11 +51,14 @@ function sparkline(points) {
   const total = Math.max(...known.map((p) => p[2]));
   const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * 600;
   const y = (b) => 88 - (b / total) * 86;
-  let path = `M0,88 L${x(known[0][0])},${y(known[0][1])}`;
+  // Steps, as memory moves: each reading holds until the next.
+  let path = `M${x(known[0][0])},88 L${x(known[0][0])},${y(known[0][1])}`;
+  let last = known[0][1];
   for (const [t, used] of known.slice(1)) {
-    path += ` L${x(t)},${y(used)}`;
+    path += ` L${x(t)},${y(last)} L${x(t)},${y(used)}`;
+    last = used;
   }
-  path += ` L600,88 Z`;
+  path += ` L${x(t1)},88 Z`;
   const area = document.createElementNS(svgNs, "path");
   area.setAttribute("d", path);
   area.setAttribute("fill", "#0969da33");
@@ -63,6 +66,10 @@ function sparkline(points) {
   area.setAttribute("vector-effect", "non-scaling-stroke");
   svg.appendChild(area);
   return svg;
+}
+
+function say(text) {
+  document.getElementById("message").textContent = text;
 }
 
 async function shutdown(kernelId, pid, cell) {
@@ -76,10 +83,10 @@ async function shutdown(kernelId, pid, cell) {
     if (!reply.ok) {
       throw new Error(`${reply.status} ${(await reply.json().catch(() => ({}))).message || ""}`);
     }
-    cell.replaceChildren(element("span", `Stopped kernel PID ${pid}`));
+    say(`Stopped kernel PID ${pid}.`);
   } catch (error) {
     pending.delete(pid);
-    cell.replaceChildren(element("span", `Could not stop PID ${pid}: ${error.message}`));
+    say(`Could not stop kernel PID ${pid}: ${error.message}`);
   }
   refresh();
 }
@@ -112,7 +119,12 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
   if (gpu.problem) {
     section.appendChild(element("div", gpu.problem, { class: "note" }));
   }
-  section.appendChild(sparkline(history[gpu.uuid] || []));
+  const points = history[gpu.uuid] || [];
+  section.appendChild(sparkline(points));
+  if (points.length > 1) {
+    const minutes = Math.max(1, Math.round((points[points.length - 1][0] - points[0][0]) / 60));
+    section.appendChild(element("div", `used memory over the last ${minutes} min, from 0 to ${gib(gpu.total_bytes)}`, { class: "note" }));
+  }
   const table = element("table");
   const head = element("tr");
   for (const title of ["PID", "kind", "kernel", "notebook", "user", "mode", "JAX pool", "idle", "GPU memory", ""]) {

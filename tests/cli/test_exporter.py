@@ -1,0 +1,79 @@
+"""`jax-nbmem exporter`: the node's GPU metrics on a loopback port, and nothing else listening."""
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jax_nbmem.cli.exporter import parse_listen
+from jax_nbmem.simgpu import GIB
+
+pytestmark = pytest.mark.kernel
+
+
+def test_listen_addresses_are_checked():
+    assert parse_listen("127.0.0.1:9840") == ("127.0.0.1", 9840)
+    assert parse_listen("[::1]:9000") == ("::1", 9000)
+    for bad in ("9840", "127.0.0.1:", "127.0.0.1:70000", "example.com:80", ":80"):
+        with pytest.raises(ValueError, match="--listen"):
+            parse_listen(bad)
+
+
+def test_bad_arguments_are_refused_with_a_reason():
+    done = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.cli", "exporter", "--listen", "nowhere"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--listen wants HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_exporter_serves_the_gpu_and_its_processes(sim_state, simgpu_env):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        sim_state.gpu(0, total=80 * GIB).process(0, sleeper.pid, 7 * GIB).write()
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "jax_nbmem.cli", "exporter", "--listen", "127.0.0.1:0",
+             "--interval", "0.5"],
+            env=simgpu_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            line = exporter.stdout.readline()
+            assert line.startswith("jax-nbmem exporter: serving http://127.0.0.1:"), line
+            url = line.split("serving ", 1)[1].strip()
+            # It listens on that one address and nowhere else.
+            listening = [
+                c for c in psutil.Process(exporter.pid).net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            ]  # fmt: skip
+            assert [c.laddr.ip for c in listening] == ["127.0.0.1"], listening
+            samples = {}
+            deadline = time.monotonic() + 30
+            while (
+                time.monotonic() < deadline and "jax_nbmem_kernel_gpu_memory_bytes" not in samples
+            ):
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    text = reply.read().decode()
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        samples.setdefault(sample.name, []).append(sample)
+                time.sleep(0.2)
+            (process,) = samples["jax_nbmem_kernel_gpu_memory_bytes"]
+            assert process.value == 7 * GIB and process.labels["pid"] == str(sleeper.pid)
+            assert process.labels["kernel_id"] == "" and process.labels["user"]
+            (used,) = samples["jax_nbmem_gpu_memory_used_bytes"]
+            assert used.value == 7 * GIB + 500 * 1024**2 and used.labels["gpu"] == "0"
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=5)
+        finally:
+            exporter.send_signal(signal.SIGTERM)
+            assert exporter.wait(15) == 0, exporter.stderr.read()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
