@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Run the product: notebooks/quickstart.ipynb in JupyterLab, with jax_nbmem loaded by its first cell.
+# Run the product: the quickstart notebook in JupyterLab, with jax_nbmem loaded by its first cell.
 #   bash scripts/quickstart.sh                  # your real GPU (or, without one, an honest "no GPU")
 #   bash scripts/quickstart.sh --simulated-gpu  # a simulated GPU, clearly labelled as such
 # Other arguments go to `jupyter lab` (e.g. --no-browser --port 8899).
+# It runs a copy, build/quickstart/quickstart.ipynb (git ignores build/): notebooks/quickstart.ipynb
+# stays as it is in the repository, whatever the notebook's outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # JAX_NBMEM_NO_INSTALL=1 skips the install (the test suite runs this script as it is).
@@ -10,17 +12,20 @@ cd "$(dirname "$0")/.."
 args=()
 for arg in "$@"; do
   if [ "$arg" = "--simulated-gpu" ]; then
-    sim_dir="${TMPDIR:-/tmp}/jax_nbmem-simgpu"
-    # --kernels: each kernel's JAX arrays land on the simulated GPU as JAX's allocator would
-    # hold them (JAX itself runs on the CPU here); see jax_nbmem/simgpu/mirror.py.
-    eval "$(python -m jax_nbmem.simgpu shell-env --kernels "$sim_dir")"
-    echo "Simulated GPU: NVML stand-in from $sim_dir, state file $JAX_NBMEM_SIMGPU_STATE"
+    # One folder per user (jax_nbmem-simgpu-UID in the temporary directory). --kernels: each
+    # kernel's JAX arrays land on the simulated GPU as JAX's allocator would hold them (JAX
+    # itself runs on the CPU here); see jax_nbmem/simgpu/mirror.py.
+    eval "$(python -m jax_nbmem.simgpu shell-env --kernels)"
+    echo "Simulated GPU: state file $JAX_NBMEM_SIMGPU_STATE (JAX runs on the CPU; its arrays are mirrored)"
     echo "Add a neighbour (an idle kernel that preallocated) from another shell with:"
     echo "  JAX_NBMEM_SIMGPU_STATE=$JAX_NBMEM_SIMGPU_STATE python -m jax_nbmem.simgpu tenant"
   else
     args+=("$arg")
   fi
 done
+mkdir -p build/quickstart
+cp notebooks/quickstart.ipynb build/quickstart/quickstart.ipynb
+echo "Running a copy: build/quickstart/quickstart.ipynb"
 # Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
 [ "$(id -u)" = "0" ] && args+=("--allow-root")
-exec python -m jupyter lab notebooks/quickstart.ipynb ${args[@]+"${args[@]}"}
+exec python -m jupyter lab build/quickstart/quickstart.ipynb ${args[@]+"${args[@]}"}

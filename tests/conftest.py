@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import secrets
 import shutil
+import subprocess
 
 import pytest
 
@@ -79,3 +83,23 @@ def _own_runtime_dir(tmp_path_factory):
         os.environ.pop("JUPYTER_RUNTIME_DIR", None)
     else:
         os.environ["JUPYTER_RUNTIME_DIR"] = before
+
+
+# --- Another user (as root only, as CI runs) --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """A throwaway account (name, uid, gid), removed afterwards; only as root, as CI runs."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create another user")
+    name = f"jnm{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        entry = pwd.getpwnam(name)
+        yield name, entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

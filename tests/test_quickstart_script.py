@@ -24,18 +24,20 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _api(port: int, token: str, path: str, body: dict | None = None):
+def _api(port: int, token: str, path: str, body: dict | None = None, method: str | None = None):
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/api/{path}",
         data=None if body is None else json.dumps(body).encode(),
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        method="GET" if body is None else "POST",
+        method=method or ("GET" if body is None else "POST"),
     )
     with urllib.request.urlopen(request, timeout=5) as answer:
         return json.loads(answer.read())
 
 
-def test_quickstart_script_serves_the_notebook_on_a_simulated_gpu(tmp_path):
+def test_quickstart_script_serves_a_copy_of_the_notebook_on_a_simulated_gpu(tmp_path):
+    tracked = ROOT / "notebooks" / "quickstart.ipynb"
+    tracked_before = tracked.read_bytes()
     port, token = _free_port(), "quickstart-test-token"
     env = {**clean_environ(), "JAX_NBMEM_NO_INSTALL": "1", "TMPDIR": str(tmp_path)}
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
@@ -56,11 +58,32 @@ def test_quickstart_script_serves_the_notebook_on_a_simulated_gpu(tmp_path):
                 assert server.poll() is None, server.stdout.read()
                 assert time.monotonic() < deadline, "JupyterLab did not answer"
                 time.sleep(0.5)
-        notebook = {"path": "notebooks/quickstart.ipynb", "type": "notebook"}
-        session = _api(port, token, "sessions", {**notebook, "kernel": {"name": "python3"}})
-        assert session["path"] == "notebooks/quickstart.ipynb"
-        # --simulated-gpu built the stand-in library and wrote a demo state, labelled as such.
-        state = tmp_path / "jax_nbmem-simgpu" / "gpu.state"
+        # The server serves the copy's folder, build/quickstart/, as a file argument makes it.
+        copy = "quickstart.ipynb"
+        assert [item["name"] for item in _api(port, token, "contents")["content"]] == [copy]
+        session = _api(
+            port,
+            token,
+            "sessions",
+            {"path": copy, "type": "notebook", "kernel": {"name": "python3"}},
+        )
+        assert session["path"] == copy
+        # The user runs the cells and JupyterLab saves them, outputs and all: into the copy.
+        model = _api(port, token, f"contents/{copy}")
+        model["content"]["cells"][1]["outputs"] = [
+            {"output_type": "stream", "name": "stdout", "text": "a run's output\n"}
+        ]
+        _api(
+            port,
+            token,
+            f"contents/{copy}",
+            {"type": "notebook", "content": model["content"]},
+            "PUT",
+        )
+        assert "a run's output" in (ROOT / "build" / "quickstart" / copy).read_text()
+        assert tracked.read_bytes() == tracked_before  # the repository's notebook is untouched
+        # --simulated-gpu built the stand-in library in this user's own folder, labelled.
+        state = tmp_path / f"jax_nbmem-simgpu-{os.getuid()}" / "gpu.state"
         assert "NVIDIA H200 (simulated)" in state.read_text()
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -18,7 +18,7 @@ from jax_nbmem.allocator.jaxlib import (
 )
 from jax_nbmem.text import parse_number, printable
 
-__all__ = ["AllocatorMode", "ModeError", "mode_variables", "parse_mode", "usage"]
+__all__ = ["AllocatorMode", "ModeError", "mode_forms", "mode_variables", "parse_mode", "usage"]
 
 _ALLOCATOR_HELP = {
     "default": "jaxlib's default allocator (BFC), preallocation as configured",
@@ -59,10 +59,19 @@ class AllocatorMode:
         return f"{self.name} allocator: {_ALLOCATOR_HELP.get(self.name, 'as jaxlib defines it')}"
 
 
-def usage(jaxlib: JaxlibInfo) -> str:
+def mode_forms(jaxlib: JaxlibInfo | None = None) -> list[str]:
+    """Every form a mode may take with the installed jaxlib, written one way everywhere.
+
+    ``on``, ``off``, ``fraction F``, then the allocators this jaxlib accepts. The magic, the
+    CLI, their help texts and every error message name modes with this list.
+    """
+    jaxlib = jaxlib or installed_jaxlib()
+    return ["on", "off", "fraction F", *jaxlib.allocators]
+
+
+def usage(jaxlib: JaxlibInfo | None = None) -> str:
     """The valid forms of a mode, for error messages and help."""
-    allocators = "|".join(jaxlib.allocators)
-    return f"valid modes: on | off | fraction F (0 < F <= 1) | {allocators}"
+    return f"valid modes: {', '.join(mode_forms(jaxlib))} (F: 0 < F <= 1)"
 
 
 def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:

@@ -79,8 +79,11 @@ def format_report(report: AllocatorReport) -> str:
     return "\n".join(lines)
 
 
-def format_applied(result: ApplyResult) -> str:
-    """One short paragraph saying what a mode change did to the environment."""
+def format_applied(result: ApplyResult, in_kernel: bool = True) -> str:
+    """One short paragraph saying what a mode change did to the environment.
+
+    ``in_kernel=False``: said to a terminal IPython session, not a notebook's kernel.
+    """
     lines = [f"jax_nbmem: allocator mode '{result.mode}' — {result.mode.describe()}."]
     changes = [f"{name}={value}" for name, value in result.set.items()]
     changes += [f"unset {name}" for name in result.unset]
@@ -88,24 +91,38 @@ def format_applied(result: ApplyResult) -> str:
         lines.append("  " + ", ".join(changes))
     for name, value in result.replaced_outside.items():
         lines.append(f"  replaced {name}={value}, which was set outside jax_nbmem")
-    lines.append("  Takes effect when JAX first uses the GPU in this kernel.")
+    where = "this kernel" if in_kernel else "this IPython session"
+    lines.append(f"  Takes effect when JAX first uses the GPU in {where}.")
     return "\n".join(lines)
 
 
-def too_late(mode: AllocatorMode, report: AllocatorReport) -> str:
-    """Why ``mode`` cannot take effect in this kernel, what is in effect, and how to get it."""
+def too_late(mode: AllocatorMode, report: AllocatorReport, in_kernel: bool = True) -> str:
+    """Why ``mode`` cannot take effect here, what is in effect, and how to get it.
+
+    ``in_kernel=False``: said to a terminal IPython session, which has no notebook cells and
+    no kernelspec to choose.
+    """
     in_effect = _started_line(report)
-    return "\n".join(
-        [
-            f"jax_nbmem: '{mode}' cannot take effect in this kernel: JAX's backend has already "
-            "started, and it reads the allocator settings only once.",
-            f"  In effect: {in_effect}",
-            "  Nothing was changed. To run with this mode:",
-            f"  1. put `%load_ext jax_nbmem` and `%jaxalloc {mode}` in the notebook's first cell "
-            "(or set `c.JaxNbMem.allocator = "
-            f'"{mode}"` in ipython_kernel_config.py), then restart the kernel; or',
-            f"  2. install a kernel that starts in this mode: `jax-nbmem kernel install "
-            f"--allocator {str(mode).replace(' ', '=')} --user`, and pick "
-            f'"{kernel_display_name(mode)}" as this notebook\'s kernel.',
+    where = "this kernel" if in_kernel else "this IPython session"
+    lines = [
+        f"jax_nbmem: '{mode}' cannot take effect in {where}: JAX's backend has already "
+        "started, and it reads the allocator settings only once.",
+        f"  In effect: {in_effect}",
+        "  Nothing was changed. To run with this mode:",
+    ]
+    config = f'`c.JaxNbMem.allocator = "{mode}"`'
+    if not in_kernel:
+        lines += [
+            f"  start IPython again and run `%load_ext jax_nbmem` and `%jaxalloc {mode}` before "
+            f"any JAX code (or set {config} in ipython_config.py, or start it as "
+            f"`JAX_NBMEM_ALLOCATOR='{mode}' ipython`)."
         ]
-    )
+        return "\n".join(lines)
+    lines += [
+        f"  1. put `%load_ext jax_nbmem` and `%jaxalloc {mode}` in the notebook's first cell "
+        f"(or set {config} in ipython_kernel_config.py), then restart the kernel; or",
+        f"  2. install a kernel that starts in this mode: `jax-nbmem kernel install "
+        f"--allocator {str(mode).replace(' ', '=')} --user`, and pick "
+        f'"{kernel_display_name(mode)}" as this notebook\'s kernel.',
+    ]
+    return "\n".join(lines)

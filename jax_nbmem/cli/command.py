@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from jax_nbmem.allocator.modes import ModeError, parse_mode
+from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
 
 __all__ = ["main"]
 
@@ -30,7 +30,12 @@ def _kernel_install(args: argparse.Namespace) -> int:
     prefix = sys.prefix if args.sys_prefix else args.prefix
     try:
         kernel = install(
-            mode, name=args.name, display_name=args.display_name, user=args.user, prefix=prefix
+            mode,
+            name=args.name,
+            display_name=args.display_name,
+            user=args.user,
+            prefix=prefix,
+            replace=args.replace,
         )
     except KernelSpecError as exc:
         print(f"jax-nbmem: {exc}", file=sys.stderr)
@@ -106,6 +111,15 @@ def _exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _system_kernels() -> str:
+    try:
+        from jupyter_core.paths import SYSTEM_JUPYTER_PATH
+
+        return f"{SYSTEM_JUPYTER_PATH[0]}/kernels"
+    except Exception:
+        return "Jupyter data directory"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
@@ -144,15 +158,25 @@ def _parser() -> argparse.ArgumentParser:
     kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")
     kernel_commands = kernel.add_subparsers(dest="kernel_command", required=True)
 
-    install = kernel_commands.add_parser("install", help="install a kernelspec")
+    install = kernel_commands.add_parser(
+        "install",
+        help="install a kernelspec",
+        description="Install a kernelspec whose kernels start in allocator mode MODE. Without "
+        f"--user, --sys-prefix or --prefix it goes to the system-wide {_system_kernels()} "
+        "(which may need root).",
+    )
     install.add_argument(
         "--allocator",
         required=True,
         metavar="MODE",
-        help="on | off | fraction=F | platform | bfc | cuda_async | default | vmm | address",
+        help=f"one of {', '.join(mode_forms())} (F: 0 < F <= 1; write 'fraction 0.3' in quotes "
+        "or fraction=0.3)",
     )
     install.add_argument("--name", help="kernelspec name (default: jax-nbmem-MODE)")
     install.add_argument("--display-name", help="name shown in the launcher")
+    install.add_argument(
+        "--replace", action="store_true", help="overwrite a kernelspec of the same name"
+    )
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help=f"install into {sys.prefix}")

@@ -17,7 +17,15 @@ from jax_nbmem.allocator.control import ENV_ALLOCATOR
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
 from jax_nbmem.allocator.report import kernel_display_name, kernel_name
 
-__all__ = ["InstalledKernel", "KernelSpecError", "install", "list_kernels", "remove", "spec_for"]
+__all__ = [
+    "InstalledKernel",
+    "KernelSpecError",
+    "destination",
+    "install",
+    "list_kernels",
+    "remove",
+    "spec_for",
+]
 
 _METADATA_KEY = "jax_nbmem"
 
@@ -75,7 +83,8 @@ def spec_for(
         # jupyter_client merges `env` into the server's environment, so a variable set there
         # (say the deprecated fraction name) still reaches the kernel: the extension, loaded
         # before any cell, applies JAX_NBMEM_ALLOCATOR and unsets what contradicts the mode.
-        "metadata": {_METADATA_KEY: {"allocator": str(mode)}},
+        # ipykernel (6+) speaks the debug protocol: JupyterLab's debugger works for the kernel.
+        "metadata": {"debugger": True, _METADATA_KEY: {"allocator": str(mode)}},
     }
 
 
@@ -86,11 +95,22 @@ def install(
     display_name: str | None = None,
     user: bool = False,
     prefix: str | None = None,
+    replace: bool = False,
 ) -> InstalledKernel:
-    """Write the kernelspec and return where jupyter_client put it."""
+    """Write the kernelspec and return where jupyter_client put it.
+
+    Refuses to overwrite a kernelspec of the same name in the same place unless ``replace``:
+    it may be someone's own, or another mode's.
+    """
     name = name or kernel_name(mode)
     spec = spec_for(mode, display_name)
     manager = _manager(prefix)
+    existing = _existing(manager, name, user=user, prefix=prefix)
+    if existing is not None and not replace:
+        raise KernelSpecError(
+            f"a kernelspec {name!r} is already installed in {existing}; pass --replace to "
+            "overwrite it, or --name for another name"
+        )
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "kernel.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         try:
@@ -98,6 +118,23 @@ def install(
         except (OSError, ValueError) as exc:
             raise KernelSpecError(f"cannot install kernelspec {name!r}: {exc}") from exc
     return InstalledKernel(name, spec["display_name"], str(mode), where, spec["env"])
+
+
+def destination(manager, name: str, *, user: bool, prefix: str | None) -> Path:
+    """Where jupyter_client puts kernelspec *name*: as ``install_kernel_spec`` decides."""
+    from jupyter_core.paths import SYSTEM_JUPYTER_PATH
+
+    if user:
+        return Path(manager.user_kernel_dir) / name
+    if prefix:
+        return Path(prefix).absolute() / "share" / "jupyter" / "kernels" / name
+    return Path(SYSTEM_JUPYTER_PATH[0]) / "kernels" / name
+
+
+def _existing(manager, name: str, *, user: bool, prefix: str | None) -> str | None:
+    """The folder of kernelspec *name* where this install would write, if there is one."""
+    folder = destination(manager, name, user=user, prefix=prefix)
+    return str(folder) if (folder / "kernel.json").exists() else None
 
 
 def list_kernels(prefix: str | None = None) -> list[InstalledKernel]:

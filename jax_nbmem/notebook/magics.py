@@ -17,7 +17,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from jax_nbmem.allocator.modes import ModeError
+from jax_nbmem.allocator.modes import ModeError, mode_forms
 from jax_nbmem.allocator.report import format_report
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
@@ -39,12 +39,21 @@ _JAXMEM_OPTIONS = {
     "--yes": ("shutdown",),
     "--clear-caches": ("free",),
 }
-_USAGE = {
-    "jaxalloc": "usage: %jaxalloc [on | off | fraction F | platform | bfc | cuda_async | default"
-    " | vmm | address]; %%jaxalloc compare [MODES...] [--timeout S] (a cell magic)",
-    "jaxmem": "usage: %jaxmem [panel | status [--json] | cells [--json] | top [N] | free NAME..."
-    " [--clear-caches] | shutdown PID [--yes]]",
-}
+_JAXMEM_USAGE = (
+    "usage: %jaxmem [COMMAND], COMMAND one of: panel (the default), status [--json], "
+    "cells [--json], top [N], free NAME... [--clear-caches], shutdown PID [--yes]"
+)
+
+
+def _usage(magic: str) -> str:
+    """The magic's valid forms; the modes are those the installed jaxlib accepts."""
+    if magic == "jaxmem":
+        return _JAXMEM_USAGE
+    return (
+        "usage: %jaxalloc [MODE], MODE one of: "
+        f"{', '.join(mode_forms())} (F: 0 < F <= 1); "
+        "as a cell magic: %%jaxalloc compare [MODES...] [--timeout S]"
+    )
 # A compare run longer than a day is a typo, not a plan.
 _MAX_TIMEOUT_S = 86_400.0
 _MAX_TOP_ROWS = 100_000
@@ -52,7 +61,7 @@ _MAX_TOP_ROWS = 100_000
 
 def _refuse(magic: str, message: str) -> UsageError:
     """A UsageError that says what is wrong, then the magic's valid forms."""
-    return UsageError(f"{message}\n{_USAGE[magic]}")
+    return UsageError(f"{message}\n{_usage(magic)}")
 
 
 def _parse(magic, line: str):
@@ -306,16 +315,83 @@ class JaxNbMemMagics(Magics):
 
 
 def _settings_for(shell) -> JaxNbMem:
-    # A fresh Configurable each load, so %reload_ext re-reads the shell's config.
-    return JaxNbMem(parent=shell, config=shell.config)
+    """A fresh Configurable each load, so %reload_ext re-reads the shell's config.
+
+    It joins the shell's configurables (in place of an earlier load's), so that
+    ``%config JaxNbMem`` lists the settings and ``%config JaxNbMem.panel = "text"`` sets one.
+    """
+    settings = JaxNbMem(parent=shell, config=shell.config)
+    configurables = getattr(shell, "configurables", None)
+    if isinstance(configurables, list):
+        configurables[:] = [c for c in configurables if not isinstance(c, JaxNbMem)]
+        configurables.append(settings)
+    return settings
+
+
+def _help_texts(in_kernel: bool) -> dict[str, str]:
+    """What ``%jaxalloc?`` and ``%jaxmem?`` show: the forms, then what each does."""
+    here = "this kernel" if in_kernel else "this IPython session"
+    first = (
+        "Put it in the notebook's first cell" if in_kernel else "Run it at the start of the session"
+    )
+    allocators = ", ".join(m for m in mode_forms()[3:] if m != "platform")
+    jaxalloc = f"""\
+%jaxalloc [MODE]: choose JAX's GPU allocator mode before its backend starts.
+%%jaxalloc compare [MODES...] [--timeout S]: run the cell once per mode and compare.
+
+{first}, right after `%load_ext jax_nbmem`: JAX reads these settings
+once, when it first uses the device.
+
+MODE, one of {", ".join(mode_forms())}:
+  on           JAX's default: preallocate 75% of GPU memory at the first allocation
+  off          no preallocation: allocate on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false)
+  fraction F   preallocate F of the GPU's total memory, 0 < F <= 1
+  platform     allocate exactly what arrays need and free it again (slow)
+  {allocators}
+               other values of XLA_PYTHON_CLIENT_ALLOCATOR the installed jaxlib accepts
+
+With no mode: report the mode requested, the variables in effect, whether JAX's backend has
+started and with which mode. Once it has started, a new mode cannot take effect in {here};
+you are told how to get it.
+
+%%jaxalloc compare [MODES...] [--timeout S] (a cell magic): run the cell once per mode
+(default: on off platform), each in a fresh Python process on the same GPU(s), one at a time,
+and report per mode the wall time, JAX's peak bytes in use, the peak GPU memory the process
+held (NVML), out-of-memory, and the largest free block against free memory; a bar chart and a
+one-line recommendation follow. The cell must be self-contained. --timeout S: seconds each
+mode may run (default {DEFAULT_TIMEOUT_S:g}).
+"""
+    jaxmem = f"""\
+%jaxmem [COMMAND]: GPU memory of {here} and of everyone else on its GPUs.
+
+  (none), panel     a live panel under the cell: this process's GPU memory, JAX's bytes in
+                    use and its pool, other processes, each cell's span and its record
+  status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
+  cells [--json]    one row per cell run since the extension loaded: GPU memory before, at
+                    the peak and after, JAX bytes in use, duration, errors
+  top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes, and the
+                    names that hold them; the total nobody names
+  free NAME...      delete these names and their arrays' device buffers (only arrays no other
+                    name holds); --clear-caches also clears JAX's caches; reports the bytes
+                    returned to JAX's pool and, where NVML shows it, to the GPU
+  shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
+                    what it would do, add --yes to do it. Refuses other users' processes and
+                    processes that are not kernels.
+"""
+    return {"jaxalloc": jaxalloc, "jaxmem": jaxmem}
 
 
 def load(shell) -> None:
     """Register the magics and the cell callbacks (a second load is a no-op)."""
     if id(shell) in _loaded:
         return
-    session = KernelSession(_settings_for(shell))
+    in_kernel = getattr(shell, "kernel", None) is not None
+    session = KernelSession(_settings_for(shell), in_kernel=in_kernel)
     magics = JaxNbMemMagics(shell, session)
+    # Our own help: magic_arguments would open it with a "::" line and a usage line that
+    # mixes the line and the cell magic's options.
+    for name, text in _help_texts(in_kernel).items():
+        getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
 
     @_never_raise

@@ -42,8 +42,10 @@ class KernelSession:
         *,
         say: Callable[[str], None] = print,
         source: SamplerSource | None = None,
+        in_kernel: bool = True,
     ) -> None:
         self.settings = settings
+        self.in_kernel = in_kernel  # False in terminal IPython: messages say "session"
         self.control = AllocatorControl()
         self.sampler: Sampler | None = None
         if settings.sampling != "off":
@@ -82,15 +84,15 @@ class KernelSession:
             return
         result = self.control.apply(mode, source)
         if result.too_late:
-            self._say(too_late(mode, self.control.report()))
+            self._say(too_late(mode, self.control.report(), self.in_kernel))
 
     def request(self, text: str, source: str = "%jaxalloc") -> tuple[ApplyResult, str]:
         """Apply a mode the user typed; ModeError (environment untouched) if it is invalid."""
         mode = parse_mode(text)
         result = self.control.apply(mode, source)
         if result.too_late:
-            return result, too_late(mode, self.control.report())
-        message = format_applied(result)
+            return result, too_late(mode, self.control.report(), self.in_kernel)
+        message = format_applied(result, self.in_kernel)
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
         report, fresh = self.watcher.fresh(_FRESH_STATUS_WAIT_S)
         lines = [message]

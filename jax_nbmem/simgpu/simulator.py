@@ -422,9 +422,38 @@ except Exception as _error:  # a demo aid never stops a kernel from starting
 """
 
 
-def _print_shell_env(folder: Path, kernels: bool = False) -> int:
-    """For `eval "$(python -m jax_nbmem.simgpu shell-env DIR)"` in the demo script."""
+STATE_FORMAT = """\
+The state file, one fact per line (what `SimState.write()` writes; `#` starts a comment):
+  driver VERSION
+  gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [raw] [name=NAME]
+  proc GPU PID used=BYTES|na [kind=compute|graphics] [ends=exit]
+  lost GPU | nodriver | slow CALL MS | fail CALL ERROR [GPU]
+A GPU's used memory is its processes' plus 500 MiB for the driver unless `used=` pins it.
+`ends=exit`: the process is listed only while it runs. CALL: init, count, name, uuid,
+memory, processes, driver or any. Edit the file at any time: every NVML call reads it again.
+Example, a neighbour holding 60 GiB of an 80 GiB GPU (or use the `tenant` command):
+  gpu 0 GPU-00000000-0000-0000-0000-000000000000 total=85899345920 name=NVIDIA H200 (simulated)
+  proc 0 12345 used=64424509440
+"""
+
+
+def default_dir() -> Path:
+    """This user's folder for the demo's simulated GPU: two users on one machine never share.
+
+    ``jax_nbmem-simgpu-UID`` in the temporary directory, created private to the user (its
+    state file stays readable by all, as the real /dev/nvidia* is).
+    """
+    folder = Path(tempfile.gettempdir()) / f"jax_nbmem-simgpu-{os.getuid()}"
+    folder.mkdir(mode=0o755, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{folder} belongs to another user; pass a folder of your own")
+    return folder
+
+
+def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
+    """For `eval "$(python -m jax_nbmem.simgpu shell-env [DIR])"` in the demo script."""
     try:
+        folder = default_dir() if folder is None else folder
         lib = build(folder)
     except RuntimeError as error:
         print(f"echo {shlex.quote(str(error))} >&2; false")
@@ -501,7 +530,12 @@ def start_tenant(
 def main(argv: list[str] | None = None) -> int:
     """``python -m jax_nbmem.simgpu``: build the library, write a demo state, print shell env."""
     parser = argparse.ArgumentParser(
-        prog="python -m jax_nbmem.simgpu", description="Simulated NVIDIA GPU for demos and tests."
+        prog="python -m jax_nbmem.simgpu",
+        description="A simulated NVIDIA GPU for the demo and the tests: a stand-in "
+        "libnvidia-ml.so.1 that the real pynvml loads, answering from a state file named by "
+        f"${STATE_ENV_VAR}. Its GPUs say '(simulated)' in their names.",
+        epilog=STATE_FORMAT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="compile the stand-in libnvidia-ml.so.1")
@@ -513,7 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         "shell-env",
         help="build into DIR, write DIR/gpu.state (demo) if missing, print `export` lines",
     )
-    shell_cmd.add_argument("dir")
+    shell_cmd.add_argument(
+        "dir",
+        nargs="?",
+        default=None,
+        help="folder (default: jax_nbmem-simgpu-UID in the temporary directory, one per user)",
+    )
     shell_cmd.add_argument(
         "--kernels",
         action="store_true",
@@ -536,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "shell-env":
-        return _print_shell_env(Path(args.dir), kernels=args.kernels)
+        return _print_shell_env(None if args.dir is None else Path(args.dir), kernels=args.kernels)
     if args.command == "tenant":
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")

@@ -142,7 +142,7 @@ def collect(
     report._gpu_memory = gpus
     if control is not None:
         report["allocator"] = control.report().to_dict()
-    if not gpus:
+    if not gpus and in_kernel:  # a kernel's own host memory; a CLI's would tell nothing
         report["host"] = {
             "rss_bytes": jaxstats.host_rss_bytes(),
             "live_array_bytes": jaxstats.live_array_bytes() if started else None,

@@ -56,7 +56,7 @@ def test_invalid_modes_name_the_valid_forms(text, why):
     with pytest.raises(ModeError) as caught:
         parse_mode(text, NEW)
     assert why in str(caught.value)
-    assert "on | off | fraction F" in str(caught.value)
+    assert "valid modes: on, off, fraction F, " in str(caught.value)
 
 
 def test_vmm_is_refused_by_an_old_jaxlib():

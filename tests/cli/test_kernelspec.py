@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
@@ -53,6 +54,55 @@ def test_kernelspec_in_a_prefix_is_found_and_starts_in_its_mode(tmp_path):
         execute(client, "import jax.numpy as jnp; jnp.ones(2)")
         report, _ = execute(client, "%jaxalloc")
         assert "started in cell" in report and "with: off" in report
+        late, _ = execute(client, "%jaxalloc on")
+        assert "'on' cannot take effect in this kernel" in late
+        assert "notebook's first cell" in late and "restart the kernel" in late
+
+
+def test_install_refuses_to_overwrite_and_the_spec_enables_the_debugger(tmp_path):
+    first = _cli("kernel", "install", "--allocator", "fraction=0.3", "--prefix", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    again = _cli("kernel", "install", "--allocator", "fraction 0.3", "--prefix", str(tmp_path))
+    assert again.returncode == 1
+    assert "already installed" in again.stderr and "--replace" in again.stderr
+    replaced = _cli(
+        "kernel", "install", "--allocator", "fraction 0.3", "--prefix", str(tmp_path),
+        "--display-name", "mine", "--replace",
+    )  # fmt: skip
+    assert replaced.returncode == 0, replaced.stderr
+    spec_path = (
+        tmp_path / "share" / "jupyter" / "kernels" / "jax-nbmem-fraction-0.3" / "kernel.json"
+    )
+    spec = json.loads(spec_path.read_text())
+    assert spec["display_name"] == "mine"
+    assert spec["metadata"]["debugger"] is True  # JupyterLab's debugger is on for it
+
+
+def test_cli_help_and_errors_name_the_modes_as_the_magic_does():
+    from jupyter_core.paths import SYSTEM_JUPYTER_PATH
+
+    forms = ", ".join(["on", "off", "fraction F", *installed_jaxlib().allocators])
+    helped = _cli("kernel", "install", "--help")
+    text = " ".join(helped.stdout.split())  # argparse wraps lines
+    assert f"one of {forms}" in text
+    assert f"{SYSTEM_JUPYTER_PATH[0]}/kernels" in text and "may need root" in text
+    if "address" not in installed_jaxlib().allocators:
+        assert "address" not in text
+    bad = _cli(
+        "kernel", "install", "--allocator", "fraction 1.7", "--prefix", str(Path("/nonexistent"))
+    )
+    assert bad.returncode == 2
+    assert f"valid modes: {forms} (F: 0 < F <= 1)" in bad.stderr
+
+
+def test_status_without_a_gpu_reports_no_host_memory_of_the_cli_itself():
+    env = {**clean_environ(), "LD_LIBRARY_PATH": ""}
+    status = _cli("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["gpus"] == [] and "host" not in report
+    text = _cli("status", env=env).stdout
+    assert "RSS" not in text
 
 
 def test_fraction_kernel_clears_a_contradicting_variable_from_the_server(tmp_path):

@@ -70,7 +70,7 @@ def test_bad_input_is_a_usage_error_and_leaves_the_environment_exactly_as_it_was
         # UsageError is shown as a one-line message, not a traceback.
         assert "UsageError" in bad.text
         assert "Traceback" not in bad.text
-    assert "on | off | fraction F" in out[3].text
+    assert "valid modes: on, off, fraction F, " in out[3].text
     assert "unknown mode 'bogus'" in out[4].text
     assert "unexpected arguments" in out[5].text
 
@@ -120,10 +120,12 @@ def test_too_late_says_what_is_in_effect_and_how_to_get_the_mode():
         ]
     )
     late = out[3].stdout
-    assert "'off' cannot take effect in this kernel" in late
+    # A terminal IPython session: no kernel to restart, no notebook cell, no kernelspec.
+    assert "'off' cannot take effect in this IPython session" in late
     assert "started in cell [3] on cpu with: fraction 0.4" in late
-    assert "restart the kernel" in late
-    assert "jax-nbmem kernel install --allocator off" in late
+    assert "start IPython again" in late and "JAX_NBMEM_ALLOCATOR='off' ipython" in late
+    assert "kernel" not in late.replace("kernel install", "")
+    assert "notebook" not in late
     assert "Nothing was changed" in late
     assert _env_after(out[4]) == {FRACTION_NAME: "0.4"}
     assert "started in cell [3] on cpu with: fraction 0.4" in out[5].stdout
@@ -203,4 +205,31 @@ def test_after_clear_backends_a_new_mode_still_needs_a_restart():
     assert out[3].stdout.strip() == "False"  # JAX's table is empty again
     assert "torn down by jax.clear_backends()" in out[4].stdout
     assert "a new mode still needs a restart" in out[4].stdout
-    assert "cannot take effect in this kernel" in out[5].stdout
+    assert "cannot take effect in this IPython session" in out[5].stdout
+
+
+def test_help_texts_name_the_modes_one_way_and_the_settings_are_listed():
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "print(get_ipython().find_line_magic('jaxalloc').__doc__)",
+            "print(get_ipython().find_line_magic('jaxmem').__doc__)",
+            "%config JaxNbMem",
+            "%config JaxNbMem.panel = 'text'",
+            "print(get_ipython().config.JaxNbMem.panel)",
+        ]
+    )
+    jaxalloc, jaxmem = out[1].stdout, out[2].stdout
+    assert jaxalloc.startswith("%jaxalloc [MODE]: choose JAX's GPU allocator mode")
+    assert "::" not in jaxalloc and "::" not in jaxmem
+    forms = ", ".join(["on", "off", "fraction F", *installed_jaxlib().allocators])
+    assert f"MODE, one of {forms}:" in jaxalloc
+    assert " | " not in jaxalloc
+    # --timeout belongs to the cell magic only, and says so.
+    assert "%jaxalloc [--timeout" not in jaxalloc
+    assert "%%jaxalloc compare [MODES...] [--timeout S]" in jaxalloc
+    assert "Run it at the start of the session" in jaxalloc  # a terminal, not a notebook
+    assert jaxmem.startswith("%jaxmem [COMMAND]: GPU memory of this IPython session")
+    for setting in ("JaxNbMem.allocator", "JaxNbMem.panel", "JaxNbMem.share_dir"):
+        assert setting in out[3].stdout
+    assert out[5].stdout.strip() == "text"

@@ -10,7 +10,9 @@ import ctypes
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -302,3 +304,47 @@ def test_command_line_builds_and_writes_a_demo_state(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "NVIDIA H200 (simulated)"
+
+
+_AS_OTHER_USER = """
+import os, sys
+from jax_nbmem.simgpu.simulator import default_dir, demo_state
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([]); os.setgid(gid); os.setuid(uid)
+folder = default_dir()
+print(demo_state(folder / "gpu.state").write())
+"""
+
+
+def test_two_users_simulated_gpus_live_side_by_side(other_user, tmp_path, monkeypatch):
+    from jax_nbmem.simgpu.simulator import default_dir, demo_state
+
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    shared_tmp.chmod(0o1777)  # like /tmp
+    tmp_path.chmod(0o755)
+    env = {**os.environ, "TMPDIR": str(shared_tmp)}
+    _, uid, gid = other_user
+    done = subprocess.run(
+        [sys.executable, "-c", _AS_OTHER_USER, str(uid), str(gid)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    theirs = Path(done.stdout.strip())
+    monkeypatch.setenv("TMPDIR", str(shared_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    mine = demo_state(default_dir() / "gpu.state").write()
+    assert mine.parent != theirs.parent
+    assert theirs.parent.name == f"jax_nbmem-simgpu-{uid}"
+    assert theirs.stat().st_uid == uid and mine.stat().st_uid == os.getuid()
+    assert "NVIDIA H200 (simulated)" in theirs.read_text() and mine.exists()
+
+
+def test_the_command_line_help_documents_the_state_file_and_the_tenant():
+    done = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.simgpu", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0
+    for needle in ("state file", "proc GPU PID used=BYTES", "ends=exit", "tenant", "shell-env"):
+        assert needle in done.stdout, needle

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import secrets
 import shutil
 import subprocess
 import sys
@@ -340,23 +338,6 @@ def test_two_kernels_seen_from_a_third_and_from_the_cli(simgpu_env, sim_state):
             assert "[preallocated]" in lines[str(hog_pid)]
             (blocking,) = [w for w in text.splitlines() if "[blocking-preallocation]" in w]
             assert "hog.ipynb" in blocking and "lean.ipynb" not in blocking
-
-
-@pytest.fixture(scope="module")
-def other_user():
-    """A throwaway account (name, uid, gid), removed afterwards; only as root, as CI runs."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to create another user")
-    name = f"jnm{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    try:
-        entry = pwd.getpwnam(name)
-        yield name, entry.pw_uid, entry.pw_gid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 @pytest.fixture
