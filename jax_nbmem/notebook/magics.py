@@ -54,6 +54,8 @@ def _usage(magic: str) -> str:
         f"{', '.join(mode_forms())} (F: 0 < F <= 1); "
         "as a cell magic: %%jaxalloc compare [MODES...] [--timeout S]"
     )
+
+
 # A compare run longer than a day is a typo, not a plan.
 _MAX_TIMEOUT_S = 86_400.0
 _MAX_TOP_ROWS = 100_000
