@@ -10,6 +10,7 @@ import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
 from tests.jupyterlab import (
+    artifacts_dir,
     open_notebook,
     run_all_cells,
     screenshot,
@@ -380,6 +381,8 @@ def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
         assert mine is not None and CONTEXT_BYTES < mine < 20 * GIB + CONTEXT_BYTES
         lab_page.locator(PANEL).scroll_into_view_if_needed()
         screenshot(lab_page, "panel-simulated-demo")
+        # The panel alone, as the README shows it (docs/panel.png is a copy of this one).
+        lab_page.locator(PANEL).screenshot(path=str(artifacts_dir() / "panel-alone.png"))
 
         # Shutting the neighbour down from the panel gives its memory back.
         lab_page.get_by_role("button", name=re.compile(rf"^Shut down PID {neighbour}")).click()
