@@ -268,7 +268,8 @@ class JaxNbMemMagics(Magics):
     def _status(self, args) -> None:
         self._no_more(args)
         report = self.session.status()
-        print(json.dumps(report, indent=1) if args.json else format_status(report))
+        text = format_status(report, self.session.own_name)
+        print(json.dumps(report, indent=1) if args.json else text)
 
     def _cells(self, args) -> None:
         self._no_more(args)

@@ -177,7 +177,8 @@ def _summary_text(session: Any, gpu_index: int | None) -> str:
     lines += _unique(_session_banner(session) + _sampler_status(sampler, latest))
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
-            f"GPU {gpu.index}: this kernel {format_bytes(gpu.self_bytes)}, "
+            f"GPU {gpu.index}: {getattr(session, 'own_name', 'this kernel')} "
+            f"{format_bytes(gpu.self_bytes)}, "
             f"JAX in use {format_bytes(gpu.jax_in_use)}, pool {format_bytes(gpu.jax_reserved)}"
             f", others {format_bytes(gpu.others_bytes)}, total {format_bytes(gpu.total_bytes)}"
         )

@@ -70,7 +70,17 @@ class KernelSession:
 
     def status(self) -> StatusReport:
         """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
-        return collect(control=self.control, in_kernel=True, share_dir=share_dir(self))
+        return collect(
+            control=self.control,
+            in_kernel=True,
+            share_dir=share_dir(self),
+            own_name=self.own_name,
+        )
+
+    @property
+    def own_name(self) -> str:
+        """How messages name this process: "this kernel", or "this IPython session"."""
+        return "this kernel" if self.in_kernel else "this IPython session"
 
     def apply_startup_mode(self) -> None:
         """Apply the mode from $JAX_NBMEM_ALLOCATOR or the config, telling the user if it fails."""
@@ -166,7 +176,7 @@ class KernelSession:
                 f"({report['nvml']['reason'] or 'no GPU visible'})."
             )
             return
-        self._say(oom_diagnosis(report.tenants(), gpus))
+        self._say(oom_diagnosis(report.tenants(), gpus, self.own_name))
 
     def shutdown(self, pid: int, *, confirm: bool) -> ShutdownResult:
         """Shut down another kernel of this user on our GPUs (see `servers.shutdown_kernel`)."""

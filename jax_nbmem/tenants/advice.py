@@ -19,7 +19,10 @@ from jax_nbmem.units import format_bytes, format_duration
 if TYPE_CHECKING:
     from jax_nbmem.gpu.nvml import GpuMemory
 
-__all__ = ["MemoryWarning", "oom_diagnosis", "warnings_for"]
+# How the messages name the process that asks: a kernel, or a terminal IPython session.
+OWN_NAME = "this kernel"
+
+__all__ = ["OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ def warnings_for(
     own_needs_bytes: int | None = None,
     own_jax_in_use: int | None = None,
     own_reserved: int | None = None,
+    own_name: str = OWN_NAME,
 ) -> list[MemoryWarning]:
     """Warnings about the GPU's tenants; an empty list when everybody fits.
 
@@ -68,10 +72,10 @@ def warnings_for(
     if foreign is not None:
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
     else:
-        found += _blocking(tenants, by_index, own_needs_bytes)
-        found += _self_preallocation(tenants, own_jax_in_use, own_reserved)
+        found += _blocking(tenants, by_index, own_needs_bytes, own_name)
+        found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name)
     if not own_backend_started and own_requested_fraction:
-        found += _will_fail(tenants, by_index.values(), own_requested_fraction)
+        found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
     return found
 
 
@@ -95,8 +99,8 @@ def _namespace_message(tenant: Tenant) -> str:
     )
 
 
-def _label(tenant: Tenant, *, start: bool = True) -> str:
-    noun = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(tenant.kind)
+def _label(tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME) -> str:
+    noun = {"self": own_name, "kernel": "kernel", "process": "process"}.get(tenant.kind)
     notebook = tenant.notebook_shown or tenant.notebook
     details = [f"notebook {notebook}"] if notebook else []
     # Without a notebook, the command says what it is; for a process judged only by its
@@ -154,7 +158,7 @@ def _why_preallocated(tenant: Tenant) -> str:
     return f"its JAX preallocated it at its first allocation{started}"
 
 
-def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
+def _blocking(tenants, by_index, own_needs_bytes, own_name=OWN_NAME) -> list[MemoryWarning]:
     found = []
     for tenant in tenants:
         gpu = by_index.get(tenant.gpu)
@@ -164,7 +168,7 @@ def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
             continue
         default_bytes = DEFAULT_FRACTION * gpu.total_bytes
         if own_needs_bytes is not None and gpu.free_bytes < own_needs_bytes:
-            short = f"less than the {format_bytes(own_needs_bytes)} this kernel needs"
+            short = f"less than the {format_bytes(own_needs_bytes)} {own_name} needs"
         elif gpu.free_bytes < default_bytes:
             short = (
                 "too little for another kernel to start JAX in its default mode "
@@ -181,7 +185,9 @@ def _blocking(tenants, by_index, own_needs_bytes) -> list[MemoryWarning]:
     return found
 
 
-def _self_preallocation(tenants, own_jax_in_use, own_reserved) -> list[MemoryWarning]:
+def _self_preallocation(
+    tenants, own_jax_in_use, own_reserved, own_name=OWN_NAME
+) -> list[MemoryWarning]:
     found = []
     for own in (t for t in tenants if t.kind == "self" and t.preallocated):
         others = [t for t in tenants if t.gpu == own.gpu and t.kind != "self"]
@@ -193,16 +199,18 @@ def _self_preallocation(tenants, own_jax_in_use, own_reserved) -> list[MemoryWar
             why = f"while its arrays use only {format_bytes(own_jax_in_use)}"
         else:
             continue
+        where = "in its first cell" if own_name == OWN_NAME else "at its start"
         message = (
-            f"This kernel (PID {own.pid}) preallocated {format_bytes(own.used_bytes)} of GPU "
-            f"{own.gpu} {why}. Restart it with `%jaxalloc off` in its first cell so that it holds "
-            "only what its arrays need (the mode applies only before JAX starts)."
+            f"{own_name[0].upper() + own_name[1:]} (PID {own.pid}) preallocated "
+            f"{format_bytes(own.used_bytes)} of GPU {own.gpu} {why}. Restart it with "
+            f"`%jaxalloc off` {where} so that it holds only what its arrays need (the mode "
+            "applies only before JAX starts)."
         )
         found.append(MemoryWarning("self-preallocation", own.gpu, own.pid, message))
     return found
 
 
-def _will_fail(tenants, gpus, fraction: float) -> list[MemoryWarning]:
+def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[MemoryWarning]:
     found = []
     for gpu in gpus:
         if gpu.free_bytes is None or gpu.total_bytes is None:
@@ -223,25 +231,31 @@ def _will_fail(tenants, gpus, fraction: float) -> list[MemoryWarning]:
             else "there is not even room for a small pool: its first arrays will run out of memory"
         )
         message = (
-            f"At its first allocation this kernel's JAX will ask for {fraction:.0%} of GPU "
+            f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of GPU "
             f"{gpu.index} ({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is "
-            f"free{_holders(tenants, gpu.index)}: {outcome}. Before any JAX code runs, choose "
+            f"free{_holders(tenants, gpu.index, own_name=own_name)}: {outcome}. Before any JAX "
+            "code runs, choose "
             f"{option}`%jaxalloc off` (memory taken as arrays need it)."
         )
         found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
     return found
 
 
-def _holders(tenants, gpu_index: int, limit: int = 3) -> str:
+def _holders(tenants, gpu_index: int, limit: int = 3, own_name: str = OWN_NAME) -> str:
     on_gpu = [t for t in tenants if t.gpu == gpu_index and t.used_bytes and t.kind != "unknown"]
     on_gpu.sort(key=lambda t: -t.used_bytes)
     if not on_gpu:
         return ""
-    parts = [f"{_label(t, start=False)}: {format_bytes(t.used_bytes)}" for t in on_gpu[:limit]]
+    parts = [
+        f"{_label(t, start=False, own_name=own_name)}: {format_bytes(t.used_bytes)}"
+        for t in on_gpu[:limit]
+    ]
     return f" (held by {'; '.join(parts)})"
 
 
-def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
+def oom_diagnosis(
+    tenants: Iterable[Tenant], gpus: Iterable[GpuMemory], own_name: str = OWN_NAME
+) -> str:
     """Plain text for under a RESOURCE_EXHAUSTED traceback: who holds each GPU, what to do."""
     tenants = list(tenants)
     lines = ["JAX ran out of GPU memory. Who holds it:"]
@@ -263,7 +277,8 @@ def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
                 notes += f", mode {tenant.mode}"
             if tenant.kind == "unknown" and tenant.reason:
                 notes += f", not identified: {tenant.reason}"
-            lines.append(f"  - {_label(tenant)}: {format_bytes(tenant.used_bytes)}{notes}")
+            label = _label(tenant, own_name=own_name)
+            lines.append(f"  - {label}: {format_bytes(tenant.used_bytes)}{notes}")
         if not on_gpu:
             lines.append("  - no process listed by NVML")
     lines.append("What to do:")
@@ -273,16 +288,18 @@ def oom_diagnosis(tenants: Iterable[Tenant], gpus: Iterable[GpuMemory]) -> str:
     for tenant in tenants:
         if tenant.kind in ("kernel", "process") and tenant.preallocated:
             verb = "probably preallocated" if tenant.source == "memory size" else "preallocated"
-            lines.append(f"  - {_label(tenant)} {verb} its memory. {_fix(tenant)}")
+            label = _label(tenant, own_name=own_name)
+            lines.append(f"  - {label} {verb} its memory. {_fix(tenant)}")
     if any(t.kind == "self" and t.preallocated for t in tenants):
         lines.append(
-            "  - This kernel's arrays filled its own preallocated share: free arrays you no "
+            f"  - {own_name[0].upper() + own_name[1:]}'s arrays filled its own preallocated "
+            "share: free arrays you no "
             "longer need (`del x`), use smaller batches, or restart it with a larger "
             "`%jaxalloc fraction F`."
         )
     if len(lines) == next(i for i, line in enumerate(lines) if line == "What to do:") + 1:
         lines.append(
-            "  - Nothing else preallocated this GPU: this kernel's arrays need more than is "
+            f"  - Nothing else preallocated this GPU: {own_name}'s arrays need more than is "
             "free. Free arrays you no longer need (`del x`) or use smaller batches."
         )
     return printable_lines("\n".join(lines))

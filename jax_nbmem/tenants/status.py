@@ -15,7 +15,7 @@ from typing import Any
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.visible import visible_gpus
-from jax_nbmem.tenants.advice import warnings_for
+from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.text import printable, printable_lines
@@ -35,6 +35,7 @@ class StatusReport(dict):
 
     _tenants: list = []
     _gpu_memory: list = []
+    _own_name: str = OWN_NAME
 
     def tenants(self) -> list:
         """The attributed `Tenant` records behind ``processes``."""
@@ -45,7 +46,7 @@ class StatusReport(dict):
         return list(self._gpu_memory)
 
     def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(format_status(self))
+        printer.text(format_status(self, self._own_name))
 
 
 def _own_jax_bytes() -> tuple[int | None, int | None]:
@@ -66,6 +67,7 @@ def collect(
     in_kernel: bool = False,
     share_dir: str | None = None,
     sessions=None,
+    own_name: str = OWN_NAME,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -73,7 +75,8 @@ def collect(
     makes warnings about *this* process (its preallocation, whether its mode will fit).
     The attributed `Tenant` records stay available as ``report.tenants()`` (not in the JSON).
     ``sessions`` (kernel id → `ServerKernel`) stands for asking the running Jupyter servers,
-    e.g. a server's own kernels as the server extension knows them.
+    e.g. a server's own kernels as the server extension knows them. ``own_name`` is how the
+    warnings name this process ("this kernel"; "this IPython session" in a terminal).
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -113,6 +116,7 @@ def collect(
         own_requested_fraction=fraction,
         own_jax_in_use=in_use,
         own_reserved=reserved,
+        own_name=own_name,
     )
     report = StatusReport(
         nvml={
@@ -140,6 +144,7 @@ def collect(
     )
     report._tenants = tenants
     report._gpu_memory = gpus
+    report._own_name = own_name
     if control is not None:
         report["allocator"] = control.report().to_dict()
     if not gpus and in_kernel:  # a kernel's own host memory; a CLI's would tell nothing
@@ -150,9 +155,9 @@ def collect(
     return report
 
 
-def _process_line(process: Mapping[str, Any]) -> str:
+def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     kind = process["kind"]
-    label = {"self": "this kernel", "kernel": "kernel", "process": "process"}.get(kind, kind)
+    label = {"self": own_name, "kernel": "kernel", "process": "process"}.get(kind, kind)
     parts = [f"pid {process['pid']:<8} {label:<11} {format_bytes(process['used_bytes']):>10}"]
     if process.get("notebook"):
         parts.append(process.get("notebook_shown") or process["notebook"])
@@ -184,7 +189,7 @@ def warning_line(warning: Mapping[str, Any]) -> str:
     return printable_lines(f"WARNING [{warning['kind']}]: {warning['message']}")
 
 
-def format_status(report: Mapping[str, Any]) -> str:
+def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     """The report as a person reads it: GPUs, their processes, then warnings."""
     lines = []
     nvml_state = report["nvml"]
@@ -208,7 +213,7 @@ def format_status(report: Mapping[str, Any]) -> str:
         if gpu.get("problem"):
             lines.append(f"  {gpu['problem']}")
         on_gpu = [p for p in report["processes"] if p["gpu"] == gpu["index"]]
-        lines.extend("  " + _process_line(p) for p in on_gpu)
+        lines.extend("  " + _process_line(p, own_name) for p in on_gpu)
         if not on_gpu and "process list unreadable" not in (gpu.get("problem") or ""):
             lines.append("  no processes")
     lines.extend(f"Note: {note}" for note in report.get("notes", []))

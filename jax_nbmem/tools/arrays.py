@@ -442,7 +442,7 @@ def _or_none(read: Callable[[], Any]) -> Any:
 
 def _not_ready_reason() -> str | None:
     if "jax" not in sys.modules:
-        return "JAX is not imported in this kernel, so there are no JAX arrays"
+        return "JAX is not imported in this process, so there are no JAX arrays"
     if not jaxstats.backend_initialized():
         return "JAX's backend has not started yet (no arrays made); it was left unstarted"
     return None

@@ -104,7 +104,9 @@ def test_status_attributes_this_kernel_and_the_neighbour(gpu_env):
     assert me["used_bytes"] == 1 * GIB
     assert by_pid[4242]["used_bytes"] == 2 * GIB
     assert "NVIDIA H200 (simulated)" not in out[3].stdout or "GPU 0" in out[3].stdout
-    assert "this kernel" in out[3].stdout and "1.00 GiB" in out[3].stdout
+    # A terminal IPython session is named as such, not as a kernel.
+    assert "this IPython session" in out[3].stdout and "1.00 GiB" in out[3].stdout
+    assert "this kernel" not in out[3].stdout
 
 
 def test_gpu_lost_mid_cell_costs_no_exception_and_is_said(gpu_env):
@@ -268,6 +270,6 @@ def test_deprecated_pynvml_package_warning_stays_out_of_cells(gpu_env, tmp_path)
     )
     assert all(o.error is None for o in out), [o.text for o in out]
     assert str(shim) in out[4].stdout  # the stand-in was the module in use
-    assert "GPU 0" in out[3].stdout and "this kernel" in out[3].stdout
+    assert "GPU 0" in out[3].stdout and "this IPython session" in out[3].stdout
     ours = out[:4]  # the last cell prints a path, which holds this test's name
     assert not any("FutureWarning" in o.text or "deprecated" in o.text for o in ours)

@@ -220,7 +220,7 @@ def test_magics_top_and_free_in_a_session():
             "print(sorted(k for k in ('weights', 'params', 'keep') if k in globals()))",
         ]
     )
-    assert "JAX is not imported in this kernel" in outputs[1].stdout
+    assert "JAX is not imported in this process" in outputs[1].stdout
     top = outputs[3].stdout
     assert "weights, keep[0]" in top and "params['w']" in top and "1.00 MiB" in top
     freed = outputs[4].stdout
