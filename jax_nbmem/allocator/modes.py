@@ -47,6 +47,8 @@ class AllocatorMode:
 
     def describe(self) -> str:
         """A short phrase saying what JAX will do in this mode."""
+        if self.name == "auto":
+            return "chosen when applied, from what the GPU holds (see the reason)"
         if self.name == "on":
             return (
                 f"JAX's default: preallocate {DEFAULT_FRACTION:.0%} of GPU memory at the first "
@@ -62,11 +64,11 @@ class AllocatorMode:
 def mode_forms(jaxlib: JaxlibInfo | None = None) -> list[str]:
     """Every form a mode may take with the installed jaxlib, written one way everywhere.
 
-    ``on``, ``off``, ``fraction F``, then the allocators this jaxlib accepts. The magic, the
-    CLI, their help texts and every error message name modes with this list.
+    ``on``, ``off``, ``fraction F``, ``auto``, then the allocators this jaxlib accepts. The
+    magic, the CLI, their help texts and every error message name modes with this list.
     """
     jaxlib = jaxlib or installed_jaxlib()
-    return ["on", "off", "fraction F", *jaxlib.allocators]
+    return ["on", "off", "fraction F", "auto", *jaxlib.allocators]
 
 
 def usage(jaxlib: JaxlibInfo | None = None) -> str:
@@ -97,7 +99,7 @@ def parse_mode(text: str, jaxlib: JaxlibInfo | None = None) -> AllocatorMode:
     if rest:
         extra = printable(" ".join(rest))
         raise ModeError(f"unexpected arguments after {name!r}: {extra}; {usage(jaxlib)}")
-    if name in ("on", "off") or name in jaxlib.allocators:
+    if name in ("on", "off", "auto") or name in jaxlib.allocators:
         return AllocatorMode(name)
     if name in _ALLOCATOR_HELP:
         raise ModeError(
@@ -115,6 +117,8 @@ def mode_variables(mode: AllocatorMode, jaxlib: JaxlibInfo | None = None) -> dic
     """
     jaxlib = jaxlib or installed_jaxlib()
     values: dict[str, str | None] = dict.fromkeys(MANAGED_VARIABLES)
+    # "auto" is resolved to one of the others before it is applied; as a kernelspec's mode it
+    # sets nothing, and the extension decides when it loads.
     if mode.name == "off":
         values[PREALLOCATE] = "false"
     elif mode.name == "fraction":

@@ -21,6 +21,8 @@ def kernel_display_name(mode: AllocatorMode) -> str:
         what = "preallocate 75%"
     elif mode.name == "fraction":
         what = f"preallocate {mode.fraction:.0%}"
+    elif mode.name == "auto":
+        what = "mode chosen at start"
     else:
         what = f"{mode.name} allocator"
     return f"Python 3 (JAX, {what})"

@@ -36,6 +36,7 @@ def _kernel_install(args: argparse.Namespace) -> int:
             user=args.user,
             prefix=prefix,
             replace=args.replace,
+            provisioner=args.provisioner,
         )
     except KernelSpecError as exc:
         print(f"jax-nbmem: {exc}", file=sys.stderr)
@@ -176,6 +177,12 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--display-name", help="name shown in the launcher")
     install.add_argument(
         "--replace", action="store_true", help="overwrite a kernelspec of the same name"
+    )
+    install.add_argument(
+        "--provisioner",
+        action="store_true",
+        help="launch through jax_nbmem's kernel provisioner, which applies MODE (auto, or a "
+        "mode the site's policy allows) at launch, before any user code",
     )
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")

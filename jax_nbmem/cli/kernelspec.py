@@ -17,6 +17,8 @@ from jax_nbmem.allocator.control import ENV_ALLOCATOR
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
 from jax_nbmem.allocator.report import kernel_display_name, kernel_name
 
+PROVISIONER_NAME = "jax-nbmem-provisioner"  # the entry point of jax_nbmem.cli.provisioner
+
 __all__ = [
     "InstalledKernel",
     "KernelSpecError",
@@ -62,11 +64,25 @@ def _manager(prefix: str | None = None):
 
 
 def spec_for(
-    mode: AllocatorMode, display_name: str | None = None, python: str | None = None
+    mode: AllocatorMode,
+    display_name: str | None = None,
+    python: str | None = None,
+    provisioner: bool = False,
 ) -> dict:
-    """The kernel.json content for a kernel that starts in ``mode``."""
-    env = {name: value for name, value in mode_variables(mode).items() if value is not None}
+    """The kernel.json content for a kernel that starts in ``mode``.
+
+    ``provisioner``: the kernel is launched by jax_nbmem's provisioner, which decides ``auto``
+    (and applies a site's policy) at launch and sets the variables itself.
+    """
+    env = (
+        {}
+        if provisioner
+        else {name: value for name, value in mode_variables(mode).items() if value is not None}
+    )
     env[ENV_ALLOCATOR] = str(mode)
+    metadata: dict = {"debugger": True, _METADATA_KEY: {"allocator": str(mode)}}
+    if provisioner:
+        metadata["kernel_provisioner"] = {"provisioner_name": PROVISIONER_NAME, "config": {}}
     return {
         "argv": [
             python or sys.executable,
@@ -84,7 +100,7 @@ def spec_for(
         # (say the deprecated fraction name) still reaches the kernel: the extension, loaded
         # before any cell, applies JAX_NBMEM_ALLOCATOR and unsets what contradicts the mode.
         # ipykernel (6+) speaks the debug protocol: JupyterLab's debugger works for the kernel.
-        "metadata": {"debugger": True, _METADATA_KEY: {"allocator": str(mode)}},
+        "metadata": metadata,
     }
 
 
@@ -96,14 +112,15 @@ def install(
     user: bool = False,
     prefix: str | None = None,
     replace: bool = False,
+    provisioner: bool = False,
 ) -> InstalledKernel:
     """Write the kernelspec and return where jupyter_client put it.
 
     Refuses to overwrite a kernelspec of the same name in the same place unless ``replace``:
     it may be someone's own, or another mode's.
     """
-    name = name or kernel_name(mode)
-    spec = spec_for(mode, display_name)
+    name = name or kernel_name(mode) + ("-provisioned" if provisioner else "")
+    spec = spec_for(mode, display_name, provisioner=provisioner)
     manager = _manager(prefix)
     existing = _existing(manager, name, user=user, prefix=prefix)
     if existing is not None and not replace:

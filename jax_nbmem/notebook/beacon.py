@@ -78,6 +78,8 @@ def beacon_facts(session: Any) -> dict[str, Any]:
         **_constant_facts(),
         "notebook": _notebook(session),
         "mode_requested": str(control.requested) if control.requested is not None else None,
+        # Why `%jaxalloc auto` chose that mode, in one line (None when the user chose it).
+        "mode_reason": getattr(getattr(session, "auto_choice", None), "reason", None),
         "mode_in_effect": backend.effective.mode_name if backend is not None else None,
         "variables": dict(backend.variables) if backend is not None else {},
         "pool_fraction": settings.pool_fraction,

@@ -7,10 +7,11 @@ IPython's events to it. Everything called from event callbacks is safe there: it
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from jax_nbmem.allocator.control import AllocatorControl, ApplyResult
-from jax_nbmem.allocator.modes import ModeError, parse_mode
+from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
 from jax_nbmem.allocator.report import format_applied, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
 from jax_nbmem.notebook.beacon import beacon_writer, share_dir
@@ -18,6 +19,9 @@ from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
 from jax_nbmem.record.ledger import CellRecord, Ledger
 from jax_nbmem.record.sampler import Sampler, SamplerSource
 from jax_nbmem.tenants.advice import oom_diagnosis
+from jax_nbmem.tenants.auto import AutoChoice, Policy, PolicyError, decide
+from jax_nbmem.tenants.beacons import beacon_dirs
+from jax_nbmem.tenants.claims import claim_book
 from jax_nbmem.tenants.servers import ShutdownResult, shutdown_kernel
 from jax_nbmem.tenants.status import StatusReport, collect, warning_line
 from jax_nbmem.tenants.watch import StatusWatcher
@@ -29,6 +33,8 @@ log = logging.getLogger("jax_nbmem")
 # How long a magic or the OOM diagnosis waits for a fresh look at the GPU (NVML, /proc, the
 # Jupyter servers) before it answers from the last one.
 _FRESH_STATUS_WAIT_S = 1.5
+# What jax_nbmem's kernel provisioner says of the mode it chose at launch.
+_ENV_MODE_REASON = "JAX_NBMEM_MODE_REASON"
 # How long a reader of the cell records waits for the last cells' after-readings.
 _SETTLE_S = 1.0
 
@@ -58,6 +64,8 @@ class KernelSession:
         self.watcher = StatusWatcher(self.status, interval=settings.status_interval)
         self._say = say
         self._cell_listeners: list[Callable[[], None]] = []
+        self.auto_choice: AutoChoice | None = None
+        self._claim_dir: str | None = None  # where this kernel's claim is, until JAX starts
         self.beacon = beacon_writer(self)
 
     def start(self) -> None:
@@ -87,22 +95,37 @@ class KernelSession:
         text, source = startup_mode(self.settings)
         if not text:
             return
+        reason = os.environ.get(_ENV_MODE_REASON)
+        if reason and source.startswith("$"):
+            # A provisioner chose this mode at launch (and set its variables already).
+            source = f"{source} (chosen at launch: {reason})"
         try:
-            mode = parse_mode(text)
+            mode, source = self._decide(parse_mode(text), source)
         except ModeError as exc:
             self._say(f"jax_nbmem: ignoring allocator mode {text!r} from {source}: {exc}")
             return
         result = self.control.apply(mode, source)
+        if reason and self.auto_choice is None and source.startswith("$"):
+            self.auto_choice = AutoChoice(mode, reason, {})  # said in the beacon too
         if result.too_late:
             self._say(too_late(mode, self.control.report(), self.in_kernel))
+        elif self.auto_choice is not None and not reason:
+            self._say(f"jax_nbmem: allocator mode auto chose '{mode}': {self.auto_choice.reason}.")
 
     def request(self, text: str, source: str = "%jaxalloc") -> tuple[ApplyResult, str]:
-        """Apply a mode the user typed; ModeError (environment untouched) if it is invalid."""
-        mode = parse_mode(text)
+        """Apply a mode the user typed; ModeError (environment untouched) if it is invalid.
+
+        ``auto`` is resolved here, from the GPU as it is now; a mode the site's policy forbids
+        is refused (a ModeError with the administrator's reason), and nothing changes.
+        """
+        asked = parse_mode(text)
+        mode, source = self._decide(asked, source)
         result = self.control.apply(mode, source)
         if result.too_late:
             return result, too_late(mode, self.control.report(), self.in_kernel)
         message = format_applied(result, self.in_kernel)
+        if asked.name == "auto" and self.auto_choice is not None:
+            message = f"jax_nbmem: auto chose '{mode}': {self.auto_choice.reason}.\n{message}"
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
         report, fresh = self.watcher.fresh(_FRESH_STATUS_WAIT_S)
         lines = [message]
@@ -210,8 +233,51 @@ class KernelSession:
             messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
         return messages
 
+    def _policy(self) -> Policy:
+        try:
+            return Policy.from_setting(getattr(self.settings, "policy", None))
+        except ValueError as exc:
+            self._say(f"jax_nbmem: ignoring the site's policy: {exc}")
+            return Policy()
+
+    def _decide(self, mode: AllocatorMode, source: str) -> tuple[AllocatorMode, str]:
+        """The mode to apply for *mode*, and where it came from (main thread, a user's command).
+
+        ``auto`` becomes a concrete mode, chosen under the claims lock so that kernels starting
+        together see each other's pools (:mod:`jax_nbmem.tenants.claims`); this kernel's claim
+        lasts 30 s, and stops counting once NVML shows its pool (nothing on a cell's path
+        removes it; unloading does). Other modes pass, unless the policy forbids them.
+        """
+        if self.control.backend_started():
+            return mode, source  # too late in any case: said by the caller
+        dirs = beacon_dirs(share_dir(self))
+        directory = dirs[-1] if dirs else None  # the shared one when there is one
+        try:
+            chosen, choice = decide(
+                mode,
+                policy=self._policy(),
+                auto_fraction=getattr(self.settings, "auto_fraction", None),
+                claims_dir=directory,
+                status=self.status,
+            )
+        except PolicyError as exc:
+            raise ModeError(str(exc)) from None
+        if choice is None:
+            return chosen, source
+        self.auto_choice = choice
+        self._claim_dir = directory if choice.claim else None
+        return chosen, f"{source} auto: {choice.reason}"
+
+    def _release_claim(self) -> None:
+        if self._claim_dir is not None:
+            with claim_book(self._claim_dir, wait_s=0.5) as book:
+                if book is not None:
+                    book.release(os.getpid())
+            self._claim_dir = None
+
     def close(self) -> None:
         """Stop whatever runs in the background; the session is not used after this."""
+        self._release_claim()
         self._cell_listeners.clear()
         if self.beacon is not None:
             self.beacon.close()

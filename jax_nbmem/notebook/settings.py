@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from traitlets import Bool, Enum, Float, Integer, Unicode
+from traitlets import Bool, Dict, Enum, Float, Integer, Unicode
 from traitlets.config import Configurable
 
 from jax_nbmem.allocator.control import ENV_ALLOCATOR
@@ -29,6 +29,23 @@ class JaxNbMem(Configurable):
         "",
         help="Allocator mode applied when the extension loads: on, off, 'fraction 0.3', platform, "
         "bfc, cuda_async, ... Empty: leave JAX's settings alone. JAX_NBMEM_ALLOCATOR overrides it.",
+    ).tag(config=True)
+
+    auto_fraction = Float(
+        None,
+        allow_none=True,
+        min=0.01,
+        max=1.0,
+        help="With `%jaxalloc auto` on a shared GPU: preallocate this share when it fits what is "
+        "free (with a margin) instead of turning preallocation off. None: off.",
+    ).tag(config=True)
+
+    policy = Dict(
+        {},
+        help="A site's rules, for administrators: {'max_fraction': 0.5} caps every pool, "
+        "{'shared_preallocation': False} forbids preallocating on a GPU others use; 'reason' "
+        "is said when a mode is refused. `auto` keeps to it; an explicit mode it forbids is "
+        "refused and nothing changes.",
     ).tag(config=True)
 
     sample_interval = Float(

@@ -139,6 +139,7 @@ class Tenant:
     mode: str | None = None
     jax: dict | None = None
     idle_source: str | None = None
+    mode_reason: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -450,6 +451,7 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
         "jax": counters or None,
         "idle_s": beacon.idle_s(),
         "idle_source": "beacon",
+        "mode_reason": beacon.mode_reason,
     }
     if beacon.notebook:
         verdict["notebook"] = beacon.notebook

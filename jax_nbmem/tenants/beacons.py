@@ -81,6 +81,7 @@ class Beacon:
     jax_nbmem: str | None = None
     variables: Mapping[str, str] = field(default_factory=dict)
     path: str | None = None
+    mode_reason: str | None = None  # why `auto` chose its mode
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -288,6 +289,7 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
         jaxlib=_text(content.get("jaxlib")),
         jax_nbmem=_text(content.get("jax_nbmem")),
         variables={str(k): str(v) for k, v in (content.get("variables") or {}).items()},
+        mode_reason=_text(content.get("mode_reason")),
         path=path,
     )
 

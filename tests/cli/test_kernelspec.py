@@ -81,7 +81,7 @@ def test_install_refuses_to_overwrite_and_the_spec_enables_the_debugger(tmp_path
 def test_cli_help_and_errors_name_the_modes_as_the_magic_does():
     from jupyter_core.paths import SYSTEM_JUPYTER_PATH
 
-    forms = ", ".join(["on", "off", "fraction F", *installed_jaxlib().allocators])
+    forms = ", ".join(["on", "off", "fraction F", "auto", *installed_jaxlib().allocators])
     helped = _cli("kernel", "install", "--help")
     text = " ".join(helped.stdout.split())  # argparse wraps lines
     assert f"one of {forms}" in text

@@ -222,7 +222,7 @@ def test_help_texts_name_the_modes_one_way_and_the_settings_are_listed():
     jaxalloc, jaxmem = out[1].stdout, out[2].stdout
     assert jaxalloc.startswith("%jaxalloc [MODE]: choose JAX's GPU allocator mode")
     assert "::" not in jaxalloc and "::" not in jaxmem
-    forms = ", ".join(["on", "off", "fraction F", *installed_jaxlib().allocators])
+    forms = ", ".join(["on", "off", "fraction F", "auto", *installed_jaxlib().allocators])
     assert f"MODE, one of {forms}:" in jaxalloc
     assert " | " not in jaxalloc
     # --timeout belongs to the cell magic only, and says so.

@@ -142,7 +142,7 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
       element("td", process.kernel_id ? process.kernel_id.slice(0, 8) : ""),
       element("td", process.notebook_shown || process.notebook || process.cmdline || ""),
       element("td", process.user || ""),
-      element("td", mode),
+      element("td", mode, process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {}),
       element("td", gib(pool), { class: "bytes" }),
       element("td", duration(process.idle_s)),
       element("td", gib(process.used_bytes), { class: "bytes" }),

@@ -1,0 +1,121 @@
+"""`%jaxalloc auto`'s rule, the claims kernels starting together leave, and the site's policy."""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from jax_nbmem.tenants.auto import Policy, choose_mode, policy_refusal
+from jax_nbmem.tenants.claims import Claim, claim_book
+
+GIB = 1024**3
+
+
+@dataclass
+class Gpu:
+    index: int = 0
+    uuid: str = "GPU-a"
+    total_bytes: int = 80 * GIB
+    free_bytes: int = 79 * GIB
+
+
+@dataclass
+class Tenant:
+    pid: int
+    gpu: int = 0
+    kind: str = "kernel"
+    used_bytes: int = 60 * GIB
+
+
+def test_alone_with_room_takes_jax_default_and_says_why():
+    choice = choose_mode([Gpu()], [])
+    assert str(choice.mode) == "on"
+    assert "alone on GPU 0" in choice.reason and "fastest" in choice.reason
+    assert choice.claim == {"GPU-a": int(0.75 * 80 * GIB)}
+
+
+def test_a_preallocated_neighbour_means_off_or_a_fraction_that_fits():
+    gpu, hog = Gpu(free_bytes=19 * GIB), Tenant(pid=4242)
+    choice = choose_mode([gpu], [hog])
+    assert str(choice.mode) == "off" and choice.claim == {}
+    assert "GPU 0 is shared (PID 4242 holds 60.0 GiB; 19.0 GiB free)" in choice.reason
+    assert str(choose_mode([gpu], [hog], auto_fraction=0.2).mode) == "fraction 0.2"
+    # Never a pool larger than what is free (with a margin).
+    assert str(choose_mode([gpu], [hog], auto_fraction=0.25).mode) == "off"
+
+
+def test_too_little_free_for_the_default_pool_is_off_even_alone():
+    choice = choose_mode([Gpu(free_bytes=50 * GIB)], [])
+    assert str(choice.mode) == "off" and "too little free" in choice.reason
+
+
+def test_no_gpu_leaves_jax_default_and_says_why():
+    choice = choose_mode([], [], no_gpu_reason="NVML unavailable (no driver)")
+    assert str(choice.mode) == "on" and choice.reason.startswith("NVML unavailable (no driver)")
+
+
+def test_another_kernels_claim_counts_until_nvml_shows_its_pool():
+    claim = Claim(pid=77, started_at=0.0, bytes_by_gpu={"GPU-a": 60 * GIB}, expires_at=1e12)
+    seen_free = Gpu(free_bytes=79 * GIB)  # the claimant has not allocated yet
+    choice = choose_mode([seen_free], [], [claim])
+    assert str(choice.mode) == "off" and "kernels starting now claim 60.0 GiB" in choice.reason
+    # Once NVML lists it holding its pool, the claim is in `free` already: not counted twice.
+    landed = choose_mode([Gpu(free_bytes=19 * GIB)], [Tenant(pid=77)], [claim], auto_fraction=0.2)
+    assert str(landed.mode) == "fraction 0.2"
+
+
+def test_policy_caps_the_fraction_and_can_forbid_preallocating_a_shared_gpu():
+    capped = Policy.from_setting({"max_fraction": 0.5, "reason": "shared node"})
+    choice = choose_mode([Gpu()], [], policy=capped)
+    assert str(choice.mode) == "fraction 0.5" and "policy" in choice.reason
+    from jax_nbmem.allocator.modes import parse_mode
+
+    refusal = policy_refusal(parse_mode("on"), capped, [Gpu()], [])
+    assert "at most 50%" in refusal and "(shared node)" in refusal
+    assert policy_refusal(parse_mode("fraction 0.4"), capped, [Gpu()], []) is None
+    assert policy_refusal(parse_mode("off"), capped, [Gpu()], []) is None
+    strict = Policy.from_setting({"shared_preallocation": False})
+    assert "forbids preallocating on a shared GPU" in policy_refusal(
+        parse_mode("fraction 0.1"), strict, [Gpu()], [Tenant(pid=9)]
+    )
+    assert str(choose_mode([Gpu(free_bytes=19 * GIB)], [Tenant(pid=9)], auto_fraction=0.1,
+                           policy=strict).mode) == "off"  # fmt: skip
+    with pytest.raises(ValueError, match="max_fraction"):
+        Policy.from_setting({"max_fraction": 2})
+    with pytest.raises(ValueError, match="unknown keys"):
+        Policy.from_setting({"maxfraction": 0.5})
+
+
+def test_claims_are_seen_by_others_expire_and_die_with_their_process(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with claim_book(str(tmp_path)) as book:
+            book.claim(sleeper.pid, {"GPU-a": 10 * GIB}, ttl_s=30)
+            book.claim(os.getpid(), {"GPU-a": 5 * GIB}, ttl_s=0.2)
+        with claim_book(str(tmp_path)) as book:
+            others = book.others(own_pid=-1)
+            assert {c.pid for c in others} == {sleeper.pid, os.getpid()}
+            assert [c.pid for c in book.others(own_pid=sleeper.pid)] == [os.getpid()]
+        time.sleep(0.3)
+        with claim_book(str(tmp_path)) as book:
+            assert [c.pid for c in book.others(own_pid=-1)] == [sleeper.pid]  # expired
+        sleeper.kill()
+        sleeper.wait()
+        with claim_book(str(tmp_path)) as book:
+            assert book.others(own_pid=-1) == []  # its process is gone
+    finally:
+        sleeper.kill()
+
+
+def test_the_lock_is_exclusive_and_a_stuck_holder_is_not_waited_for_long(tmp_path):
+    with claim_book(str(tmp_path)) as first:
+        assert first is not None
+        began = time.monotonic()
+        with claim_book(str(tmp_path), wait_s=0.3) as second:
+            assert second is None  # decided without claims, after a bounded wait
+        assert 0.25 < time.monotonic() - began < 2
+    with claim_book(None) as nowhere:
+        assert nowhere is None
