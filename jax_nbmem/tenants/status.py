@@ -147,7 +147,9 @@ def collect(
     report._own_name = own_name
     if control is not None:
         report["allocator"] = control.report().to_dict()
-    if not gpus and in_kernel:  # a kernel's own host memory; a CLI's would tell nothing
+    if not gpus and not in_kernel:
+        report["host"] = None  # the key stays; a CLI's own host memory would tell nothing
+    elif not gpus:  # a kernel's own host memory, what it shows instead of a GPU
         report["host"] = {
             "rss_bytes": jaxstats.host_rss_bytes(),
             "live_array_bytes": jaxstats.live_array_bytes() if started else None,

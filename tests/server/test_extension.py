@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jax_nbmem.simgpu import GIB, SimState
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 pytest_plugins = ("tests.jupyterlab",)
@@ -45,17 +46,6 @@ def call(server, path, method="GET", body=None, token=True, opener=None, headers
         return status, json.loads(text)
     except ValueError:
         return status, text
-
-
-def wait_for(what, check, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last})")
 
 
 def metrics(server) -> dict:

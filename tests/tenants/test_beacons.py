@@ -30,6 +30,7 @@ from jax_nbmem.tenants.attribution import ProcessInfo, attribute
 from jax_nbmem.tenants.beacons import SCHEMA, BeaconWriter, read_beacons
 from jax_nbmem.tenants.status import format_status
 from tests.kernels import execute, running_kernel
+from tests.waiting import wait_for
 
 TOTAL = 80 * GIB
 UUID = "GPU-12121212-3434-5656-7878-909090909090"
@@ -96,9 +97,13 @@ def test_the_thread_keeps_it_current_within_a_second(tmp_path):
     writer = BeaconWriter(lambda: dict(facts), str(tmp_path))
     writer.start()
     try:
-        _wait_for(lambda: Path(writer.path).exists(), 5)
+        wait_for("the beacon", lambda: Path(writer.path).exists(), 5)
         facts["cell_running"] = False
-        _wait_for(lambda: json.loads(Path(writer.path).read_text())["cell_running"] is False, 3)
+        wait_for(
+            "the cell's end in the beacon",
+            lambda: json.loads(Path(writer.path).read_text())["cell_running"] is False,
+            3,
+        )
     finally:
         writer.close()
     assert not Path(writer.path).exists()
@@ -256,16 +261,6 @@ def _kernel_pid(manager) -> int:
     return manager.provisioner.process.pid
 
 
-def _wait_for(condition, timeout: float, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout} s")
-
-
 def _beacon_of(pid: int, dirs, **expect):
     def check():
         beacon = read_beacons(dirs).get(pid)
@@ -273,7 +268,7 @@ def _beacon_of(pid: int, dirs, **expect):
             return None
         return beacon
 
-    return _wait_for(check, 20, f"beacon of {pid} with {expect}")
+    return wait_for(f"beacon of {pid} with {expect}", check, 20)
 
 
 def _cli_status(env, *args):
@@ -431,7 +426,11 @@ def test_another_users_kernel_by_its_size_by_its_beacon_and_never_by_a_forgery(
         assert forged.stat().st_uid == other_user[1]
         # Without root's own beacon, the forgery still does not count: judged by size again.
         execute(client, "%unload_ext jax_nbmem")
-        _wait_for(lambda: not (Path(share) / f"jax_nbmem-beacon-{pid}.json").exists(), 10)
+        wait_for(
+            "the beacon gone",
+            lambda: not (Path(share) / f"jax_nbmem-beacon-{pid}.json").exists(),
+            10,
+        )
         report = _seen_by(other_user, reader_env, share=share, forge=pid)
         (seen,) = [p for p in report["processes"] if p["pid"] == pid]
         assert (seen["source"], seen["preallocated"]) == ("memory size", True)
@@ -463,11 +462,11 @@ def test_a_live_panel_left_idle_is_idle_and_its_beacon_goes_at_unload_and_exit(
 
         out, error = execute(client, "%unload_ext jax_nbmem")
         assert error is None, out
-        _wait_for(lambda: not path.exists(), 5, "beacon removed at unload")
+        wait_for("beacon removed at unload", lambda: not path.exists(), 5)
         execute(client, "%load_ext jax_nbmem")
-        _wait_for(path.exists, 10, "beacon back after reload")
+        wait_for("beacon back after reload", path.exists, 10)
         manager.shutdown_kernel(now=False)  # the kernel exits as it would from the menu
-        _wait_for(lambda: not path.exists(), 10, "beacon removed at exit")
+        wait_for("beacon removed at exit", lambda: not path.exists(), 10)
     assert beacons_module.read_beacons([runtime]).get(pid) is None
 
 

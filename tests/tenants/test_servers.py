@@ -26,6 +26,7 @@ from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.servers import SessionIndex, find_servers, kernel_sessions, shutdown_kernel
 from tests.ipython_session import clean_environ
 from tests.kernels import running_kernel
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -60,16 +61,6 @@ def _answers(server):
         return False
 
 
-def _wait_for(condition, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
@@ -97,8 +88,8 @@ def server(tmp_path_factory):
         stderr=subprocess.STDOUT,
     )
     try:
-        found = _wait_for(lambda: find_servers(str(runtime)), "the server's runtime file")[0]
-        _wait_for(lambda: _answers(found), "the server to answer")
+        found = wait_for("the server's runtime file", lambda: find_servers(str(runtime)))[0]
+        wait_for("the server to answer", lambda: _answers(found))
         yield SimpleNamespace(info=found, token=token, root=root, runtime=str(runtime))
     finally:
         process.terminate()
@@ -136,7 +127,7 @@ def _open_notebook(server, path):
                 return child.pid
         return None
 
-    return session["id"], kernel_id, _wait_for(kernel_pid, "the kernel process")
+    return session["id"], kernel_id, wait_for("the kernel process", kernel_pid)
 
 
 @pytest.fixture(scope="module")
