@@ -307,7 +307,11 @@ def _record_text(record: Any, source: tuple[str, str, str, str] | None) -> str:
     return "<br>".join(lines)
 
 
-def _span_traces(records: Sequence[Any], source: tuple | None) -> tuple[dict, dict, dict]:
+# A live view rebuilds the figure at every update, and the cells change only when one ends:
+# their traces are kept for the records they were made from (records are frozen, hashable).
+# Callers only read what these return.
+@functools.lru_cache(maxsize=8)
+def _span_traces(records: tuple, source: tuple | None) -> tuple[dict, dict, dict]:
     """Each cell as a shaded span of the timeline, alternating shades, and its hover tick.
 
     Shades alternate so that neighbours stay apart however many cells a minute holds; the
@@ -332,8 +336,9 @@ def _span_traces(records: Sequence[Any], source: tuple | None) -> tuple[dict, di
     return spans[0], spans[1], ticks
 
 
+@functools.lru_cache(maxsize=8)
 def _bar_traces(
-    records: Sequence[Any], source: tuple | None, divisor: int, digits: int
+    records: tuple, source: tuple | None, divisor: int, digits: int
 ) -> tuple[dict, dict]:
     """Per-cell peak rise and retained bytes for the last cells, coloured by outcome."""
     peak: dict[str, list] = {"x": [], "y": [], "hovertext": [], "marker.color": []}
@@ -504,7 +509,7 @@ def _assemble(
     all_records = list(records)
     source = cell_bars_source(all_records)
     spanned = all_records[-limits.max_spans :]
-    even, odd, ticks = _span_traces(spanned, source)
+    even, odd, ticks = _span_traces(tuple(spanned), source)
     for name, shade, fill in ((_SPANS, even, _SPAN_FILL[0]), (_SPANS_ALT, odd, _SPAN_FILL[1])):
         traces.append({
             "type": "scatter", "mode": "lines", "name": name, "fill": "toself",
@@ -521,7 +526,7 @@ def _assemble(
         "x": ticks["x"], "y": ticks["y"], "hovertext": ticks["hovertext"],
     })  # fmt: skip
     barred = all_records[-limits.max_cells :]
-    peak, retained = _bar_traces(barred, source, divisor, digits)
+    peak, retained = _bar_traces(tuple(barred), source, divisor, digits)
     for name, trace, offset in ((_BAR_PEAK, peak, "peak"), (_BAR_RETAINED, retained, "kept")):
         traces.append({
             "type": "bar", "name": name, "xaxis": "x2", "yaxis": "y2",

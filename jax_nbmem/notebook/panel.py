@@ -502,6 +502,7 @@ def _show_widget(session: Any, state: _PanelState) -> None:
         live.refresh_from_session(session)
     live.start()
     state.kind = "widget"
+    state.refresh_after_cells = _in_a_kernel()
     # Text and HTML ride along for frontends that cannot draw widgets at all.
     fallback = _fallback_bundle(session, with_figure=False)
     display({**live.widget._repr_mimebundle_(), **fallback}, raw=True)
@@ -532,8 +533,8 @@ def _refresh_snapshot(state: _PanelState) -> None:
     ``_SNAPSHOT_EVERY_S``.
     """
     live = state.live
-    if live is None or state.snapshot is None:
-        return
+    if live is None or state.snapshot is None or not state.refresh_after_cells:
+        return  # a terminal: an update would print the snapshot again, and nothing exports it
     now = time.monotonic()
     if live.plot.views_drawn:
         if now - state.snapshot_at < _SNAPSHOT_EVERY_S:
