@@ -19,10 +19,11 @@ from jax_nbmem.allocator.jaxlib import (
     installed_jaxlib,
 )
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
-from jax_nbmem.gpu.jaxstats import backend_initialized, initialized_platforms
+from jax_nbmem.gpu.jaxstats import GPU_PLATFORMS, backend_initialized, initialized_platforms
 
 __all__ = [
     "ENV_ALLOCATOR",
+    "ENV_MODE_REASON",
     "AllocatorControl",
     "AllocatorReport",
     "ApplyResult",
@@ -34,6 +35,8 @@ _MANAGED_KEYS = tuple(os.fsencode(name) for name in MANAGED_VARIABLES)
 
 # The mode a kernel asks for at start (a jax-nbmem kernelspec sets it); wins over the config.
 ENV_ALLOCATOR = "JAX_NBMEM_ALLOCATOR"
+# Why that mode, when jax_nbmem's kernel provisioner chose it at launch.
+ENV_MODE_REASON = "JAX_NBMEM_MODE_REASON"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,11 @@ class BackendStart:
     effective: Effective
     cell: int | None
     exact: bool
+
+    @property
+    def without_gpu(self) -> bool:
+        """Whether JAX started with platforms known and none of them a GPU (so no allocator)."""
+        return bool(self.platforms) and not any(p in GPU_PLATFORMS for p in self.platforms)
 
 
 @dataclass(frozen=True)

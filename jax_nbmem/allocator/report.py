@@ -38,7 +38,7 @@ def _started_line(report: AllocatorReport) -> str:
     line += start.effective.describe()
     if not start.exact:
         line += " (read from the variables as they are now; they may have changed since)"
-    if start.platforms and not any(p in ("cuda", "gpu", "rocm") for p in start.platforms):
+    if start.without_gpu:
         line += "\n               no GPU backend: allocator settings do not apply to the CPU"
     if report.backends_cleared:
         line += (

@@ -49,6 +49,10 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
         log.debug("jax-nbmem exporter: " + format, *args)
@@ -95,8 +99,9 @@ class Exporter:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"jax-nbmem exporter: the metrics are at /metrics\n"]
 
-        _Server.address_family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        server = make_server(self.host, self.port, app, _Server, _QuietHandler)
+        # A class per address family: setting it on the shared class would change every server.
+        server_class = _Server6 if ":" in self.host else _Server
+        server = make_server(self.host, self.port, app, server_class, _QuietHandler)
         self._server = server
         refresher = threading.Thread(target=self._refresh_forever, name="jax-nbmem-exporter")
         refresher.daemon = True

@@ -17,7 +17,8 @@ from jax_nbmem.allocator.control import ENV_ALLOCATOR
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
 from jax_nbmem.allocator.report import kernel_display_name, kernel_name
 
-PROVISIONER_NAME = "jax-nbmem-provisioner"  # the entry point of jax_nbmem.cli.provisioner
+# The entry point (pyproject.toml) of jax_nbmem.cli.provisioner.JaxNbMemProvisioner.
+PROVISIONER_NAME = "jax-nbmem-provisioner"
 
 __all__ = [
     "InstalledKernel",

@@ -24,17 +24,14 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Float, Unicode
 
-from jax_nbmem.allocator.control import ENV_ALLOCATOR
+from jax_nbmem.allocator.control import ENV_ALLOCATOR, ENV_MODE_REASON
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables, parse_mode
 from jax_nbmem.tenants.auto import Policy, PolicyError, decide
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 
-__all__ = ["ENV_MODE_REASON", "JaxNbMemProvisioner", "PROVISIONER_NAME"]
+__all__ = ["JaxNbMemProvisioner"]
 
 log = logging.getLogger("jax_nbmem")
-
-PROVISIONER_NAME = "jax-nbmem-provisioner"
-ENV_MODE_REASON = "JAX_NBMEM_MODE_REASON"
 
 
 class JaxNbMemProvisioner(LocalProvisioner):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "GPU_PLATFORMS",
     "DeviceStats",
     "backend_initialized",
     "device_stats",
@@ -33,7 +34,8 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # Exception classes JAX raises for a failed XLA operation: JaxRuntimeError in recent
 # releases, XlaRuntimeError in older ones. Matched by name so this module needs no jax import.
 _RUNTIME_ERROR_NAMES = frozenset({"JaxRuntimeError", "XlaRuntimeError"})
-_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+# The platform names of JAX's GPU backends (every other one is the CPU or a TPU).
+GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 _OOM_MARKER = "RESOURCE_EXHAUSTED"
 
 _process_handle: Any = None
@@ -247,7 +249,7 @@ def _local_devices(may_wait: bool, gpus_only: bool = False) -> list[Any] | None:
             devices = list(jax.local_devices())
         except Exception:
             return None
-        gpus = [d for d in devices if getattr(d, "platform", None) in _GPU_PLATFORMS]
+        gpus = [d for d in devices if getattr(d, "platform", None) in GPU_PLATFORMS]
         cached = _devices_of = (table, devices, gpus)
     return cached[2] if gpus_only else cached[1]
 

@@ -78,7 +78,6 @@ _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up t
 # of quick cells redraws it only every few cells.
 _HEADLESS_SNAPSHOT_SHARE = 0.02
 _HEADLESS_SNAPSHOT_BURST_S = 0.25
-_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 
 @dataclass
@@ -130,9 +129,9 @@ def _mode_text(session: Any) -> str | None:
     try:
         report = session.control.report()
         if report.backend is not None:
-            platforms = report.backend.platforms
-            if platforms and not any(p in _GPU_PLATFORMS for p in platforms):
-                mode, shown = report.backend.effective.mode_name, "/".join(platforms).upper()
+            if report.backend.without_gpu:
+                mode = report.backend.effective.mode_name
+                shown = "/".join(report.backend.platforms).upper()
                 return f"{mode}, unused: JAX runs on {shown} (allocator modes apply to GPUs)"
             return f"{report.backend.effective.mode_name} (in effect)"
         return f"{report.pending.mode_name} (when JAX starts)"

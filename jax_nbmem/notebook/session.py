@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from jax_nbmem.allocator.control import AllocatorControl, ApplyResult
+from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
 from jax_nbmem.allocator.report import format_applied, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
@@ -33,8 +33,6 @@ log = logging.getLogger("jax_nbmem")
 # How long a magic or the OOM diagnosis waits for a fresh look at the GPU (NVML, /proc, the
 # Jupyter servers) before it answers from the last one.
 _FRESH_STATUS_WAIT_S = 1.5
-# What jax_nbmem's kernel provisioner says of the mode it chose at launch.
-_ENV_MODE_REASON = "JAX_NBMEM_MODE_REASON"
 # How long a reader of the cell records waits for the last cells' after-readings.
 _SETTLE_S = 1.0
 
@@ -95,9 +93,9 @@ class KernelSession:
         text, source = startup_mode(self.settings)
         if not text:
             return
-        reason = os.environ.get(_ENV_MODE_REASON)
-        if reason and source.startswith("$"):
-            # A provisioner chose this mode at launch (and set its variables already).
+        # A provisioner chose the mode at launch (and set its variables already).
+        reason = os.environ.get(ENV_MODE_REASON) if source.startswith("$") else None
+        if reason:
             source = f"{source} (chosen at launch: {reason})"
         try:
             mode, source = self._decide(parse_mode(text), source)
@@ -105,7 +103,7 @@ class KernelSession:
             self._say(f"jax_nbmem: ignoring allocator mode {text!r} from {source}: {exc}")
             return
         result = self.control.apply(mode, source)
-        if reason and self.auto_choice is None and source.startswith("$"):
+        if reason and self.auto_choice is None:
             self.auto_choice = AutoChoice(mode, reason, {})  # said in the beacon too
         if result.too_late:
             self._say(too_late(mode, self.control.report(), self.in_kernel))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds
+from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
 __all__ = ["ServerMonitor"]
@@ -139,23 +139,22 @@ class ServerMonitor:
         }
         with self._lock:
             self._snapshot = report
+            keys = set()
             for gpu in report.get("gpus", []):
-                uuid = gpu.get("uuid") or str(gpu.get("index"))
-                points = self._history.setdefault(uuid, deque(maxlen=self._history_points))
+                key = gpu.get("uuid") or str(gpu.get("index"))
+                keys.add(key)
+                points = self._history.setdefault(key, deque(maxlen=self._history_points))
                 points.append([round(now, 1), gpu.get("used_bytes"), gpu.get("total_bytes")])
-            for uuid in set(self._history) - {g.get("uuid") for g in report.get("gpus", [])}:
-                del self._history[uuid]  # a GPU gone from the report leaves the history too
+            for key in set(self._history) - keys:
+                del self._history[key]  # a GPU gone from the report leaves the history too
             self.refreshes += 1
 
     def _session(self, kernel: Mapping[str, Any]) -> ServerKernel:
         path = kernel.get("path")
-        notebook = path
-        if path and self.root_dir and not path.startswith("/"):
-            notebook = f"{self.root_dir.rstrip('/')}/{path}"
         return ServerKernel(
             kernel_id=kernel["kernel_id"],
             server_url=self.server_url,
-            notebook=notebook,
+            notebook=notebook_path(self.root_dir, path) if path else None,
             execution_state=kernel.get("execution_state"),
             last_activity=kernel.get("last_activity"),
             path=path,

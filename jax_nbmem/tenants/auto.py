@@ -17,12 +17,15 @@ Pure: the caller reads NVML and the claims (:mod:`.claims`) and passes them in.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.allocator.modes import AllocatorMode
+from jax_nbmem.tenants.claims import claim_book
+from jax_nbmem.tenants.status import collect
 from jax_nbmem.units import format_bytes
 
 __all__ = ["AutoChoice", "Policy", "PolicyError", "choose_mode", "decide", "policy_refusal"]
@@ -222,11 +225,6 @@ def decide(
     administrator's reason. Reads NVML: never on a cell's path, only on a user's command or
     at a kernel's launch.
     """
-    import os
-
-    from jax_nbmem.tenants.claims import claim_book
-    from jax_nbmem.tenants.status import collect
-
     status = status or (lambda: collect(in_kernel=True))
     if mode.name != "auto" and policy.empty:
         return mode, None

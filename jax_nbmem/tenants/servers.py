@@ -40,6 +40,7 @@ __all__ = [
     "current_user",
     "epoch_seconds",
     "find_servers",
+    "notebook_path",
     "kernel_sessions",
     "shutdown_kernel",
 ]
@@ -361,6 +362,11 @@ def _ask_server(server: JupyterServer, deadline: float, answers: dict) -> None:
             _in_flight.discard(server.runtime_file)
 
 
+def notebook_path(root_dir: str | None, path: str) -> str:
+    """A notebook's full path from the path its server shows (relative to ``root_dir``)."""
+    return os.path.join(root_dir, path) if root_dir and not os.path.isabs(path) else path
+
+
 def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> dict:
     notebooks, shown = {}, {}
     for session in sessions if isinstance(sessions, list) else []:
@@ -368,9 +374,7 @@ def _sessions_from(server: JupyterServer, kernels: object, sessions: object) -> 
         path = session.get("path") or ""
         if kernel.get("id") and (session.get("type") == "notebook" or path.endswith(".ipynb")):
             shown[kernel["id"]] = path
-            if server.root_dir and not os.path.isabs(path):
-                path = os.path.join(server.root_dir, path)
-            notebooks[kernel["id"]] = path
+            notebooks[kernel["id"]] = notebook_path(server.root_dir, path)
     found = {}
     for kernel in kernels if isinstance(kernels, list) else []:
         kernel_id = kernel.get("id")

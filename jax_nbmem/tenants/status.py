@@ -89,7 +89,7 @@ def collect(
     list_problems = {listing.gpu: listing.problem for listing in listings if listing.problem}
     state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
-    on_gpu = started and any(p in ("cuda", "gpu", "rocm") for p in jaxstats.initialized_platforms())
+    on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
     beacons = read_beacons(beacon_dirs(share_dir))
     tenants = attribute(
         processes,

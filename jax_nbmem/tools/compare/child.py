@@ -36,7 +36,6 @@ __all__ = ["CELL_FILENAME", "main"]
 CELL_FILENAME = "<cell>"
 _SAMPLE_INTERVAL_S = 0.05
 _TRACEBACK_LINES = 20
-_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 
 
 class _Stopped(BaseException):
@@ -255,7 +254,7 @@ def measure(source: str) -> dict[str, Any]:
     if sampler is not None:
         sampler.stop()
     devices = jaxstats.device_stats()
-    gpu_devices = [d for d in devices if d.platform in _GPU_PLATFORMS]
+    gpu_devices = [d for d in devices if d.platform in jaxstats.GPU_PLATFORMS]
     result: dict[str, Any] = {
         "wall_s": outcome["wall_s"],
         "stopped": outcome["stopped"],
