@@ -257,10 +257,11 @@ def test_two_views_and_a_page_reload_draw_the_same_live_picture(
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         moved = plot_state(lab_page, 0)
-        if moved and moved["last"][others][1] >= 30.0:
+        # None: a gap while the sampler re-reads the process list after the move.
+        if moved and (moved["last"][others][1] or 0.0) >= 30.0:
             break
         time.sleep(0.2)
-    assert moved["last"][others][1] >= 30.0, moved
+    assert (moved["last"][others][1] or 0.0) >= 30.0, moved
     first, second = same_picture()
     assert first == second
     screenshot(lab_page, "panel-after-reload")
@@ -395,7 +396,7 @@ def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
         while time.monotonic() < deadline:
             state_now = plot_state(lab_page, 0)
             others = state_now["last"][state_now["names"].index("other processes")][1]
-            if others < 1.0:
+            if others is not None and others < 1.0:  # None: a gap while NVML's list is re-read
                 break
             time.sleep(0.25)
         try:
