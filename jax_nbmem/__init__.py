@@ -5,12 +5,21 @@ In a notebook::
     %load_ext jax_nbmem
     %jaxalloc off        # before JAX first touches the GPU
 
-Public names: `status`, `cells`, `load_ipython_extension`, `unload_ipython_extension`.
+Public names: `status`, `cells`, `track`, `fit`, `load_ipython_extension`,
+`unload_ipython_extension`.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "cells", "load_ipython_extension", "status", "unload_ipython_extension"]
+__all__ = [
+    "__version__",
+    "cells",
+    "fit",
+    "load_ipython_extension",
+    "status",
+    "track",
+    "unload_ipython_extension",
+]
 
 
 def _session():
@@ -42,15 +51,72 @@ def status():
     return session.status() if session is not None else collect()
 
 
-def cells():
+def cells(frame: bool = False):
     """One record per cell run since ``%load_ext jax_nbmem`` (``[]`` when it is not loaded).
 
     Each record has attributes (``execution_count``, ``gpu_self_before``/``peak``/``after``,
     ``jax_in_use_before``/``peak``/``after``, ``free_at_start``, ``free_min``, ``duration_s``,
     ``success``, ``oom``, ...) and ``to_dict()``. A value that could not be measured is None.
+    With ``frame=True``: a pandas DataFrame, one row per cell and one column per key of
+    ``to_dict()`` (byte counts as nullable integers); ImportError saying so without pandas.
     """
     session = _session()
-    return session.cells() if session is not None else []
+    records = session.cells() if session is not None else []
+    if not frame:
+        return records
+    from jax_nbmem.record.export import records_frame
+
+    return records_frame(records)
+
+
+def fit(fn, /, *args, **kwargs):
+    """Will ``fn(*args, **kwargs)`` fit in GPU memory? Compiles it, never runs it.
+
+    Returns a report: ``fits`` (True, False, or None when it cannot be told), ``verdict`` (one
+    line), ``advice`` (the cheapest change when it does not fit), ``spare`` per device, and
+    ``to_dict()``; printing it shows the verdict and the table. Arguments may be arrays (those
+    already on a device need no new memory) or ``jax.ShapeDtypeStruct``. Compiling needs JAX's
+    backend: ``fit`` raises ``FitError`` (a ValueError) rather than start it, as it does for a
+    call that cannot be traced or compiled. Start it on purpose first (``jax.devices()``, after
+    choosing the allocator mode) or use ``%jaxmem fit --start``.
+    """
+    from jax_nbmem.tools.fit import FitError, not_started_reason
+    from jax_nbmem.tools.fit_report import check_fit
+
+    reason = not_started_reason()
+    if reason is not None:
+        raise FitError(
+            f"jax_nbmem.fit: {reason}. Starting it takes the allocator mode for good: choose "
+            "the mode, start it on purpose (e.g. jax.devices()), then ask again"
+        )
+    session = _session()
+    hold = session.error_hold if session is not None else None
+    return check_fit(
+        fn,
+        args,
+        kwargs,
+        call=f"{getattr(fn, '__name__', type(fn).__name__)}(...)",
+        started=session.started_mode() if session is not None else None,
+        namespace=session.user_namespace if session is not None else None,
+        last_error_bytes=hold.alive_bytes() if hold is not None else None,
+    )
+
+
+def track(*, sampler=None, source=None):
+    """Peak and retained memory of a block: ``with jax_nbmem.track() as t:`` or ``@track()``.
+
+    Works in a plain script too. Uses the loaded extension's sampler when there is one, else
+    starts its own for the block. ``t.peak`` and ``t.retained`` are dicts per device
+    (``"gpu:0"``, ... by NVML index; ``"host"`` without a GPU) of bytes, None when unknown;
+    ``t.to_dict()`` has every figure and its source; ``print(t)`` gives one line. *sampler* or
+    *source* (for tests) replace the sampler used. Never starts JAX.
+    """
+    from jax_nbmem.tools.track import Tracker
+
+    def shared_sampler():
+        return getattr(_session(), "sampler", None)
+
+    return Tracker(sampler=sampler, source=source, find_sampler=shared_sampler)
 
 
 def load_ipython_extension(ipython) -> None:

@@ -35,8 +35,9 @@ MAY_IMPORT = {
     "tools": {"gpu", "allocator", "record"} | SHARED,
     "simgpu": set(),
     **{face: set(CORE) for face in FACES},
-    # The package's public functions: the status report, and the notebook face on demand.
-    "package": {"tenants", "notebook"},
+    # The package's public functions: the status report, track() and fit(), and the notebook
+    # face on demand.
+    "package": {"tenants", "tools", "record", "notebook"},
 }
 MAY_USE_UI = {"notebook", "package"}
 # A web framework only in the server face (the exporter's HTTP server is the standard library's).

@@ -10,6 +10,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 
 from IPython.core.error import UsageError
@@ -38,11 +39,15 @@ _JAXMEM_OPTIONS = {
     "--json": ("status", "cells"),
     "--yes": ("shutdown",),
     "--clear-caches": ("free",),
+    "--last-error": ("free",),
+    "--csv": ("cells",),
 }
 _JAXMEM_USAGE = (
     "usage: %jaxmem [COMMAND], COMMAND one of: panel (the default), status [--json], "
-    "cells [--json], top [N], free NAME... [--clear-caches], shutdown PID [--yes]"
+    "cells [--json | --csv PATH], top [N], free NAME... [--clear-caches], free --last-error, "
+    "fit [--shapes] [--start] CALL, shutdown PID [--yes]"
 )
+_FIT_OPTIONS = ("--shapes", "--start")
 
 
 def _usage(magic: str) -> str:
@@ -208,10 +213,14 @@ class JaxNbMemMagics(Magics):
         "command",
         nargs="?",
         default="panel",
-        help="panel (default) | status | cells | top [N] | free NAME... | shutdown PID",
+        help="panel (default) | status | cells | top [N] | free NAME... | fit CALL | shutdown PID",
     )
     @argument("rest", nargs="*", help="arguments of the command")
     @argument("--json", action="store_true", help="status/cells: print JSON instead of a table")
+    @argument("--csv", metavar="PATH", default=None, help="cells: write the records to PATH")
+    @argument(
+        "--last-error", action="store_true", help="free: release what the last error's frames hold"
+    )
     @argument("--yes", action="store_true", help="shutdown: confirm, do it")
     @argument(
         "--clear-caches", action="store_true", help="free: also clear JAX's compilation caches"
@@ -220,24 +229,13 @@ class JaxNbMemMagics(Magics):
     def jaxmem(self, line: str = "") -> None:
         """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
 
-        Commands:
-          (none), panel     a live panel under the cell: this kernel's GPU memory, JAX's bytes
-                            in use and reserved, other processes, one marker per cell
-          status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
-          cells [--json]    one row per cell run since the extension loaded: GPU memory before,
-                            at the peak and after, JAX bytes in use, duration, errors
-          top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes,
-                            and the names that hold them (also inside lists/dicts one level
-                            down, and IPython's Out history); the total nobody names
-          free NAME...      delete these names and their arrays' device buffers — only arrays
-                            no other name holds (the others are kept, and who holds them is
-                            said); --clear-caches also clears JAX's caches; reports the bytes
-                            returned to JAX's pool and, where NVML shows it, to the GPU
-          shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory
-                            (through its Jupyter server when known, else by signal); shows
-                            what it would do — add --yes to do it. Refuses other users'
-                            processes and processes that are not kernels.
+        Commands: panel (the default), status, cells, top, free, fit, shutdown. The help that
+        ``%jaxmem?`` shows is written once, in ``_help_texts``, and set when the extension loads.
         """
+        words = line.split(None, 1)
+        if words and words[0] == "fit":  # a Python call follows: not for shlex/argparse
+            self._fit(words[1] if len(words) > 1 else "")
+            return
         args = _parse(self.jaxmem, line)
         run = {
             "panel": self._panel,
@@ -273,8 +271,20 @@ class JaxNbMemMagics(Magics):
 
     def _cells(self, args) -> None:
         self._no_more(args)
+        if args.json and args.csv:
+            raise _refuse("jaxmem", "%jaxmem cells: --json or --csv PATH, not both")
         records = self.session.cells()
-        if args.json:
+        if args.csv:
+            from jax_nbmem.record.export import write_csv
+
+            existed = os.path.exists(args.csv)
+            try:
+                count = write_csv(records, args.csv)
+            except OSError as exc:
+                raise UsageError(f"%jaxmem cells --csv: cannot write {args.csv}: {exc}") from None
+            replaced = " (it replaced the file that was there)" if existed else ""
+            print(f"wrote {count} cell record(s) to {os.path.abspath(args.csv)}{replaced}")
+        elif args.json:
             print(json.dumps([record.to_dict() for record in records], indent=1))
         else:
             print(format_table(records))
@@ -289,19 +299,113 @@ class JaxNbMemMagics(Magics):
             count = parse_count(args.rest[0], "rows", high=_MAX_TOP_ROWS) if args.rest else 10
         except ValueError as exc:
             raise UsageError(f"%jaxmem top: {exc}, e.g. %jaxmem top 20") from None
-        print(format_top(top_arrays(self.shell.user_ns, count)))
+        print(format_top(top_arrays(self.shell.user_ns, count, frames=self._error_frames())))
+
+    def _error_frames(self) -> list:
+        """The frames the last error keeps: Python's ``sys.last_*`` and IPython's traceback."""
+        from jax_nbmem.tools.last_error import error_frames
+
+        return error_frames(_last_error_holders(self.shell), self.session.where)
 
     def _free(self, args) -> None:
         from jax_nbmem.tools.arrays import free_names
         from jax_nbmem.tools.arrays_report import format_free
 
+        if args.last_error:
+            if args.rest or args.clear_caches:
+                raise _refuse("jaxmem", "%jaxmem free --last-error takes no names or options")
+            self._free_last_error()
+            return
         if not args.rest:
             raise UsageError("%jaxmem free: name the variables to free, e.g. %jaxmem free x y")
-        report = free_names(self.shell.user_ns, args.rest, clear_caches=args.clear_caches)
+        report = free_names(
+            self.shell.user_ns,
+            args.rest,
+            clear_caches=args.clear_caches,
+            frames=self._error_frames(),
+        )
         if not report.any_valid:
             reasons = "; ".join(f"{o.name}: {o.reason}" for o in report.outcomes)
             raise UsageError(f"%jaxmem free: nothing to free ({reasons})")
         print(format_free(report))
+
+    def _free_last_error(self) -> None:
+        from jax_nbmem.tools.arrays_report import format_free_last_error
+        from jax_nbmem.tools.last_error import free_last_error
+
+        holders = _last_error_holders(self.shell)
+        error = next((h for h in holders if isinstance(h, BaseException)), None)
+        if not any(holders):
+            print(format_free_last_error(None, None))  # type: ignore[arg-type]
+            return
+        frames = self._error_frames()
+        hold = self.session.error_hold
+        name = type(error).__name__ if error is not None else "an error"
+        if hold is not None and hold.cell is not None:
+            name += f" of cell [{hold.cell}]"
+        report = free_last_error(frames, self.shell.user_ns)
+        del frames
+        _drop_last_error(self.shell)
+        self.session.error_hold = None
+        print(format_free_last_error(report, name))
+
+    def _fit(self, text: str) -> None:
+        from jax_nbmem.gpu import jaxstats
+        from jax_nbmem.tools.fit import FitError
+        from jax_nbmem.tools.fit_call import evaluate_call
+        from jax_nbmem.tools.fit_report import check_fit
+
+        words = text.split(None, 1)
+        options: set[str] = set()
+        while words and words[0].startswith("--"):
+            if words[0] not in _FIT_OPTIONS:
+                raise _refuse("jaxmem", f"%jaxmem fit: unknown option {printable(words[0])}")
+            options.add(words[0])
+            words = words[1].split(None, 1) if len(words) > 1 else []
+        expression = " ".join(words)
+        if not expression:
+            raise _refuse(
+                "jaxmem", "%jaxmem fit: give the call, e.g. %jaxmem fit step(state, batch)"
+            )
+        if "jax" not in sys.modules:
+            raise UsageError("%jaxmem fit: JAX is not imported in this kernel; import it first")
+        if not jaxstats.backend_initialized():
+            pending = self.session.control.report().pending
+            what = f"allocator mode {pending.mode_name}: {pending.describe()}"
+            if "--start" not in options:
+                raise UsageError(
+                    "%jaxmem fit: compiling starts JAX's backend, which has not started yet; "
+                    f"it would start with {what}. Set the mode first if you want another "
+                    "(%jaxalloc), then add --start: %jaxmem fit --start "
+                    f"{printable(expression)}"
+                )
+            print(f"Starting JAX's backend to compile the call, with {what}.", flush=True)
+            import jax
+
+            jax.devices()  # asked for with --start
+        hold = self.session.error_hold
+        call = None
+        try:
+            call = evaluate_call(expression, self.shell.user_ns, shapes="--shapes" in options)
+            report = check_fit(
+                call.fn,
+                call.args,
+                call.kwargs,
+                call=call.text,
+                started=self.session.started_mode(),
+                namespace=self.shell.user_ns,
+                last_error_bytes=hold.alive_bytes() if hold is not None else None,
+                resident_from=call.originals,
+            )
+        except FitError as exc:
+            failure = str(exc)
+        else:
+            print(report)
+            return
+        # Raised here, with the call let go: the UsageError becomes the last error, and its
+        # frames must not keep the user's arrays (the call's arguments) alive.
+        call = None
+        raise UsageError(f"%jaxmem fit: {failure}")
 
     def _shutdown(self, args) -> None:
         example = "e.g. %jaxmem shutdown 4242 [--yes]"
@@ -315,6 +419,42 @@ class JaxNbMemMagics(Magics):
         print(printable(result.message))
         if not args.yes and result.how is not None:
             print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
+
+
+def _last_error_holders(shell) -> list:
+    """What keeps the last error alive: ``sys.last_*`` and IPython's formatter's traceback."""
+    holders = [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
+    holders.append(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
+    return holders
+
+
+def _drop_last_error(shell) -> None:
+    """Forget the last error, as if none had happened (``%debug`` has nothing to show then)."""
+    for name in ("last_exc", "last_value", "last_type", "last_traceback"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    formatter = getattr(shell, "InteractiveTB", None)
+    if formatter is not None and hasattr(formatter, "tb"):
+        formatter.tb = None
+
+
+def _code_location(shell):
+    """How IPython names a cell's code (``Cell In[5], line 3``), else ``file.py:3``."""
+    from jax_nbmem.tools.last_error import where_in_file
+
+    compiler = getattr(shell, "compile", None)
+    name_code = getattr(compiler, "format_code_name", None)
+
+    def where(filename: str, lineno: int | None) -> str:
+        try:
+            named = name_code(filename) if callable(name_code) else None
+        except Exception:
+            named = None
+        if named:
+            return f"{named[0]} {named[1]}, line {lineno}"
+        return where_in_file(filename, lineno)
+
+    return where
 
 
 def _settings_for(shell) -> JaxNbMem:
@@ -370,13 +510,27 @@ mode may run (default {DEFAULT_TIMEOUT_S:g}).
   (none), panel     a live panel under the cell: this process's GPU memory, JAX's bytes in
                     use and its pool, other processes, each cell's span and its record
   status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
-  cells [--json]    one row per cell run since the extension loaded: GPU memory before, at
-                    the peak and after, JAX bytes in use, duration, errors
+  cells [--json | --csv PATH]
+                    one row per cell run since the extension loaded: GPU memory before, at
+                    the peak and after, JAX bytes in use, duration, errors; --csv writes
+                    them to PATH (jax_nbmem.cells(frame=True) gives a pandas DataFrame)
   top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes, and the
-                    names that hold them; the total nobody names
+                    names that hold them, also the locals of the last error's frames that
+                    keep arrays alive; the total nobody names
   free NAME...      delete these names and their arrays' device buffers (only arrays no other
                     name holds); --clear-caches also clears JAX's caches; reports the bytes
                     returned to JAX's pool and, where NVML shows it, to the GPU
+  free --last-error release what the last error keeps alive (its frames' locals; after a
+                    failed cell Python keeps them until the next error) and report what came
+                    back; %debug and %tb have no error to show afterwards
+  fit [--shapes] [--start] CALL
+                    will CALL (e.g. train_step(state, batch)) fit? Compiles it without running
+                    it and sets XLA's figures (arguments, outputs, temporaries, code, peak)
+                    against the room JAX's pool and the GPU have left for {here}, less the
+                    arguments already on the device; says the cheapest change if it does not
+                    fit. --shapes: allocate nothing for the arguments (expressions are
+                    evaluated with jax.eval_shape, arrays become ShapeDtypeStructs).
+                    Compiling starts JAX's backend: before it has started, --start is needed
   shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
                     what it would do, add --yes to do it. Refuses other users' processes and
                     processes that are not kernels.
@@ -390,6 +544,8 @@ def load(shell) -> None:
         return
     in_kernel = getattr(shell, "kernel", None) is not None
     session = KernelSession(_settings_for(shell), in_kernel=in_kernel)
+    session.user_namespace = shell.user_ns
+    session.where = _code_location(shell)
     magics = JaxNbMemMagics(shell, session)
     # Our own help: magic_arguments would open it with a "::" line and a usage line that
     # mixes the line and the cell magic's options.

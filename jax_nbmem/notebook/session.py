@@ -25,6 +25,8 @@ from jax_nbmem.tenants.claims import claim_book
 from jax_nbmem.tenants.servers import ShutdownResult, shutdown_kernel
 from jax_nbmem.tenants.status import StatusReport, collect, warning_line
 from jax_nbmem.tenants.watch import StatusWatcher
+from jax_nbmem.tools.last_error import ErrorHold, hold_of, where_in_file
+from jax_nbmem.units import format_bytes
 
 __all__ = ["KernelSession"]
 
@@ -35,6 +37,8 @@ log = logging.getLogger("jax_nbmem")
 _FRESH_STATUS_WAIT_S = 1.5
 # How long a reader of the cell records waits for the last cells' after-readings.
 _SETTLE_S = 1.0
+# What an error's frames must hold for the out-of-memory diagnosis to mention it.
+_ERROR_HOLD_WORTH_SAYING = 64 * 1024**2
 
 
 class KernelSession:
@@ -64,6 +68,12 @@ class KernelSession:
         self._cell_listeners: list[Callable[[], None]] = []
         self.auto_choice: AutoChoice | None = None
         self._claim_dir: str | None = None  # where this kernel's claim is, until JAX starts
+        # The user's namespace and how to name a code location (IPython's "Cell In[5],
+        # line 3"), set by the magics; the arrays the last error's frames held, by weak
+        # reference (noted after each failed cell, for the out-of-memory diagnosis).
+        self.user_namespace: dict | None = None
+        self.where: Callable[[str, int | None], str] = where_in_file
+        self.error_hold: ErrorHold | None = None
         self.beacon = beacon_writer(self)
 
     def start(self) -> None:
@@ -170,13 +180,57 @@ class KernelSession:
         """Called after every user cell, also after a syntax error."""
         self.control.observe_cell_end(execution_count)
         self.ledger.cell_finished(success, error, execution_count)
-        if error is not None and is_resource_exhausted(error):
-            self._explain_oom()
+        if error is not None:
+            previous, self.error_hold = self.error_hold, self._hold_of(error, execution_count)
+            if is_resource_exhausted(error):
+                self._explain_oom()
+                self._say_error_holds(previous, self.error_hold, execution_count)
         for listener in self._cell_listeners:
             try:
                 listener()
             except Exception:
                 log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
+
+    def started_mode(self):
+        """The allocator settings JAX started with (or will start with, before it has)."""
+        report = self.control.report()
+        return report.backend.effective if report.backend is not None else report.pending
+
+    def _hold_of(self, error: BaseException, cell: int | None) -> ErrorHold | None:
+        """What *error*'s frames hold that no name does (its locals only: cheap; never raises)."""
+        try:
+            return hold_of(error, self.user_namespace, cell=cell, where=self.where)
+        except Exception:
+            log.debug("jax_nbmem: reading the error's frames failed", exc_info=True)
+            return None
+
+    def _say_error_holds(
+        self, previous: ErrorHold | None, current: ErrorHold | None, cell: int | None
+    ) -> None:
+        """After an out-of-memory error: what error frames kept alive, where it is worth saying.
+
+        The previous error's frames held their arrays until this error replaced it, so while
+        this cell ran; this error's frames hold theirs until the next error.
+        """
+        if previous is not None and previous.held_bytes >= _ERROR_HOLD_WORTH_SAYING:
+            still = previous.alive_bytes()
+            after = (
+                "they are released now, so running the cell again may fit"
+                if still == 0
+                else f"{format_bytes(still)} of it is still held by something else "
+                "(`%jaxmem top` shows by what)"
+            )
+            self._say(
+                f"jax_nbmem: the error of cell [{previous.cell}] ({previous.error}) kept "
+                f"{format_bytes(previous.held_bytes)} of arrays alive in its frames "
+                f"({', '.join(previous.labels())}) while cell [{cell}] ran; {after}."
+            )
+        if current is not None and current.held_bytes >= _ERROR_HOLD_WORTH_SAYING:
+            self._say(
+                f"jax_nbmem: this error's frames now hold {format_bytes(current.held_bytes)} "
+                f"of arrays ({', '.join(current.labels())}) until the next error: "
+                "`%jaxmem free --last-error` releases them."
+            )
 
     def _explain_oom(self) -> None:
         """Under a RESOURCE_EXHAUSTED traceback: who holds the GPU and what to do (once)."""

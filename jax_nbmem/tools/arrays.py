@@ -7,8 +7,10 @@ JAX is read through ``sys.modules`` only once the user's code has started its ba
 Who holds an array: every name (private ones too), the items of a list, tuple or dict one level
 below a name, and ``Out[N]`` (one level down as well). Other holders (an object's attribute, a
 closure, another module, deeper nesting, JAX's caches) cannot be named, but CPython's reference
-count shows them. Array objects sharing one device buffer (``unsafe_buffer_pointer``) count as
-one array: on the CPU backend, printing an array makes such a twin.
+count shows them. The frames the last error keeps alive (``tools.last_error``) are holders
+too: their locals are named ``big in step() (Cell In[5], line 3)``. Array objects sharing one
+device buffer (``unsafe_buffer_pointer``) count as one array: on the CPU backend, printing an
+array makes such a twin.
 
 The rule for freeing: ``free_names`` calls ``Array.delete()`` only when every reference to the
 array, and to each twin on its buffer, is one of the names being freed (or their containers).
@@ -18,14 +20,15 @@ still held makes its holder's next use fail with "Array has been deleted".
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
+from jax_nbmem.tools.last_error import FRAME_REFERENCES, ErrorFrame, frame_slots
+from jax_nbmem.tools.memory import MemoryReading, measure_memory
 
 __all__ = [
     "ArrayRow",
@@ -54,7 +57,8 @@ class ArrayRow:
     host's devices (larger than ``nbytes`` for a replicated array); ``on_device_bytes`` is
     ``on_device_size_in_bytes()`` (with padding and tiling). ``names`` are the user's names
     for it (``w``, ``params['w']``, ``batch[0]``); ``history`` its entries in IPython's
-    output history (``Out[12]``).
+    output history (``Out[12]``); ``frames`` the locals of the last error's frames that hold
+    it (``big in step() (Cell In[5], line 3)``).
     """
 
     shape: tuple[int, ...]
@@ -65,6 +69,7 @@ class ArrayRow:
     on_device_bytes: int | None
     names: tuple[str, ...]
     history: tuple[str, ...]
+    frames: tuple[str, ...] = ()
 
     @property
     def size_bytes(self) -> int:
@@ -79,8 +84,9 @@ class ArrayRow:
 class TopReport:
     """The largest live arrays. ``available`` is False (with ``reason``) before JAX starts.
 
-    ``unnamed_*`` count arrays that neither a name nor the output history holds;
-    ``history_only_*`` those that only IPython's output history holds (a common leak).
+    ``unnamed_*`` count arrays that neither a name, the output history nor the last error's
+    frames hold; ``history_only_*`` those that only IPython's output history holds (a common
+    leak); ``error_only_*`` those that only the last error's frames hold (no name, no history).
     """
 
     available: bool
@@ -92,19 +98,8 @@ class TopReport:
     unnamed_bytes: int = 0
     history_only_count: int = 0
     history_only_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class MemoryReading:
-    """Memory at one moment, as ``free`` compares it before and after.
-
-    ``jax_bytes_in_use`` is JAX's ``bytes_in_use`` summed over devices; ``gpu_self_bytes`` this
-    process's GPU bytes per NVML. Each is ``None`` when it cannot be read (CPU backend, no
-    NVML, our pid not in NVML's list).
-    """
-
-    jax_bytes_in_use: int | None
-    gpu_self_bytes: int | None
+    error_only_count: int = 0
+    error_only_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,24 +163,31 @@ class _Holders:
     twins: dict[int, list[int]] = field(default_factory=dict)  # arrays on the same buffer
 
 
-def top_arrays(namespace: Mapping[str, Any], n: int = 10) -> TopReport:
+def top_arrays(
+    namespace: Mapping[str, Any], n: int = 10, *, frames: Sequence[ErrorFrame] = ()
+) -> TopReport:
     """Return the *n* largest live JAX arrays with the names in *namespace* that hold them.
 
-    Never starts JAX: before the user's code has started the backend the report is empty and
-    ``reason`` says so.
+    *frames*: the frames the last error keeps (``tools.last_error.error_frames``), whose
+    locals are named as holders too. Never starts JAX: before the user's code has started the
+    backend the report is empty and ``reason`` says so.
     """
     reason = _not_ready_reason()
     if reason is not None:
         return TopReport(available=False, reason=reason)
-    holders = _scan(namespace)
+    holders = _scan(namespace, frames)
     rows = []
     for group in _unique_groups(holders):
         labels = [entry for array_id in group for entry in holders.labels.get(array_id, [])]
         names = [label for label, kind, _, _ in labels if kind == "name"]
-        rows.append(_describe(holders.live[group[0]], _unique(names), _history_labels(labels)))
+        in_frames = [label for label, kind, _, _ in labels if kind == "frame"]
+        row = _describe(holders.live[group[0]], _unique(names), _history_labels(labels))
+        rows.append(replace(row, frames=tuple(_unique(in_frames))) if in_frames else row)
+    holders.live.clear()
     rows.sort(key=lambda row: row.size_bytes, reverse=True)
-    unnamed = [r for r in rows if not r.names and not r.history]
+    unnamed = [r for r in rows if not r.names and not r.history and not r.frames]
     history_only = [r for r in rows if not r.names and r.history]
+    error_only = [r for r in rows if not r.names and not r.history and r.frames]
     return TopReport(
         available=True,
         rows=tuple(rows[: max(0, n)]),
@@ -195,17 +197,9 @@ def top_arrays(namespace: Mapping[str, Any], n: int = 10) -> TopReport:
         unnamed_bytes=sum(r.size_bytes for r in unnamed),
         history_only_count=len(history_only),
         history_only_bytes=sum(r.size_bytes for r in history_only),
+        error_only_count=len(error_only),
+        error_only_bytes=sum(r.size_bytes for r in error_only),
     )
-
-
-def measure_memory() -> MemoryReading:
-    """Read JAX's ``bytes_in_use`` (summed over devices) and this process's GPU bytes."""
-    in_use = [s.bytes_in_use for s in jaxstats.device_stats() if s.bytes_in_use is not None]
-    from jax_nbmem.gpu import nvml
-
-    mine = [p.used_bytes for p in nvml.processes() if p.pid == os.getpid()]
-    gpu_self = None if not mine or None in mine else sum(mine)
-    return MemoryReading(sum(in_use) if in_use else None, gpu_self)
 
 
 def free_names(
@@ -214,6 +208,7 @@ def free_names(
     *,
     clear_caches: bool = False,
     measure: Callable[[], MemoryReading] = measure_memory,
+    frames: Sequence[ErrorFrame] = (),
 ) -> FreeReport:
     """Delete *names* from *namespace* and the device buffers of the arrays they alone hold.
 
@@ -221,14 +216,14 @@ def free_names(
     as a whole or not at all: if any of its arrays is held by another name, container, output
     history entry or anything outside the namespace, the name and its arrays are kept. With
     *clear_caches*, ``jax.clear_caches()`` runs first, so arrays that only compiled functions
-    held (as constants) can be freed too.
+    held (as constants) can be freed too. *frames* (the last error's) are named as holders.
     """
     jax = sys.modules.get("jax") if _not_ready_reason() is None else None
     before = measure()
     if jax is not None and clear_caches:
         jax.clear_caches()  # first: compiled functions holding an array as a constant let go
     asked = list(dict.fromkeys(names))
-    holders = _scan(namespace) if jax is not None else _Holders({})
+    holders = _scan(namespace, frames) if jax is not None else _Holders({})
     _count_outside(holders)
     outcomes = [_judge(namespace, name, set(asked), holders) for name in asked]
     doomed = {array_id for outcome, ids in outcomes for array_id in ids}
@@ -322,30 +317,44 @@ def _count_outside(holders: _Holders) -> None:
             holders.outside[key] = sys.getrefcount(kept[key]) - overhead - holders.slots.get(key, 0)
 
 
-def _scan(namespace: Mapping[str, Any]) -> _Holders:
-    """Find every slot (name, container item, output-history entry) that holds a live array."""
+def _scan(namespace: Mapping[str, Any], frames: Sequence[ErrorFrame] = ()) -> _Holders:
+    """Find every slot that holds a live array: names, items, history, error frames' locals."""
     holders = _Holders(_live_arrays())
     holders.twins = _group_twins(holders.live)
     output_cache = namespace.get(_OUTPUT_CACHE)
     for name, value in _slots(namespace, output_cache):
-        kind = _kind_of(name)
-        if id(value) in holders.live:
-            holders.labels.setdefault(id(value), []).append((name, kind, name, None))
-            holders.slots[id(value)] = holders.slots.get(id(value), 0) + 1
-        elif isinstance(value, _CONTAINERS):
-            container = id(value)
-            first_time = container not in holders.containers
-            found = False
-            for label, item in _items(name, value):
-                if id(item) in holders.live:
-                    found = True
-                    holders.labels.setdefault(id(item), []).append((label, kind, name, container))
-                    if first_time:  # one reference per item, however many names reach it
-                        holders.slots[id(item)] = holders.slots.get(id(item), 0) + 1
-            if found:
-                holders.containers[container] = value
-                holders.slots[container] = holders.slots.get(container, 0) + 1
+        _add_slot(holders, name, name, _kind_of(name), value, references=1)
+    for frame in frames:
+        for name, value in frame_slots(frame):
+            label = f"{name} in {frame.label}"
+            _add_slot(holders, label, label, "frame", value, references=FRAME_REFERENCES)
     return holders
+
+
+def _add_slot(
+    holders: _Holders, name: str, root: str, kind: str, value: Any, references: int
+) -> None:
+    """Note one slot's array, or the arrays of the container in it (one level down).
+
+    *references*: how many references the slot itself makes to its value (a frame's local
+    makes two before Python 3.13); a container's items are referred to once, by it.
+    """
+    if id(value) in holders.live:
+        holders.labels.setdefault(id(value), []).append((name, kind, root, None))
+        holders.slots[id(value)] = holders.slots.get(id(value), 0) + references
+    elif isinstance(value, _CONTAINERS):
+        container = id(value)
+        first_time = container not in holders.containers
+        found = False
+        for label, item in _items(name, value):
+            if id(item) in holders.live:
+                found = True
+                holders.labels.setdefault(id(item), []).append((label, kind, root, container))
+                if first_time:  # one reference per item, however many names reach it
+                    holders.slots[id(item)] = holders.slots.get(id(item), 0) + 1
+        if found:
+            holders.containers[container] = value
+            holders.slots[container] = holders.slots.get(container, 0) + references
 
 
 def _slots(namespace: Mapping[str, Any], output_cache: Any) -> Iterator[tuple[str, Any]]:
