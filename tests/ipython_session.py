@@ -49,6 +49,7 @@ _DRIVER = textwrap.dedent(
             "error": type(error).__name__ if error else None,
             "error_text": str(error) if error else None,
         })
+        del result, error  # as a kernel does: the driver keeps no cell's error alive
     sys.__stdout__.write("\\n@@RESULTS@@" + json.dumps(results))
     """
 )

@@ -6,6 +6,7 @@ IPython's events to it. Everything called from event callbacks is safe there: it
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -214,12 +215,26 @@ class KernelSession:
         """
         if previous is not None and previous.held_bytes >= _ERROR_HOLD_WORTH_SAYING:
             still = previous.alive_bytes()
-            after = (
-                "they are released now, so running the cell again may fit"
-                if still == 0
-                else f"{format_bytes(still)} of it is still held by something else "
-                "(`%jaxmem top` shows by what)"
-            )
+            if still:
+                # IPython's frame that ran the cell is in the error's traceback and holds the
+                # cell's result, which holds the error: a cycle, freed only when Python's
+                # garbage collector gets to it. Now is when it matters.
+                gc.collect()
+                collected, still = still - previous.alive_bytes(), previous.alive_bytes()
+            else:
+                collected = 0
+            if still:
+                after = (
+                    f"{format_bytes(still)} of it is still held by something else "
+                    "(`%jaxmem top` shows by what)"
+                )
+            elif collected:
+                after = (
+                    "they were left in a reference cycle, which jax_nbmem collected now, so "
+                    "running the cell again may fit"
+                )
+            else:
+                after = "they are released now, so running the cell again may fit"
             self._say(
                 f"jax_nbmem: the error of cell [{previous.cell}] ({previous.error}) kept "
                 f"{format_bytes(previous.held_bytes)} of arrays alive in its frames "

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
+from jax_nbmem.record.combine import block_jax_peak, difference, extreme, gpu_total, peak_total
 from jax_nbmem.record.sampler import Peaks
 from jax_nbmem.text import printable
 from jax_nbmem.units import MISSING, format_bytes, format_bytes_delta, format_duration
@@ -94,17 +95,17 @@ class CellRecord:
     @property
     def gpu_self_retained(self) -> int | None:
         """Bytes this process held on the GPU after the cell minus before (may be negative)."""
-        return _difference(self.gpu_self_after, self.gpu_self_before)
+        return difference(self.gpu_self_after, self.gpu_self_before)
 
     @property
     def jax_retained(self) -> int | None:
         """JAX's bytes in use after the cell minus before (may be negative)."""
-        return _difference(self.jax_in_use_after, self.jax_in_use_before)
+        return difference(self.jax_in_use_after, self.jax_in_use_before)
 
     @property
     def host_rss_retained(self) -> int | None:
         """Host resident memory after the cell minus before (may be negative)."""
-        return _difference(self.host_rss_after, self.host_rss_before)
+        return difference(self.host_rss_after, self.host_rss_before)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly dict of every field plus the ``*_retained`` values."""
@@ -412,7 +413,9 @@ def _build_record(cell: _Cell) -> CellRecord:
         delay = max(0.0, cell.after_started - cell.ended_mono)
     jax_before = quick_before.jax_in_use() if quick_before is not None else None
     jax_after = quick_after.jax_in_use() if quick_after is not None else None
-    jax_peak, exact = _jax_peak(quick_before, quick_after, peaks, indices, jax_before, jax_after)
+    jax_peak, exact = block_jax_peak(
+        quick_before, quick_after, peaks, indices, jax_before, jax_after
+    )
     host_before = before.host if before is not None else None
     host_after = after.host if after is not None else None
     rss_before = getattr(host_before, "rss_bytes", None)
@@ -427,17 +430,17 @@ def _build_record(cell: _Cell) -> CellRecord:
         error=cell.error,
         oom=cell.oom,
         gpu_count=len(indices),
-        gpu_self_before=_total(before, indices, "self_bytes"),
-        gpu_self_peak=_peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes"),
-        gpu_self_after=_total(after, indices, "self_bytes"),
+        gpu_self_before=gpu_total(before, indices, "self_bytes"),
+        gpu_self_peak=peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes"),
+        gpu_self_after=gpu_total(after, indices, "self_bytes"),
         jax_in_use_before=jax_before,
         jax_in_use_peak=jax_peak,
         jax_in_use_after=jax_after,
         peak_exact=exact,
-        free_at_start=_total(before, indices, "free_bytes"),
-        free_min=_peak_total(peaks, indices, "min_free_bytes", before, after, "free_bytes", min),
+        free_at_start=gpu_total(before, indices, "free_bytes"),
+        free_min=peak_total(peaks, indices, "min_free_bytes", before, after, "free_bytes", min),
         host_rss_before=rss_before,
-        host_rss_peak=_extreme([getattr(peaks, "max_rss_bytes", None), rss_before, rss_after]),
+        host_rss_peak=extreme([getattr(peaks, "max_rss_bytes", None), rss_before, rss_after]),
         host_rss_after=rss_after,
         live_array_bytes_before=getattr(host_before, "live_array_bytes", None),
         live_array_bytes_after=getattr(host_after, "live_array_bytes", None),
@@ -445,88 +448,6 @@ def _build_record(cell: _Cell) -> CellRecord:
         gpu_after_delay_s=delay,
         notes=tuple(notes),
     )
-
-
-def _jax_peak(
-    quick_before: Any,
-    quick_after: Any,
-    peaks: Any,
-    indices: list[int],
-    jax_before: int | None,
-    jax_after: int | None,
-) -> tuple[int | None, bool]:
-    """JAX's peak during the cell over its GPU devices, and whether it is exact.
-
-    Exact when every device's own ``peak_bytes_in_use`` rose during the cell (or the backend
-    started in it); otherwise the largest of the sampled values and the two ends.
-    """
-    after_devices = getattr(quick_after, "jax", ()) or ()
-    before_peaks = {
-        getattr(d, "id", None): getattr(d, "peak_bytes_in_use", None)
-        for d in getattr(quick_before, "jax", ()) or ()
-    }
-    rose = []
-    for device in after_devices:
-        peak_after = getattr(device, "peak_bytes_in_use", None)
-        peak_before = before_peaks.get(getattr(device, "id", None))
-        if peak_after is None or (peak_before is not None and peak_after <= peak_before):
-            break
-        rose.append(peak_after)
-    else:
-        if rose:
-            return sum(rose), True
-    sampled = _sum([_gpu_field(peaks, index, "max_jax_in_use") for index in indices])
-    known = [v for v in (sampled, jax_before, jax_after) if v is not None]
-    return (max(known) if known else None), False
-
-
-def _gpu_field(holder: Any, index: int, name: str) -> int | None:
-    if holder is None:
-        return None
-    gpu = holder.gpu(index)
-    return getattr(gpu, name, None) if gpu is not None else None
-
-
-def _total(sample: Any, indices: list[int], name: str) -> int | None:
-    if sample is None or not indices:
-        return None
-    return _sum([_gpu_field(sample, index, name) for index in indices])
-
-
-def _peak_total(
-    peaks: Any,
-    indices: list[int],
-    peak_name: str,
-    before: Any,
-    after: Any,
-    sample_name: str,
-    choose: Callable[[Iterable[int]], int] = max,
-) -> int | None:
-    """Sum over GPUs of the extreme of the tracked value and the cell's two ends.
-
-    The ends count too: the tracker sees the samples taken while the cell ran, and memory
-    may have moved (an array freed, say) before the first of them.
-    """
-    if not indices:
-        return None
-    values = []
-    for index in indices:
-        ends = [_gpu_field(before, index, sample_name), _gpu_field(after, index, sample_name)]
-        values.append(_extreme([_gpu_field(peaks, index, peak_name), *ends], choose))
-    return _sum(values)
-
-
-def _extreme(values: list[int | None], choose: Callable[[Iterable[int]], int] = max) -> int | None:
-    known = [v for v in values if v is not None]
-    return choose(known) if known else None
-
-
-def _sum(values: list[int | None]) -> int | None:
-    return None if not values or None in values else sum(values)  # type: ignore[arg-type]
-
-
-def _difference(after: int | None, before: int | None) -> int | None:
-    return None if after is None or before is None else after - before
 
 
 def _first_line(source: str | None) -> str:

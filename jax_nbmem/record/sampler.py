@@ -339,6 +339,11 @@ class Sampler:
             if self._thread is thread and not thread.is_alive():
                 self._thread = None
 
+    @property
+    def busy(self) -> bool:
+        """Whether the process list is read at the busy rate now (see :meth:`set_busy`)."""
+        return self._busy
+
     def set_busy(self, busy: bool) -> None:
         """Read the process list every ``busy_process_interval`` while *busy* (a cell runs).
 

@@ -323,24 +323,31 @@ def _scan(namespace: Mapping[str, Any], frames: Sequence[ErrorFrame] = ()) -> _H
     holders.twins = _group_twins(holders.live)
     output_cache = namespace.get(_OUTPUT_CACHE)
     for name, value in _slots(namespace, output_cache):
-        _add_slot(holders, name, name, _kind_of(name), value, references=1)
+        _add_slot(holders, name, name, _kind_of(name), value)
     for frame in frames:
         for name, value in frame_slots(frame):
-            label = f"{name} in {frame.label}"
-            _add_slot(holders, label, label, "frame", value, references=FRAME_REFERENCES)
+            suffix = f" in {frame.label}"
+            _add_slot(holders, name, name + suffix, "frame", value, FRAME_REFERENCES, suffix)
     return holders
 
 
 def _add_slot(
-    holders: _Holders, name: str, root: str, kind: str, value: Any, references: int
+    holders: _Holders,
+    name: str,
+    root: str,
+    kind: str,
+    value: Any,
+    references: int = 1,
+    suffix: str = "",
 ) -> None:
     """Note one slot's array, or the arrays of the container in it (one level down).
 
     *references*: how many references the slot itself makes to its value (a frame's local
     makes two before Python 3.13); a container's items are referred to once, by it.
+    *suffix* follows every label (`` in step() (Cell In[5], line 3)``).
     """
     if id(value) in holders.live:
-        holders.labels.setdefault(id(value), []).append((name, kind, root, None))
+        holders.labels.setdefault(id(value), []).append((name + suffix, kind, root, None))
         holders.slots[id(value)] = holders.slots.get(id(value), 0) + references
     elif isinstance(value, _CONTAINERS):
         container = id(value)
@@ -349,7 +356,8 @@ def _add_slot(
         for label, item in _items(name, value):
             if id(item) in holders.live:
                 found = True
-                holders.labels.setdefault(id(item), []).append((label, kind, root, container))
+                entry = (label + suffix, kind, root, container)
+                holders.labels.setdefault(id(item), []).append(entry)
                 if first_time:  # one reference per item, however many names reach it
                     holders.slots[id(item)] = holders.slots.get(id(item), 0) + 1
         if found:

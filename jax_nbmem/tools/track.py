@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.record.ledger import _difference, _extreme, _jax_peak, _peak_total, _total
+from jax_nbmem.record.combine import block_jax_peak, difference, extreme, gpu_total, peak_total
 from jax_nbmem.record.sampler import QuickReading, Sampler, SamplerSource
 from jax_nbmem.units import format_bytes, format_bytes_delta, format_duration
 
@@ -147,7 +147,7 @@ class Tracker:
         run.private = not sampler.running
         run.sampler = sampler
         run.errors_before = _error_count(sampler)
-        run.busy_before = bool(getattr(sampler, "_busy", False))  # no public getter
+        run.busy_before = bool(getattr(sampler, "busy", False))
         run.quick_before = sampler.quick_reading()
         run.before = sampler.sample_now()
         run.peak_tracker = sampler.track()
@@ -299,9 +299,9 @@ def _devices(run: _Run) -> list[tuple[str, int | None, Any]]:
 def _device_figures(run: _Run, index: int | None, device: Any) -> dict[str, Any]:
     before, after, peaks = run.before, run.after, run.peaks
     indices = [] if index is None else [index]
-    self_before = _total(before, indices, "self_bytes")
-    self_after = _total(after, indices, "self_bytes")
-    self_peak = _peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes")
+    self_before = gpu_total(before, indices, "self_bytes")
+    self_after = gpu_total(after, indices, "self_bytes")
+    self_peak = peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes")
     jax_before = jax_after = jax_peak = None
     exact = False
     if device is not None:
@@ -309,11 +309,11 @@ def _device_figures(run: _Run, index: int | None, device: Any) -> dict[str, Any]
         quick_after = _one_device(run.quick_after, device)
         jax_before = quick_before.jax_in_use() if quick_before is not None else None
         jax_after = quick_after.jax_in_use() if quick_after is not None else None
-        jax_peak, exact = _jax_peak(
+        jax_peak, exact = block_jax_peak(
             quick_before, quick_after, peaks, indices, jax_before, jax_after
         )
-    jax_retained = _difference(jax_after, jax_before)
-    self_retained = _difference(self_after, self_before)
+    jax_retained = difference(jax_after, jax_before)
+    self_retained = difference(self_after, self_before)
     if jax_peak is not None:
         peak, peak_source = jax_peak, "jax_exact" if exact else "jax_sampled"
     else:
@@ -348,9 +348,9 @@ def _figures(run: _Run) -> dict[str, Any]:
     rss_after = getattr(host_after, "rss_bytes", None)
     host = {
         "rss_before": rss_before,
-        "rss_peak": _extreme([getattr(run.peaks, "max_rss_bytes", None), rss_before, rss_after]),
+        "rss_peak": extreme([getattr(run.peaks, "max_rss_bytes", None), rss_before, rss_after]),
         "rss_after": rss_after,
-        "rss_retained": _difference(rss_after, rss_before),
+        "rss_retained": difference(rss_after, rss_before),
         "live_array_bytes_before": getattr(host_before, "live_array_bytes", None),
         "live_array_bytes_after": getattr(host_after, "live_array_bytes", None),
     }

@@ -1,0 +1,296 @@
+"""Will it fit? `%jaxmem fit` / `jax_nbmem.fit` in real IPython shells with real JAX, and the
+verdict against a simulated GPU (the stand-in NVML and a simulated JAX pool).
+
+Shell scenarios run in processes of their own (tests/ipython_session.py): whether JAX's backend
+has started is process-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from jax_nbmem.allocator.jaxlib import effective
+from jax_nbmem.gpu.jaxstats import DeviceStats
+from jax_nbmem.tools.fit import ProgramNeeds, read_rooms
+from jax_nbmem.tools.fit_report import Freeable, format_fit, judge
+from tests.ipython_session import run_cells
+
+GiB = 1024**3
+MiB = 1024**2
+
+DEFINE = (
+    "%load_ext jax_nbmem\n"
+    "import json, jax, jax.numpy as jnp, jax_nbmem\n"
+    "x = jnp.ones((1024, 1024))\n"
+    "w = jnp.ones((4096, 1024))\n"
+    "@jax.jit\n"
+    "def step(a, b):\n"
+    "    h = jnp.tanh(a @ b.T)\n"
+    "    return h.T @ h, h.sum()\n"
+)
+# XLA's own figures for the same call, read straight from the compiled program.
+COMPILED = (
+    "m = step.lower({args}).compile().memory_analysis()\n"
+    "print(json.dumps({{k: getattr(m, k) for k in ('argument_size_in_bytes', "
+    "'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes', "
+    "'generated_code_size_in_bytes', 'peak_memory_in_bytes')}}))"
+)
+
+
+def last_json(output) -> dict:
+    assert output.error is None, output.text
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
+    outputs = run_cells(
+        [
+            DEFINE,
+            "%jaxmem fit step(x, w)",
+            "print(json.dumps(jax_nbmem.fit(step, x, w).to_dict()))",
+            COMPILED.format(args="x, w"),
+            "%jaxmem fit --shapes step(x, jnp.ones((8192, 1024)))",
+            "big = jax.ShapeDtypeStruct((8192, 1024), jnp.float32)\n"
+            "print(json.dumps(jax_nbmem.fit(step, x, big).to_dict()))",
+            COMPILED.format(args="x, big"),
+            "print(json.dumps(sorted({a.shape for a in jax.live_arrays()})))",
+        ]
+    )
+    table, report, compiled = outputs[1], last_json(outputs[2]), last_json(outputs[3])
+    program = report["program"]
+    assert program["argument_bytes"] == compiled["argument_size_in_bytes"] == 20 * MiB
+    assert program["output_bytes"] == compiled["output_size_in_bytes"]
+    assert program["alias_bytes"] == compiled["alias_size_in_bytes"]
+    assert program["temp_bytes"] == compiled["temp_size_in_bytes"]
+    assert program["code_bytes"] == compiled["generated_code_size_in_bytes"]
+    assert program["peak_bytes"] == compiled["peak_memory_in_bytes"]
+    assert program["total_bytes"] == program["peak_bytes"] + program["code_bytes"]
+    # Both arguments are live arrays on the CPU device: only the rest is new.
+    assert program["resident_bytes"] == {"cpu:0": 20 * MiB}
+    assert program["new_bytes"]["cpu:0"] == program["total_bytes"] - 20 * MiB
+    # JAX runs on the CPU here: the room is the host's available memory, said as such.
+    assert report["fits"] is True and report["devices"][0]["kind"] == "host"
+    assert report["verdict"].startswith("fits: cpu:0 has ")
+    assert table.error is None and table.stdout.startswith("fits: cpu:0 has ")
+    assert "step(x, w): compiled for cpu:0" in table.stdout
+    assert (
+        "(20.0 MiB already there)" in table.stdout and "XLA's peak_memory_in_bytes" in table.stdout
+    )
+
+    shaped, shaped_report, shaped_compiled = (
+        outputs[4],
+        last_json(outputs[5]),
+        last_json(outputs[6]),
+    )
+    assert shaped.error is None, shaped.text
+    # The stand-in counts as new memory; x (4 MiB) is still known to be there.
+    assert "arguments        36.0 MiB  (4.00 MiB already there)" in shaped.stdout
+    assert shaped_report["program"]["argument_bytes"] == shaped_compiled["argument_size_in_bytes"]
+    assert shaped_report["program"]["resident_bytes"] == {"cpu:0": 4 * MiB}
+    # Nothing of shape (8192, 1024) was ever made.
+    assert [8192, 1024] not in last_json(outputs[7])
+
+
+def test_fit_never_starts_the_backend_unless_told():
+    outputs = run_cells(
+        [
+            DEFINE.replace("x = jnp.ones((1024, 1024))\nw = jnp.ones((4096, 1024))\n", ""),
+            "%jaxmem fit step(jnp.ones(4), jnp.ones(4))",
+            "from jax_nbmem.gpu import jaxstats\nprint(jaxstats.backend_initialized())",
+            "try:\n    jax_nbmem.fit(step, jax.ShapeDtypeStruct((4, 4), jnp.float32), "
+            "jax.ShapeDtypeStruct((4, 4), jnp.float32))\n"
+            "except ValueError as exc:\n    print(type(exc).__name__, exc)",
+            "print(jaxstats.backend_initialized())",
+            "%jaxalloc off",
+            "%jaxmem fit --start --shapes step(jnp.ones((64, 64)), jnp.ones((64, 64)))",
+            "print(jaxstats.backend_initialized())",
+        ]
+    )
+    refused = outputs[1]
+    assert refused.error == "UsageError"
+    assert "compiling starts JAX's backend, which has not started yet" in refused.error_text
+    assert "allocator mode on" in refused.error_text and "--start" in refused.error_text
+    assert outputs[2].stdout.strip() == "False"
+    assert outputs[3].stdout.startswith("FitError jax_nbmem.fit: JAX's backend has not started")
+    assert outputs[4].stdout.strip() == "False"
+    started = outputs[6]
+    assert started.error is None, started.text
+    # Said before it is done, with the mode it starts in.
+    assert started.stdout.startswith(
+        "Starting JAX's backend to compile the call, with allocator mode off"
+    )
+    assert "fits: cpu:0 has" in started.stdout
+    assert outputs[7].stdout.strip() == "True"
+
+
+def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback():
+    outputs = run_cells(
+        [
+            DEFINE,
+            "def branchy(a, n):\n    if n > 1:\n        return a\n    return a * 2",
+            "%jaxmem fit branchy(x, 2)",
+            "%jaxmem fit step(x, nowhere)",
+            "%jaxmem fit x + 1",
+            "%jaxmem fit step(x,",
+            "%jaxmem fit --fast step(x, w)",
+            "%jaxmem fit",
+            "%jaxmem fit --shapes step(x, jnp.ones(3).tolist())",
+            "%jaxmem fit step(x, w)",
+        ]
+    )
+    errors = {i: (o.error, o.error_text) for i, o in enumerate(outputs)}
+    assert (
+        errors[2][0] == "UsageError"
+        and "cannot trace branchy(x, 2): TracerBoolConversionError" in errors[2][1]
+    )
+    assert "static_argnums" in errors[2][1]
+    assert errors[3] == (
+        "UsageError",
+        "%jaxmem fit: cannot evaluate nowhere: NameError: name 'nowhere' is not defined",
+    )
+    assert errors[4] == (
+        "UsageError",
+        "%jaxmem fit: x + 1 is not a call; e.g. %jaxmem fit train_step(state, batch)",
+    )
+    assert errors[5][0] == "UsageError" and "cannot read step(x," in errors[5][1]
+    assert errors[6][0] == "UsageError" and "unknown option --fast" in errors[6][1]
+    assert errors[7][0] == "UsageError" and "give the call" in errors[7][1]
+    assert errors[8][0] == "UsageError" and "--shapes: cannot evaluate" in errors[8][1]
+    for index in range(2, 9):
+        assert "Traceback" not in outputs[index].text
+    # A refused call leaves nothing behind: the next one works.
+    assert outputs[9].error is None and outputs[9].stdout.startswith("fits:")
+
+
+# --- The verdict against a simulated GPU -----------------------------------------------------
+
+
+def needs(total: int, resident: int = 0, temp: int = 0) -> ProgramNeeds:
+    """A one-GPU program whose peak is *total* (arguments 1 GiB, of which *resident* is there)."""
+    return ProgramNeeds(
+        call="step(state, batch)",
+        platform="gpu",
+        devices=("gpu:0",),
+        argument_bytes=1 * GiB,
+        output_bytes=GiB // 2,
+        alias_bytes=0,
+        temp_bytes=temp,
+        code_bytes=0,
+        peak_bytes=total,
+        host_bytes=0,
+        resident_bytes={"gpu:0": resident},
+    )
+
+
+def pool(limit: int, in_use: int, held: int | None = None, largest_free: int | None = None):
+    """JAX's counters for GPU device 0, as its BFC allocator would report them."""
+    return {
+        "gpu:0": DeviceStats(
+            id=0,
+            platform="gpu",
+            kind="NVIDIA H200",
+            bytes_in_use=in_use,
+            peak_bytes_in_use=in_use,
+            bytes_reserved=0,
+            bytes_limit=limit,
+            largest_free_block_bytes=largest_free,
+            pool_bytes=held,
+        )
+    }
+
+
+def mode(**variables: str):
+    return effective(variables)
+
+
+@pytest.fixture
+def gpu16(simgpu_in_process):
+    """A simulated 16 GiB GPU: this process holds a 12 GiB pool, the driver 500 MiB."""
+    simgpu_in_process.gpu(0, 16 * GiB).process(0, os.getpid(), 12 * GiB).write()
+    return simgpu_in_process
+
+
+def test_preallocated_pool_fits_and_then_does_not_with_the_cheapest_change(gpu16):
+    started = mode()  # JAX's default: preallocate 75%
+    stats = pool(limit=12 * GiB, in_use=10 * GiB, held=12 * GiB, largest_free=2 * GiB)
+    fits = judge(needs(1 * GiB), read_rooms(needs(1 * GiB), started=started, stats=stats))
+    assert fits.fits is True and fits.spare == {"gpu:0": 1 * GiB}
+    assert fits.verdict.startswith("fits: gpu:0 has 1.00 GiB to spare")
+    assert "2.00 GiB free in JAX's pool" in fits.verdict
+    room = fits.rooms[0]
+    # The stand-in NVML's figures, not ours: 16 GiB less 12 GiB and the driver's 500 MiB.
+    assert room.free_bytes == 16 * GiB - 12 * GiB - 500 * MiB and room.self_bytes == 12 * GiB
+    assert room.limit == "pool" and room.preallocated is True
+
+    # Resident arguments need no new memory: 2.5 GiB with 1 GiB of it already there fits too.
+    assert judge(needs(2 * GiB + GiB // 2, resident=GiB), (room,)).fits is True
+
+    short = needs(3 * GiB)
+    rooms = read_rooms(short, started=started, stats=stats)
+    nothing_to_free = judge(short, rooms)
+    assert nothing_to_free.fits is False and nothing_to_free.spare == {"gpu:0": -1 * GiB}
+    assert nothing_to_free.verdict.startswith("does not fit: gpu:0 is short by 1.00 GiB")
+    # 10 GiB of arrays and 3 GiB more fit a 0.85 pool of this GPU, once this kernel lets go.
+    assert nothing_to_free.advice.startswith("`%jaxalloc fraction 0.85` at the next start")
+    # Cheaper, when it is enough: free named arrays, then what the last error keeps.
+    names = [Freeable("cache", 600 * MiB, ("gpu:0",)), Freeable("old", 700 * MiB, ("gpu:0",))]
+    by_names = judge(short, rooms, freeable=names)
+    assert by_names.advice == "free old cache (1.27 GiB) first: `%jaxmem free old cache`"
+    elsewhere = [Freeable("cpu_copy", 8 * GiB, ("cpu:0",))]
+    assert judge(short, rooms, freeable=elsewhere).advice == nothing_to_free.advice
+    by_error = judge(short, rooms, last_error_bytes=2 * GiB)
+    assert by_error.advice.startswith("`%jaxmem free --last-error`")
+    text = format_fit(by_names)
+    assert text.splitlines()[0] == by_names.verdict
+    assert "Cheapest change: free old cache" in text
+    assert "gpu:0: needs 3.00 GiB more; room 2.00 GiB (JAX pool is the limit)" in text
+
+
+def test_a_growing_pool_is_limited_by_the_gpu_and_names_the_others(simgpu_in_process):
+    # `off`: JAX holds 2 GiB, another process 11 GiB of the 16 GiB GPU.
+    simgpu_in_process.gpu(0, 16 * GiB).process(0, os.getpid(), 2 * GiB).process(0, 4242, 11 * GiB)
+    simgpu_in_process.write()
+    started = mode(XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    stats = pool(limit=12 * GiB, in_use=GiB + GiB // 2, held=2 * GiB)
+    program = needs(4 * GiB)
+    report = judge(program, read_rooms(program, started=started, stats=stats))
+    free = 16 * GiB - 13 * GiB - 500 * MiB
+    room = report.rooms[0]
+    assert room.limit == "device" and room.room_bytes == free + GiB // 2
+    assert report.fits is False
+    assert report.advice.startswith("other processes hold 11.5 GiB of GPU 0")
+
+    # platform: no pool at all, the GPU's free memory is the room.
+    report = judge(
+        program,
+        read_rooms(program, started=mode(XLA_PYTHON_CLIENT_ALLOCATOR="platform"), stats=stats),
+    )
+    assert report.rooms[0].room_bytes == free and report.rooms[0].mode == "platform"
+
+
+def test_too_big_for_the_gpu_at_all_and_unknown_room(simgpu_in_process):
+    simgpu_in_process.gpu(0, 16 * GiB).process(0, os.getpid(), 12 * GiB).write()
+    huge = needs(20 * GiB)
+    stats = pool(limit=12 * GiB, in_use=GiB, held=12 * GiB)
+    report = judge(huge, read_rooms(huge, started=mode(), stats=stats))
+    assert report.fits is False
+    assert report.advice.startswith("it does not fit this GPU at all (20.0 GiB of 16.0 GiB)")
+    # A GPU NVML cannot read, under a mode that grows from it: said, not guessed.
+    simgpu_in_process.fail("memory", "GPU_IS_LOST").write()
+    unknown = judge(
+        huge, read_rooms(huge, started=mode(XLA_PYTHON_CLIENT_PREALLOCATE="false"), stats={})
+    )
+    assert unknown.fits is None
+    assert unknown.verdict.startswith("cannot tell whether step(state, batch) fits on gpu:0:")
+
+
+def test_fragmentation_and_a_tight_fit_are_said(gpu16):
+    stats = pool(limit=12 * GiB, in_use=10 * GiB, held=12 * GiB, largest_free=512 * MiB)
+    program = needs(2 * GiB - 100 * MiB, temp=GiB)
+    report = judge(program, read_rooms(program, started=mode(), stats=stats))
+    assert report.fits is True and report.verdict.startswith("fits, only just: gpu:0 has 100 MiB")
+    assert any("largest free block in JAX's pool is 512 MiB" in note for note in report.notes)
+    assert any("may still fail" in note for note in report.notes)
