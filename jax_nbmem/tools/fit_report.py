@@ -27,6 +27,8 @@ _TIGHT_SHARE = 0.05
 _MAX_NAMES = 5
 _DEVICE_ROWS = 8
 _FRACTION_STEP = 0.05
+# Named arrays described when looking for what to free: the largest this many.
+_DESCRIBED = 200
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,11 @@ def _freeable(namespace: Mapping[str, Any], arguments: set[int]) -> list[Freeabl
     """Names holding JAX arrays (one level into lists, tuples, dicts) that the call does not use.
 
     Private names and IPython's output history are left out: ``%jaxmem free`` is for names a
-    user chose.
+    user chose. Only the largest few are described (their devices read): the verdict suggests
+    at most a handful, largest first, and a namespace may hold 20,000 arrays.
     """
     array_type = sys.modules["jax"].Array
-    found = []
+    sized = []
     for name, value in list(namespace.items()):
         if name.startswith("_") or name in ("Out", "In"):
             continue
@@ -127,20 +130,28 @@ def _freeable(namespace: Mapping[str, Any], arguments: set[int]) -> list[Freeabl
         arrays = [item for item in items if isinstance(item, array_type)]
         if not arrays or any(id(array) in arguments for array in arrays):
             continue
-        size, devices = 0, set()
-        for array in arrays:
-            try:
-                if array.is_deleted():
-                    continue
-                size += int(array.nbytes)
-                devices.update(
-                    f"{d.platform}:{d.id}".replace("cuda:", "gpu:") for d in array.devices()
-                )
-            except Exception:
-                continue
+        size = sum(_live_nbytes(array) for array in arrays)
         if size:
-            found.append(Freeable(name, size, tuple(sorted(devices))))
-    return found
+            sized.append((size, name, arrays))
+    sized.sort(key=lambda entry: entry[0], reverse=True)
+    return [Freeable(name, size, _devices_of(arrays)) for size, name, arrays in sized[:_DESCRIBED]]
+
+
+def _live_nbytes(array: Any) -> int:
+    try:
+        return 0 if array.is_deleted() else int(array.nbytes)
+    except Exception:
+        return 0
+
+
+def _devices_of(arrays: list[Any]) -> tuple[str, ...]:
+    devices: set[str] = set()
+    for array in arrays:
+        try:
+            devices.update(f"{d.platform}:{d.id}".replace("cuda:", "gpu:") for d in array.devices())
+        except Exception:  # deleted meanwhile: no device
+            continue
+    return tuple(sorted(devices))
 
 
 def judge(
