@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The allocator, kernel-start and JAX-facing tests again, under the oldest JAX jax_nbmem
+# The allocator, kernel-start, JAX-facing (fit, what errors leave, track) tests again, under the oldest JAX jax_nbmem
 # supports (0.4.26, whose xla_client.py reads only the deprecated fraction name) and the floors
 # of the dependencies it declares, in a virtual environment of their own. CI runs it after
 # scripts/test.sh; it needs no GPU, only the package registries.
@@ -20,4 +20,5 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 exec "$venv/bin/python" -m pytest -p no:cacheprovider "$@" \
     tests/allocator tests/cli tests/gpu tests/notebook/test_settings.py \
-    tests/notebook/test_jaxalloc_magic.py tests/notebook/test_panel_kernel.py tests/notebook/test_figure.py
+    tests/notebook/test_jaxalloc_magic.py tests/notebook/test_panel_kernel.py tests/notebook/test_figure.py \
+    tests/tools/test_fit.py tests/tools/test_last_error.py tests/tools/test_track.py tests/record/test_export.py

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 
 from IPython.core.error import UsageError
@@ -48,6 +49,7 @@ _JAXMEM_USAGE = (
     "fit [--shapes] [--start] CALL, shutdown PID [--yes]"
 )
 _FIT_OPTIONS = ("--shapes", "--start")
+_OLD_CELL_NAME = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 
 
 def _usage(magic: str) -> str:
@@ -452,6 +454,9 @@ def _code_location(shell):
             named = None
         if named:
             return f"{named[0]} {named[1]}, line {lineno}"
+        old_style = _OLD_CELL_NAME.match(filename)  # IPython 8.0 names no "Cell In[5]" itself
+        if old_style:
+            return f"Cell In[{old_style.group(1)}], line {lineno}"
         return where_in_file(filename, lineno)
 
     return where

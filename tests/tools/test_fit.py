@@ -34,7 +34,7 @@ DEFINE = (
 # XLA's own figures for the same call, read straight from the compiled program.
 COMPILED = (
     "m = step.lower({args}).compile().memory_analysis()\n"
-    "print(json.dumps({{k: getattr(m, k) for k in ('argument_size_in_bytes', "
+    "print(json.dumps({{k: getattr(m, k, None) for k in ('argument_size_in_bytes', "
     "'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes', "
     "'generated_code_size_in_bytes', 'peak_memory_in_bytes')}}))"
 )
@@ -61,24 +61,33 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     )
     table, report, compiled = outputs[1], last_json(outputs[2]), last_json(outputs[3])
     program = report["program"]
-    assert program["argument_bytes"] == compiled["argument_size_in_bytes"] == 20 * MiB
+    assert program["argument_bytes"] == compiled["argument_size_in_bytes"]
+    # jaxlib 0.4.26's CPU client reports no argument sizes (0); later ones do.
+    assert compiled["argument_size_in_bytes"] in (0, 20 * MiB)
     assert program["output_bytes"] == compiled["output_size_in_bytes"]
     assert program["alias_bytes"] == compiled["alias_size_in_bytes"]
     assert program["temp_bytes"] == compiled["temp_size_in_bytes"]
     assert program["code_bytes"] == compiled["generated_code_size_in_bytes"]
-    assert program["peak_bytes"] == compiled["peak_memory_in_bytes"]
-    assert program["total_bytes"] == program["peak_bytes"] + program["code_bytes"]
+    if compiled["peak_memory_in_bytes"]:  # jaxlib 0.4.31 and later
+        assert program["peak_bytes"] == compiled["peak_memory_in_bytes"]
+        assert program["total_bytes"] == program["peak_bytes"] + program["code_bytes"]
+    else:  # older: the sum of the parts stands for it, and says so
+        assert program["peak_bytes"] is None
+        assert program["total_bytes"] == (
+            program["argument_bytes"] + program["output_bytes"] - program["alias_bytes"]
+            + program["temp_bytes"] + program["code_bytes"]
+        )  # fmt: skip
     # Both arguments are live arrays on the CPU device: only the rest is new.
     assert program["resident_bytes"] == {"cpu:0": 20 * MiB}
-    assert program["new_bytes"]["cpu:0"] == program["total_bytes"] - 20 * MiB
+    resident_counted = min(20 * MiB, program["argument_bytes"])
+    assert program["new_bytes"]["cpu:0"] == program["total_bytes"] - resident_counted
     # JAX runs on the CPU here: the room is the host's available memory, said as such.
     assert report["fits"] is True and report["devices"][0]["kind"] == "host"
     assert report["verdict"].startswith("fits: cpu:0 has ")
     assert table.error is None and table.stdout.startswith("fits: cpu:0 has ")
     assert "step(x, w): compiled for cpu:0" in table.stdout
-    assert (
-        "(20.0 MiB already there)" in table.stdout and "XLA's peak_memory_in_bytes" in table.stdout
-    )
+    if compiled["argument_size_in_bytes"]:
+        assert "(20.0 MiB already there)" in table.stdout
 
     shaped, shaped_report, shaped_compiled = (
         outputs[4],
@@ -87,7 +96,8 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     )
     assert shaped.error is None, shaped.text
     # The stand-in counts as new memory; x (4 MiB) is still known to be there.
-    assert "arguments        36.0 MiB  (4.00 MiB already there)" in shaped.stdout
+    if shaped_compiled["argument_size_in_bytes"]:
+        assert "arguments        36.0 MiB  (4.00 MiB already there)" in shaped.stdout
     assert shaped_report["program"]["argument_bytes"] == shaped_compiled["argument_size_in_bytes"]
     assert shaped_report["program"]["resident_bytes"] == {"cpu:0": 4 * MiB}
     # Nothing of shape (8192, 1024) was ever made.
