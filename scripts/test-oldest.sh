@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The allocator, kernel-start and JAX-facing tests (fit, what errors leave, track among them)
 # again, under the oldest JAX jax_nbmem supports (0.4.26, whose xla_client.py reads only the
-# deprecated fraction name) and the floors of the dependencies it declares, in a virtual environment of their own. CI runs it after
-# scripts/test.sh; it needs no GPU, only the package registries.
+# deprecated fraction name) and the floors of the dependencies it declares, in a virtual
+# environment of their own. CI runs it after scripts/test.sh; it needs no GPU, only the
+# package registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${JAX_NBMEM_OLDEST_VENV:-${TMPDIR:-/tmp}/jax_nbmem-oldest-$(id -u)}"
