@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import Effective, effective
@@ -335,9 +335,11 @@ def read_rooms(
     if gpus is None:
         gpus = _nvml_by_device(gpu_devices) if gpu_devices else {}
     rooms = []
+    host: DeviceRoom | None = None  # read once: every CPU device takes from the same memory
     for device in needs.devices:
         if device not in gpu_devices and device not in gpus:
-            rooms.append(host_room(device))
+            host = host or host_room(device)
+            rooms.append(replace(host, device=device))
             continue
         gpu = gpus.get(device)
         mine = getattr(gpu, "self_bytes", None)

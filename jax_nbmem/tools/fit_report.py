@@ -167,12 +167,22 @@ def judge(
     free; *last_error_bytes*: what the last error's frames alone hold.
     """
     spare: dict[str, int | None] = {}
+    # CPU devices all take from the host's one memory: what they need together counts.
+    on_host = [room for room in rooms if room.kind == "host"]
+    host_needs = [needs.new_bytes(room.device) for room in on_host]
+    host_total = None if None in host_needs else sum(host_needs)  # type: ignore[arg-type]
     for room in rooms:
-        need = needs.new_bytes(room.device)
+        need = host_total if room.kind == "host" else needs.new_bytes(room.device)
         spare[room.device] = (
             None if need is None or room.room_bytes is None else room.room_bytes - need
         )
     notes = _notes(needs, rooms)
+    if len(on_host) > 1 and host_total is not None:
+        notes = (
+            f"The {len(on_host)} CPU devices share the host's memory: the call needs "
+            f"{format_bytes(host_total)} more there in all.",
+            *notes,
+        )
     if needs.total_bytes is None:
         verdict = f"cannot tell whether {needs.call} fits: jaxlib reports no sizes for it"
         return FitReport(needs, tuple(rooms), None, verdict, None, spare, notes)

@@ -104,6 +104,31 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     assert [8192, 1024] not in last_json(outputs[7])
 
 
+def test_a_sharded_call_is_measured_per_device_and_cpu_devices_share_the_host():
+    outputs = run_cells(
+        [
+            DEFINE.replace("x = jnp.ones((1024, 1024))\nw = jnp.ones((4096, 1024))\n", ""),
+            "import numpy as np\nfrom jax.sharding import Mesh, NamedSharding, PartitionSpec\n"
+            "mesh = Mesh(np.array(jax.devices()), ('d',))\n"
+            "x = jax.device_put(jnp.ones((4096, 1024)), NamedSharding(mesh, PartitionSpec('d')))\n"
+            "@jax.jit\ndef scale(a):\n    return jnp.tanh(a) * 2",
+            "report = jax_nbmem.fit(scale, x)\nprint(report)\nprint(json.dumps(report.to_dict()))",
+        ],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    report = last_json(outputs[2])
+    program = report["program"]
+    devices = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert program["devices"] == devices
+    # Each device holds a quarter of x: 4 MiB there already, per device.
+    assert program["resident_bytes"] == dict.fromkeys(devices, 4 * MiB)
+    assert list(report["spare"]) == devices
+    room = report["devices"][0]["room_bytes"]
+    in_all = sum(program["new_bytes"].values())
+    assert report["spare"] == dict.fromkeys(devices, room - in_all)
+    assert "The 4 CPU devices share the host's memory" in outputs[2].stdout
+
+
 def test_fit_never_starts_the_backend_unless_told():
     outputs = run_cells(
         [
