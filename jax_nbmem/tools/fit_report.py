@@ -201,10 +201,10 @@ def judge(
     where = _where(worst)
     if left >= 0:  # type: ignore[operator]
         tight = left < max(_TIGHT_BYTES, _TIGHT_SHARE * need)  # type: ignore[operator]
-        head = "fits, only just" if tight else "fits"
-        scope = f"on {len(rooms)} devices, the least room on " if len(rooms) > 1 else ""
+        head = "fits, only just, with" if tight else "fits with"
+        scope = f", the least of {len(rooms)} devices" if len(rooms) > 1 else ""
         verdict = (
-            f"{head}: {scope}{worst.device} has {format_bytes(left)} to spare (the call needs "
+            f"{head} {format_bytes(left)} to spare on {worst.device}{scope} (the call needs "
             f"{format_bytes(need)} more; {format_bytes(worst.room_bytes)} {where})"
         )
         if tight:
@@ -215,8 +215,9 @@ def judge(
             )
         return FitReport(needs, tuple(rooms), True, verdict, None, spare, notes)
     short = -left  # type: ignore[operator]
+    scope = f", the worst of {len(rooms)} devices" if len(rooms) > 1 else ""
     verdict = (
-        f"does not fit: {worst.device} is short by {format_bytes(short)} (the call needs "
+        f"does not fit by {format_bytes(short)} on {worst.device}{scope} (the call needs "
         f"{format_bytes(need)} more; {format_bytes(worst.room_bytes)} {where})"
     )
     advice = _cheapest_change(needs, worst, short, need, freeable, last_error_bytes)

@@ -83,8 +83,8 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     assert program["new_bytes"]["cpu:0"] == program["total_bytes"] - resident_counted
     # JAX runs on the CPU here: the room is the host's available memory, said as such.
     assert report["fits"] is True and report["devices"][0]["kind"] == "host"
-    assert report["verdict"].startswith("fits: cpu:0 has ")
-    assert table.error is None and table.stdout.startswith("fits: cpu:0 has ")
+    assert report["verdict"].startswith("fits with ")
+    assert table.error is None and table.stdout.startswith("fits with ")
     assert "step(x, w): compiled for cpu:0" in table.stdout
     if compiled["argument_size_in_bytes"]:
         assert "(20.0 MiB already there)" in table.stdout
@@ -157,7 +157,7 @@ def test_fit_never_starts_the_backend_unless_told():
     assert started.stdout.startswith(
         "Starting JAX's backend to compile the call, with allocator mode off"
     )
-    assert "fits: cpu:0 has" in started.stdout
+    assert "fits with " in started.stdout
     assert outputs[7].stdout.strip() == "True"
 
 
@@ -197,7 +197,7 @@ def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback():
     for index in range(2, 9):
         assert "Traceback" not in outputs[index].text
     # A refused call leaves nothing behind: the next one works.
-    assert outputs[9].error is None and outputs[9].stdout.startswith("fits:")
+    assert outputs[9].error is None and outputs[9].stdout.startswith("fits with ")
 
 
 # --- The verdict against a simulated GPU -----------------------------------------------------
@@ -253,7 +253,7 @@ def test_preallocated_pool_fits_and_then_does_not_with_the_cheapest_change(gpu16
     stats = pool(limit=12 * GiB, in_use=10 * GiB, held=12 * GiB, largest_free=2 * GiB)
     fits = judge(needs(1 * GiB), read_rooms(needs(1 * GiB), started=started, stats=stats))
     assert fits.fits is True and fits.spare == {"gpu:0": 1 * GiB}
-    assert fits.verdict.startswith("fits: gpu:0 has 1.00 GiB to spare")
+    assert fits.verdict.startswith("fits with 1.00 GiB to spare on gpu:0")
     assert "2.00 GiB free in JAX's pool" in fits.verdict
     room = fits.rooms[0]
     # The stand-in NVML's figures, not ours: 16 GiB less 12 GiB and the driver's 500 MiB.
@@ -267,7 +267,7 @@ def test_preallocated_pool_fits_and_then_does_not_with_the_cheapest_change(gpu16
     rooms = read_rooms(short, started=started, stats=stats)
     nothing_to_free = judge(short, rooms)
     assert nothing_to_free.fits is False and nothing_to_free.spare == {"gpu:0": -1 * GiB}
-    assert nothing_to_free.verdict.startswith("does not fit: gpu:0 is short by 1.00 GiB")
+    assert nothing_to_free.verdict.startswith("does not fit by 1.00 GiB on gpu:0")
     # 10 GiB of arrays and 3 GiB more fit a 0.85 pool of this GPU, once this kernel lets go.
     assert nothing_to_free.advice.startswith("`%jaxalloc fraction 0.85` at the next start")
     # Cheaper, when it is enough: free named arrays, then what the last error keeps.
@@ -326,6 +326,8 @@ def test_fragmentation_and_a_tight_fit_are_said(gpu16):
     stats = pool(limit=12 * GiB, in_use=10 * GiB, held=12 * GiB, largest_free=512 * MiB)
     program = needs(2 * GiB - 100 * MiB, temp=GiB)
     report = judge(program, read_rooms(program, started=mode(), stats=stats))
-    assert report.fits is True and report.verdict.startswith("fits, only just: gpu:0 has 100 MiB")
+    assert report.fits is True and report.verdict.startswith(
+        "fits, only just, with 100 MiB to spare on gpu:0"
+    )
     assert any("largest free block in JAX's pool is 512 MiB" in note for note in report.notes)
     assert any("may still fail" in note for note in report.notes)
