@@ -11,7 +11,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 
 from IPython.core.error import UsageError
@@ -21,8 +20,10 @@ from IPython.display import display
 
 from jax_nbmem.allocator.modes import ModeError, mode_forms
 from jax_nbmem.allocator.report import format_report
+from jax_nbmem.notebook.help_texts import help_texts
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
+from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last_error_holders
 from jax_nbmem.record.ledger import format_table
 from jax_nbmem.tenants.attribution import PID_MAX
 from jax_nbmem.tenants.status import format_status
@@ -49,7 +50,6 @@ _JAXMEM_USAGE = (
     "fit [--shapes] [--start] CALL, shutdown PID [--yes]"
 )
 _FIT_OPTIONS = ("--shapes", "--start")
-_OLD_CELL_NAME = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 
 
 def _usage(magic: str) -> str:
@@ -232,7 +232,7 @@ class JaxNbMemMagics(Magics):
         """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
 
         Commands: panel (the default), status, cells, top, free, fit, shutdown. The help that
-        ``%jaxmem?`` shows is written once, in ``_help_texts``, and set when the extension loads.
+        ``%jaxmem?`` shows is written once, in ``help_texts``, and set when the extension loads.
         """
         words = line.split(None, 1)
         if words and words[0] == "fit":  # a Python call follows: not for shlex/argparse
@@ -307,7 +307,7 @@ class JaxNbMemMagics(Magics):
         """The frames the last error keeps: Python's ``sys.last_*`` and IPython's traceback."""
         from jax_nbmem.tools.last_error import error_frames
 
-        return error_frames(_last_error_holders(self.shell), self.session.where)
+        return error_frames(last_error_holders(self.shell), self.session.where)
 
     def _free(self, args) -> None:
         from jax_nbmem.tools.arrays import free_names
@@ -335,7 +335,7 @@ class JaxNbMemMagics(Magics):
         from jax_nbmem.tools.arrays_report import format_free_last_error
         from jax_nbmem.tools.last_error import free_last_error
 
-        holders = _last_error_holders(self.shell)
+        holders = last_error_holders(self.shell)
         error = next((h for h in holders if isinstance(h, BaseException)), None)
         if not any(holders):
             print(format_free_last_error(None, None))  # type: ignore[arg-type]
@@ -347,7 +347,7 @@ class JaxNbMemMagics(Magics):
             name += f" of cell [{hold.cell}]"
         report = free_last_error(frames, self.shell.user_ns)
         del frames
-        _drop_last_error(self.shell)
+        drop_last_error(self.shell)
         self.session.error_hold = None
         print(format_free_last_error(report, name))
 
@@ -423,45 +423,6 @@ class JaxNbMemMagics(Magics):
             print(f"Run `%jaxmem shutdown {pid} --yes` to do it.")
 
 
-def _last_error_holders(shell) -> list:
-    """What keeps the last error alive: ``sys.last_*`` and IPython's formatter's traceback."""
-    holders = [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
-    holders.append(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
-    return holders
-
-
-def _drop_last_error(shell) -> None:
-    """Forget the last error, as if none had happened (``%debug`` has nothing to show then)."""
-    for name in ("last_exc", "last_value", "last_type", "last_traceback"):
-        if hasattr(sys, name):
-            setattr(sys, name, None)
-    formatter = getattr(shell, "InteractiveTB", None)
-    if formatter is not None and hasattr(formatter, "tb"):
-        formatter.tb = None
-
-
-def _code_location(shell):
-    """How IPython names a cell's code (``Cell In[5], line 3``), else ``file.py:3``."""
-    from jax_nbmem.tools.last_error import where_in_file
-
-    compiler = getattr(shell, "compile", None)
-    name_code = getattr(compiler, "format_code_name", None)
-
-    def where(filename: str, lineno: int | None) -> str:
-        try:
-            named = name_code(filename) if callable(name_code) else None
-        except Exception:
-            named = None
-        if named:
-            return f"{named[0]} {named[1]}, line {lineno}"
-        old_style = _OLD_CELL_NAME.match(filename)  # IPython 8.0 names no "Cell In[5]" itself
-        if old_style:
-            return f"Cell In[{old_style.group(1)}], line {lineno}"
-        return where_in_file(filename, lineno)
-
-    return where
-
-
 def _settings_for(shell) -> JaxNbMem:
     """A fresh Configurable each load, so %reload_ext re-reads the shell's config.
 
@@ -476,73 +437,6 @@ def _settings_for(shell) -> JaxNbMem:
     return settings
 
 
-def _help_texts(in_kernel: bool) -> dict[str, str]:
-    """What ``%jaxalloc?`` and ``%jaxmem?`` show: the forms, then what each does."""
-    here = "this kernel" if in_kernel else "this IPython session"
-    first = (
-        "Put it in the notebook's first cell" if in_kernel else "Run it at the start of the session"
-    )
-    allocators = ", ".join(m for m in mode_forms()[3:] if m != "platform")
-    jaxalloc = f"""\
-%jaxalloc [MODE]: choose JAX's GPU allocator mode before its backend starts.
-%%jaxalloc compare [MODES...] [--timeout S]: run the cell once per mode and compare.
-
-{first}, right after `%load_ext jax_nbmem`: JAX reads these settings
-once, when it first uses the device.
-
-MODE, one of {", ".join(mode_forms())}:
-  on           JAX's default: preallocate 75% of GPU memory at the first allocation
-  off          no preallocation: allocate on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false)
-  fraction F   preallocate F of the GPU's total memory, 0 < F <= 1
-  platform     allocate exactly what arrays need and free it again (slow)
-  {allocators}
-               other values of XLA_PYTHON_CLIENT_ALLOCATOR the installed jaxlib accepts
-
-With no mode: report the mode requested, the variables in effect, whether JAX's backend has
-started and with which mode. Once it has started, a new mode cannot take effect in {here};
-you are told how to get it.
-
-%%jaxalloc compare [MODES...] [--timeout S] (a cell magic): run the cell once per mode
-(default: on off platform), each in a fresh Python process on the same GPU(s), one at a time,
-and report per mode the wall time, JAX's peak bytes in use, the peak GPU memory the process
-held (NVML), out-of-memory, and the largest free block against free memory; a bar chart and a
-one-line recommendation follow. The cell must be self-contained. --timeout S: seconds each
-mode may run (default {DEFAULT_TIMEOUT_S:g}).
-"""
-    jaxmem = f"""\
-%jaxmem [COMMAND]: GPU memory of {here} and of everyone else on its GPUs.
-
-  (none), panel     a live panel under the cell: this process's GPU memory, JAX's bytes in
-                    use and its pool, other processes, each cell's span and its record
-  status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
-  cells [--json | --csv PATH]
-                    one row per cell run since the extension loaded: GPU memory before, at
-                    the peak and after, JAX bytes in use, duration, errors; --csv writes
-                    them to PATH (jax_nbmem.cells(frame=True) gives a pandas DataFrame)
-  top [N]           the N (10) largest live JAX arrays: shape, dtype, device, bytes, and the
-                    names that hold them, also the locals of the last error's frames that
-                    keep arrays alive; the total nobody names
-  free NAME...      delete these names and their arrays' device buffers (only arrays no other
-                    name holds); --clear-caches also clears JAX's caches; reports the bytes
-                    returned to JAX's pool and, where NVML shows it, to the GPU
-  free --last-error release what the last error keeps alive (its frames' locals; after a
-                    failed cell Python keeps them until the next error) and report what came
-                    back; %debug and %tb have no error to show afterwards
-  fit [--shapes] [--start] CALL
-                    will CALL (e.g. train_step(state, batch)) fit? Compiles it without running
-                    it and sets XLA's figures (arguments, outputs, temporaries, code, peak)
-                    against the room JAX's pool and the GPU have left for {here}, less the
-                    arguments already on the device; says the cheapest change if it does not
-                    fit. --shapes: allocate nothing for the arguments (expressions are
-                    evaluated with jax.eval_shape, arrays become ShapeDtypeStructs).
-                    Compiling starts JAX's backend: before it has started, --start is needed
-  shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
-                    what it would do, add --yes to do it. Refuses other users' processes and
-                    processes that are not kernels.
-"""
-    return {"jaxalloc": jaxalloc, "jaxmem": jaxmem}
-
-
 def load(shell) -> None:
     """Register the magics and the cell callbacks (a second load is a no-op)."""
     if id(shell) in _loaded:
@@ -550,11 +444,11 @@ def load(shell) -> None:
     in_kernel = getattr(shell, "kernel", None) is not None
     session = KernelSession(_settings_for(shell), in_kernel=in_kernel)
     session.user_namespace = shell.user_ns
-    session.where = _code_location(shell)
+    session.where = code_location(shell)
     magics = JaxNbMemMagics(shell, session)
     # Our own help: magic_arguments would open it with a "::" line and a usage line that
     # mixes the line and the cell magic's options.
-    for name, text in _help_texts(in_kernel).items():
+    for name, text in help_texts(in_kernel).items():
         getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
 
