@@ -121,6 +121,11 @@ def _freeable(namespace: Mapping[str, Any], arguments: set[int]) -> list[Freeabl
     for name, value in list(namespace.items()):
         if name.startswith("_") or name in ("Out", "In"):
             continue
+        if isinstance(value, array_type):  # the common case, kept cheap: 20,000 names happen
+            size = 0 if id(value) in arguments else _live_nbytes(value)
+            if size:
+                sized.append((size, name, [value]))
+            continue
         if isinstance(value, dict):
             items = list(value.values())
         elif isinstance(value, (list, tuple)):
@@ -138,8 +143,9 @@ def _freeable(namespace: Mapping[str, Any], arguments: set[int]) -> list[Freeabl
 
 
 def _live_nbytes(array: Any) -> int:
+    """What freeing *array* would give back: its bytes on the device (0 once deleted)."""
     try:
-        return 0 if array.is_deleted() else int(array.nbytes)
+        return int(array.on_device_size_in_bytes())  # a deleted array raises
     except Exception:
         return 0
 
@@ -250,10 +256,13 @@ def _cheapest_change(
             f"{format_bytes(last_error_bytes)} of arrays"
         )
     if room.kind == "host":
-        return (
-            "the host has too little memory available: close other programs, or make the call "
-            "smaller (a smaller batch, jax.checkpoint)"
-        )
+        smaller = "make the call smaller (a smaller batch, jax.checkpoint)"
+        if room.total_bytes is not None and need > room.total_bytes:
+            return (
+                f"it does not fit this machine's memory at all ({format_bytes(need)} of "
+                f"{format_bytes(room.total_bytes)}): {smaller}"
+            )
+        return f"the host has too little memory available: close other programs, or {smaller}"
     total = room.total_bytes
     wanted = (room.bytes_in_use or 0) + need  # the arrays held now, and the call's new memory
     smaller = "make the call smaller (a smaller batch, jax.checkpoint, or shard it over more GPUs)"

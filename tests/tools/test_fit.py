@@ -161,6 +161,29 @@ def test_fit_never_starts_the_backend_unless_told():
     assert outputs[7].stdout.strip() == "True"
 
 
+def test_a_call_too_big_for_the_host_and_the_names_worth_freeing():
+    outputs = run_cells(
+        [
+            DEFINE,
+            "total = jax.jit(lambda a: (a * 2).sum())",
+            "%jaxmem fit total(jax.ShapeDtypeStruct((2**38,), jnp.float32))",  # 1 TiB
+            "from jax_nbmem.tools.fit_report import _argument_ids, _freeable\n"
+            "cache = [jnp.ones(100), jnp.ones(200)]\n_private = jnp.ones(50)\n"
+            "found = _freeable(get_ipython().user_ns, _argument_ids((x,)))\n"
+            "print(json.dumps([(f.name, f.bytes, f.devices) for f in found]))",
+        ]
+    )
+    too_big = outputs[2]
+    assert too_big.error is None, too_big.text
+    assert too_big.stdout.startswith("does not fit by ") and " on cpu:0 " in too_big.stdout
+    assert (
+        "Cheapest change: it does not fit this machine's memory at all (1.00 TiB of "
+        in too_big.stdout
+    )
+    # Names the call does not use, largest first; not x (an argument), not private names.
+    assert last_json(outputs[3]) == [["w", 16 * MiB, ["cpu:0"]], ["cache", 1200, ["cpu:0"]]]
+
+
 def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback():
     outputs = run_cells(
         [
