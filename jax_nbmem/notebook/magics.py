@@ -370,7 +370,9 @@ class JaxNbMemMagics(Magics):
                 "jaxmem", "%jaxmem fit: give the call, e.g. %jaxmem fit step(state, batch)"
             )
         if "jax" not in sys.modules:
-            raise UsageError("%jaxmem fit: JAX is not imported in this kernel; import it first")
+            raise UsageError(
+                f"%jaxmem fit: JAX is not imported in {self.session.own_name}; import it first"
+            )
         if not jaxstats.backend_initialized():
             pending = self.session.control.report().pending
             what = f"allocator mode {pending.mode_name}: {pending.describe()}"

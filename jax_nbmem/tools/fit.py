@@ -31,6 +31,7 @@ __all__ = [
     "ProgramNeeds",
     "attempt",
     "compile_needs",
+    "device_name",
     "host_room",
     "not_started_reason",
     "read_rooms",
@@ -199,7 +200,7 @@ def compile_needs(
     return ProgramNeeds(
         call=call,
         platform=str(devices[0].platform) if devices else "?",
-        devices=tuple(_device_name(d) for d in devices),
+        devices=tuple(device_name(d) for d in devices),
         argument_bytes=largest("argument_size_in_bytes"),
         output_bytes=largest("output_size_in_bytes"),
         alias_bytes=largest("alias_size_in_bytes"),
@@ -412,18 +413,19 @@ def _resident_bytes(tree: Any, jax: Any) -> dict[str, int]:
                 continue
             devices = leaf.sharding.device_set
             if len(devices) == 1:  # the usual case, and 20x cheaper than listing shards
-                name = _device_name(next(iter(devices)))
+                name = device_name(next(iter(devices)))
                 resident[name] = resident.get(name, 0) + int(leaf.nbytes)
                 continue
             for shard in leaf.addressable_shards:
-                name = _device_name(shard.device)
+                name = device_name(shard.device)
                 resident[name] = resident.get(name, 0) + int(shard.data.nbytes)
         except Exception:  # an array JAX cannot describe is simply not counted as resident
             continue
     return resident
 
 
-def _device_name(device: Any) -> str:
+def device_name(device: Any) -> str:
+    """A JAX device as ``fit`` names it: ``gpu:0`` (CUDA and ROCm alike), ``cpu:0``."""
     return _gpu_name(f"{device.platform}:{device.id}")
 
 

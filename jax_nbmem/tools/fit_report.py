@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, Effective
-from jax_nbmem.tools.fit import DeviceRoom, ProgramNeeds, compile_needs, read_rooms
+from jax_nbmem.tools.fit import (
+    DeviceRoom,
+    ProgramNeeds,
+    compile_needs,
+    device_name,
+    read_rooms,
+)
 from jax_nbmem.units import MISSING, format_bytes, format_duration
 
 __all__ = ["FitReport", "Freeable", "check_fit", "format_fit", "judge"]
@@ -154,7 +160,7 @@ def _devices_of(arrays: list[Any]) -> tuple[str, ...]:
     devices: set[str] = set()
     for array in arrays:
         try:
-            devices.update(f"{d.platform}:{d.id}".replace("cuda:", "gpu:") for d in array.devices())
+            devices.update(device_name(d) for d in array.devices())
         except Exception:  # deleted meanwhile: no device
             continue
     return tuple(sorted(devices))
