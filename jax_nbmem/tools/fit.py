@@ -14,6 +14,7 @@ verdict and the cheapest change that would make the call fit are in :mod:`.fit_r
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -197,14 +198,21 @@ def compile_needs(
 
     peak = largest("peak_memory_in_bytes")
     host = [largest(f"host_{part}_size_in_bytes") for part in ("argument", "output", "temp")]
+    buffers = {
+        part: largest(f"{part}_size_in_bytes") for part in ("argument", "output", "alias", "temp")
+    }
+    if not peak and not any(buffers.values()) and _tree_bytes((tuple(args), kwargs), jax) > 0:
+        # jaxlib 0.4.26's CPU client reports only the generated code's size: its zeros for
+        # arguments that plainly take memory are unknowns, not a program that needs nothing.
+        buffers = dict.fromkeys(buffers)
     return ProgramNeeds(
         call=call,
         platform=str(devices[0].platform) if devices else "?",
         devices=tuple(device_name(d) for d in devices),
-        argument_bytes=largest("argument_size_in_bytes"),
-        output_bytes=largest("output_size_in_bytes"),
-        alias_bytes=largest("alias_size_in_bytes"),
-        temp_bytes=largest("temp_size_in_bytes"),
+        argument_bytes=buffers["argument"],
+        output_bytes=buffers["output"],
+        alias_bytes=buffers["alias"],
+        temp_bytes=buffers["temp"],
         code_bytes=largest("generated_code_size_in_bytes"),
         peak_bytes=peak if peak else None,  # 0: this jaxlib does not compute it
         host_bytes=None if None in host else sum(host),  # type: ignore[arg-type]
@@ -433,6 +441,20 @@ def _gpu_name(name: str) -> str:
     """``cuda:0`` and ``rocm:0`` are ``gpu:0``: one name for a GPU device everywhere."""
     platform, _, number = name.partition(":")
     return f"gpu:{number}" if platform in jaxstats.GPU_PLATFORMS else name
+
+
+def _tree_bytes(tree: Any, jax: Any) -> int:
+    """The logical bytes of every array-like leaf (arrays, ShapeDtypeStructs) of *tree*."""
+    import numpy
+
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        try:
+            total += math.prod(shape) * numpy.dtype(dtype).itemsize
+        except Exception:  # a Python scalar, a string: no buffer of its own
+            continue
+    return total
 
 
 def _count(value: Any) -> int | None:

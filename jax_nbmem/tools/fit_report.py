@@ -196,7 +196,10 @@ def judge(
             *notes,
         )
     if needs.total_bytes is None:
-        verdict = f"cannot tell whether {needs.call} fits: jaxlib reports no sizes for it"
+        verdict = (
+            f"cannot tell whether {needs.call} fits: this jaxlib reports no buffer sizes for it "
+            f"on {needs.platform} (only its generated code)"
+        )
         return FitReport(needs, tuple(rooms), None, verdict, None, spare, notes)
     unknown = [room for room in rooms if spare[room.device] is None]
     if unknown:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -40,12 +42,35 @@ COMPILED = (
 )
 
 
+@pytest.fixture(scope="module")
+def cpu_sizes() -> bool:
+    """Whether this jaxlib's CPU client reports buffer sizes (0.4.26's reports only code)."""
+    probe = (
+        "import jax, jax.numpy as jnp\n"
+        "m = jax.jit(lambda a: a * 2).lower(jax.ShapeDtypeStruct((256,), jnp.float32))"
+        ".compile().memory_analysis()\n"
+        "print(m.argument_size_in_bytes)"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    return int(out.stdout.strip()) > 0
+
+
+# What fit says where jaxlib reports no buffer sizes: it cannot tell (never "fits" on code alone).
+NO_SIZES = "this jaxlib reports no buffer sizes for it on cpu (only its generated code)"
+
+
+def fits_or_said(text: str, cpu_sizes: bool) -> bool:
+    """The verdict where sizes are known ("fits with ..."), else the honest "cannot tell"."""
+    return text.startswith("fits with ") if cpu_sizes else NO_SIZES in text
+
+
 def last_json(output) -> dict:
     assert output.error is None, output.text
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
-def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
+def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes(cpu_sizes):
     outputs = run_cells(
         [
             DEFINE,
@@ -61,9 +86,11 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     )
     table, report, compiled = outputs[1], last_json(outputs[2]), last_json(outputs[3])
     program = report["program"]
-    assert program["argument_bytes"] == compiled["argument_size_in_bytes"]
-    # jaxlib 0.4.26's CPU client reports no argument sizes (0); later ones do.
-    assert compiled["argument_size_in_bytes"] in (0, 20 * MiB)
+    if not cpu_sizes:  # its zeros are unknowns: no figure is made up from them
+        assert compiled["argument_size_in_bytes"] == 0 and program["argument_bytes"] is None
+        assert program["total_bytes"] is None and program["resident_bytes"] == {"cpu:0": 20 * MiB}
+        return
+    assert program["argument_bytes"] == compiled["argument_size_in_bytes"] == 20 * MiB
     assert program["output_bytes"] == compiled["output_size_in_bytes"]
     assert program["alias_bytes"] == compiled["alias_size_in_bytes"]
     assert program["temp_bytes"] == compiled["temp_size_in_bytes"]
@@ -82,12 +109,12 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     resident_counted = min(20 * MiB, program["argument_bytes"])
     assert program["new_bytes"]["cpu:0"] == program["total_bytes"] - resident_counted
     # JAX runs on the CPU here: the room is the host's available memory, said as such.
-    assert report["fits"] is True and report["devices"][0]["kind"] == "host"
-    assert report["verdict"].startswith("fits with ")
-    assert table.error is None and table.stdout.startswith("fits with ")
+    assert report["fits"] is (True if cpu_sizes else None)
+    assert report["devices"][0]["kind"] == "host"
+    assert fits_or_said(report["verdict"], cpu_sizes)
+    assert table.error is None and fits_or_said(table.stdout, cpu_sizes)
     assert "step(x, w): compiled for cpu:0" in table.stdout
-    if compiled["argument_size_in_bytes"]:
-        assert "(20.0 MiB already there)" in table.stdout
+    assert "(20.0 MiB already there)" in table.stdout
 
     shaped, shaped_report, shaped_compiled = (
         outputs[4],
@@ -96,15 +123,14 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes():
     )
     assert shaped.error is None, shaped.text
     # The stand-in counts as new memory; x (4 MiB) is still known to be there.
-    if shaped_compiled["argument_size_in_bytes"]:
-        assert "arguments        36.0 MiB  (4.00 MiB already there)" in shaped.stdout
+    assert "arguments        36.0 MiB  (4.00 MiB already there)" in shaped.stdout
     assert shaped_report["program"]["argument_bytes"] == shaped_compiled["argument_size_in_bytes"]
     assert shaped_report["program"]["resident_bytes"] == {"cpu:0": 4 * MiB}
     # Nothing of shape (8192, 1024) was ever made.
     assert [8192, 1024] not in last_json(outputs[7])
 
 
-def test_a_sharded_call_is_measured_per_device_and_cpu_devices_share_the_host():
+def test_a_sharded_call_is_measured_per_device_and_cpu_devices_share_the_host(cpu_sizes):
     outputs = run_cells(
         [
             DEFINE.replace("x = jnp.ones((1024, 1024))\nw = jnp.ones((4096, 1024))\n", ""),
@@ -123,13 +149,16 @@ def test_a_sharded_call_is_measured_per_device_and_cpu_devices_share_the_host():
     # Each device holds a quarter of x: 4 MiB there already, per device.
     assert program["resident_bytes"] == dict.fromkeys(devices, 4 * MiB)
     assert list(report["spare"]) == devices
+    if not cpu_sizes:
+        assert report["fits"] is None and NO_SIZES in report["verdict"]
+        return
     room = report["devices"][0]["room_bytes"]
     in_all = sum(program["new_bytes"].values())
     assert report["spare"] == dict.fromkeys(devices, room - in_all)
     assert "The 4 CPU devices share the host's memory" in outputs[2].stdout
 
 
-def test_fit_never_starts_the_backend_unless_told():
+def test_fit_never_starts_the_backend_unless_told(cpu_sizes):
     outputs = run_cells(
         [
             DEFINE.replace("x = jnp.ones((1024, 1024))\nw = jnp.ones((4096, 1024))\n", ""),
@@ -157,11 +186,11 @@ def test_fit_never_starts_the_backend_unless_told():
     assert started.stdout.startswith(
         "Starting JAX's backend to compile the call, with allocator mode off"
     )
-    assert "fits with " in started.stdout
+    assert fits_or_said(started.stdout.split("\n", 1)[1], cpu_sizes)
     assert outputs[7].stdout.strip() == "True"
 
 
-def test_a_call_too_big_for_the_host_and_the_names_worth_freeing():
+def test_a_call_too_big_for_the_host_and_the_names_worth_freeing(cpu_sizes):
     outputs = run_cells(
         [
             DEFINE,
@@ -175,16 +204,19 @@ def test_a_call_too_big_for_the_host_and_the_names_worth_freeing():
     )
     too_big = outputs[2]
     assert too_big.error is None, too_big.text
+    # Names the call does not use, largest first; not x (an argument), not private names.
+    assert last_json(outputs[3]) == [["w", 16 * MiB, ["cpu:0"]], ["cache", 1200, ["cpu:0"]]]
+    if not cpu_sizes:
+        assert NO_SIZES in too_big.stdout
+        return
     assert too_big.stdout.startswith("does not fit by ") and " on cpu:0 " in too_big.stdout
     assert (
         "Cheapest change: it does not fit this machine's memory at all (1.00 TiB of "
         in too_big.stdout
     )
-    # Names the call does not use, largest first; not x (an argument), not private names.
-    assert last_json(outputs[3]) == [["w", 16 * MiB, ["cpu:0"]], ["cache", 1200, ["cpu:0"]]]
 
 
-def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback():
+def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback(cpu_sizes):
     outputs = run_cells(
         [
             DEFINE,
@@ -220,7 +252,7 @@ def test_calls_that_cannot_be_measured_get_a_reason_not_a_traceback():
     for index in range(2, 9):
         assert "Traceback" not in outputs[index].text
     # A refused call leaves nothing behind: the next one works.
-    assert outputs[9].error is None and outputs[9].stdout.startswith("fits with ")
+    assert outputs[9].error is None and fits_or_said(outputs[9].stdout, cpu_sizes)
 
 
 # --- The verdict against a simulated GPU -----------------------------------------------------
