@@ -64,14 +64,15 @@ mode may run (default {DEFAULT_TIMEOUT_S:g}).
   free --last-error release what the last error keeps alive (its frames' locals; after a
                     failed cell Python keeps them until the next error) and report what came
                     back; %debug and %tb have no error to show afterwards
-  fit [--shapes] [--start] CALL
+  fit [--shapes] [--start] [--json] CALL
                     will CALL (e.g. train_step(state, batch)) fit? Compiles it without running
                     it and sets XLA's figures (arguments, outputs, temporaries, code, peak)
                     against the room JAX's pool and the GPU have left for {here}, less the
                     arguments already on the device; says the cheapest change if it does not
                     fit. --shapes: allocate nothing for the arguments (expressions are
                     evaluated with jax.eval_shape, arrays become ShapeDtypeStructs).
-                    Compiling starts JAX's backend: before it has started, --start is needed
+                    Compiling starts JAX's backend: before it has started, --start is needed.
+                    --json: every figure as JSON (fits, verdict, advice, spare, program, devices)
   shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
                     what it would do, add --yes to do it. Refuses other users' processes and
                     processes that are not kernels.

@@ -47,9 +47,9 @@ _JAXMEM_OPTIONS = {
 _JAXMEM_USAGE = (
     "usage: %jaxmem [COMMAND], COMMAND one of: panel (the default), status [--json], "
     "cells [--json | --csv PATH], top [N], free NAME... [--clear-caches], free --last-error, "
-    "fit [--shapes] [--start] CALL, shutdown PID [--yes]"
+    "fit [--shapes] [--start] [--json] CALL, shutdown PID [--yes]"
 )
-_FIT_OPTIONS = ("--shapes", "--start")
+_FIT_OPTIONS = ("--shapes", "--start", "--json")
 
 
 def _usage(magic: str) -> str:
@@ -404,7 +404,7 @@ class JaxNbMemMagics(Magics):
         except FitError as exc:
             failure = str(exc)
         else:
-            print(report)
+            print(json.dumps(report.to_dict(), indent=1) if "--json" in options else report)
             return
         # Raised here, with the call let go: the UsageError becomes the last error, and its
         # frames must not keep the user's arrays (the call's arguments) alive.

@@ -184,8 +184,11 @@ class KernelSession:
         if error is not None:
             previous, self.error_hold = self.error_hold, self._hold_of(error, execution_count)
             if is_resource_exhausted(error):
-                self._explain_oom()
-                self._say_error_holds(previous, self.error_hold, execution_count)
+                try:  # the diagnosis may fail; the panel's listeners must still hear of the cell
+                    self._explain_oom()
+                    self._say_error_holds(previous, self.error_hold, execution_count)
+                except Exception:
+                    log.debug("jax_nbmem: the out-of-memory diagnosis failed", exc_info=True)
         for listener in self._cell_listeners:
             try:
                 listener()

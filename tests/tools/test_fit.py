@@ -75,7 +75,7 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes(cpu_siz
         [
             DEFINE,
             "%jaxmem fit step(x, w)",
-            "print(json.dumps(jax_nbmem.fit(step, x, w).to_dict()))",
+            "%jaxmem fit --json step(x, w)",
             COMPILED.format(args="x, w"),
             "%jaxmem fit --shapes step(x, jnp.ones((8192, 1024)))",
             "big = jax.ShapeDtypeStruct((8192, 1024), jnp.float32)\n"
@@ -84,7 +84,9 @@ def test_fit_reads_the_compiled_program_and_allocates_nothing_for_shapes(cpu_siz
             "print(json.dumps(sorted({a.shape for a in jax.live_arrays()})))",
         ]
     )
-    table, report, compiled = outputs[1], last_json(outputs[2]), last_json(outputs[3])
+    table, compiled = outputs[1], last_json(outputs[3])
+    assert outputs[2].error is None, outputs[2].text
+    report = json.loads(outputs[2].stdout)
     program = report["program"]
     if not cpu_sizes:  # its zeros are unknowns: no figure is made up from them
         assert compiled["argument_size_in_bytes"] == 0 and program["argument_bytes"] is None
