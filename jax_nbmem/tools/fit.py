@@ -404,6 +404,11 @@ def _program_devices(compiled: Any, jax: Any) -> list[Any]:
         for sharding in shardings:
             for device in getattr(sharding, "device_set", ()) or ():
                 found[id(device)] = device
+    if not found:  # older pmap executables carry no shardings; the executable knows its devices
+        try:
+            found = {id(d): d for d in compiled.runtime_executable().local_devices()}
+        except Exception:
+            found = {}
     devices = sorted(found.values(), key=lambda d: (str(d.platform), d.id))
     return devices or list(jax.local_devices()[:1])
 

@@ -141,9 +141,15 @@ def test_a_sharded_call_is_measured_per_device_and_cpu_devices_share_the_host(cp
             "x = jax.device_put(jnp.ones((4096, 1024)), NamedSharding(mesh, PartitionSpec('d')))\n"
             "@jax.jit\ndef scale(a):\n    return jnp.tanh(a) * 2",
             "report = jax_nbmem.fit(scale, x)\nprint(report)\nprint(json.dumps(report.to_dict()))",
+            # pmap: one program per device; the unsharded argument lives on cpu:0 only.
+            "whole = jnp.ones((4, 1024, 1024))\n"
+            "print(json.dumps(jax_nbmem.fit(jax.pmap(scale), whole).to_dict()['program']))",
         ],
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
     )
+    mapped = last_json(outputs[3])
+    assert mapped["devices"] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert mapped["resident_bytes"] == {"cpu:0": 16 * MiB}
     report = last_json(outputs[2])
     program = report["program"]
     devices = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
