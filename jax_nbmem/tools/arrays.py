@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
-from jax_nbmem.tools.last_error import FRAME_REFERENCES, ErrorFrame, frame_slots
+from jax_nbmem.tools.last_error import (
+    FRAME_REFERENCES,
+    ErrorFrame,
+    container_items,
+    frame_slots,
+)
 from jax_nbmem.tools.memory import MemoryReading, measure_memory
 
 __all__ = [
@@ -46,7 +51,6 @@ _HISTORY_NAMES = frozenset({"_", "__", "___", "_oh"})
 _HISTORY_NUMBERED = re.compile(r"^_\d+$")
 _OUTPUT_CACHE = "Out"
 _CONTAINERS = (list, tuple, dict)
-_KEY_REPR_LIMIT = 40
 
 
 @dataclass(frozen=True)
@@ -379,7 +383,7 @@ def _add_slot(
         container = id(value)
         first_time = container not in holders.containers
         found = False
-        for label, item in _items(name, value):
+        for label, item in container_items(name, value):
             if id(item) in holders.live:
                 found = True
                 entry = (label + suffix, kind, root, container)
@@ -402,16 +406,6 @@ def _slots(namespace: Mapping[str, Any], output_cache: Any) -> Iterator[tuple[st
                     yield f"{_OUTPUT_CACHE}[{number}]", entry
             continue
         yield name, value
-
-
-def _items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
-    """Yield a list's, tuple's or dict's items with labels such as ``d['k']`` or ``lst[1]``."""
-    if isinstance(container, dict):
-        for key, item in list(container.items()):
-            yield f"{name}[{_key_repr(key)}]", item
-    else:
-        for index, item in enumerate(container):
-            yield f"{name}[{index}]", item
 
 
 def _array_ids(value: Any, live: Mapping[int, Any]) -> list[int]:
@@ -519,11 +513,6 @@ def _is_deleted(value: Any) -> bool:
         return bool(value.is_deleted()) if hasattr(value, "is_deleted") else False
     except Exception:
         return False
-
-
-def _key_repr(key: Any) -> str:
-    text = repr(key)
-    return text if len(text) <= _KEY_REPR_LIMIT else text[: _KEY_REPR_LIMIT - 1] + "…"
 
 
 def _unique(labels: Any) -> list[str]:

@@ -17,7 +17,7 @@ import gc
 import os
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "ErrorFrame",
     "ErrorHold",
     "LastErrorReport",
+    "container_items",
     "error_frames",
     "frame_slots",
     "free_last_error",
@@ -44,6 +45,7 @@ FRAME_REFERENCES = 2 if sys.version_info < (3, 13) else 1
 # A container bigger than this in a frame's locals is not searched item by item.
 _CONTAINER_ITEMS = 1000
 _MAX_EXCEPTIONS = 100  # a chain of causes and contexts longer than this is cut
+_KEY_REPR_LIMIT = 40
 
 
 def where_in_file(filename: str, lineno: int | None) -> str:
@@ -137,7 +139,7 @@ def hold_of(
     array_type = _array_type()
     if array_type is None:
         return None
-    named = _named_ids(namespace or {}, array_type)
+    named = _names_by_id(namespace or {}, array_type)
     found = _frame_arrays(error_frames([error], where), array_type, leave_out=named)
     return ErrorHold(cell, type(error).__name__, tuple(found.values()))
 
@@ -250,19 +252,37 @@ def _walk(traceback: TracebackType | None) -> Iterator[tuple[FrameType, int | No
         traceback = traceback.tb_next
 
 
-def _with_items(name: str, value: Any) -> Iterator[tuple[str, Any]]:
-    """The value itself, then the items of a list, tuple or dict one level down."""
-    yield name, value
-    if isinstance(value, dict) and len(value) <= _CONTAINER_ITEMS:
-        for key, item in list(value.items()):
-            yield f"{name}[{key!r}]", item
-    elif isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_ITEMS:
-        for index, item in enumerate(value):
+def container_items(name: str, container: Any) -> Iterator[tuple[str, Any]]:
+    """A list's, tuple's or dict's items, labelled as ``d['k']`` or ``lst[1]``.
+
+    One labelling for every holder jax_nbmem names (``top``, ``free``, the error's frames).
+    """
+    if isinstance(container, dict):
+        for key, item in list(container.items()):
+            yield f"{name}[{_key_repr(key)}]", item
+    else:
+        for index, item in enumerate(container):
             yield f"{name}[{index}]", item
 
 
+def _key_repr(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= _KEY_REPR_LIMIT else text[: _KEY_REPR_LIMIT - 1] + "…"
+
+
+def _with_items(name: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """The value itself, then the items of a list, tuple or dict one level down.
+
+    Containers larger than ``_CONTAINER_ITEMS`` are not searched: this runs after a failed
+    cell, on its path.
+    """
+    yield name, value
+    if isinstance(value, (dict, list, tuple)) and len(value) <= _CONTAINER_ITEMS:
+        yield from container_items(name, value)
+
+
 def _frame_arrays(
-    frames: Iterable[ErrorFrame], array_type: type, leave_out: set[int] = frozenset()
+    frames: Iterable[ErrorFrame], array_type: type, leave_out: Container[int] = frozenset()
 ) -> dict[int, tuple[Any, int, str]]:
     """The JAX arrays in *frames*' locals by id, as ``(weak reference, bytes, holder)``.
 
@@ -278,10 +298,6 @@ def _frame_arrays(
                 if size is not None:
                     found[id(item)] = (weakref.ref(item), size, f"{label} in {frame.label}")
     return found
-
-
-def _named_ids(namespace: Mapping[str, Any], array_type: type) -> set[int]:
-    return set(_names_by_id(namespace, array_type))
 
 
 def _names_by_id(namespace: Mapping[str, Any], array_type: type) -> dict[int, list[str]]:
