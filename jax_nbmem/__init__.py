@@ -90,15 +90,12 @@ def fit(fn, /, *args, **kwargs):
             "the mode, start it on purpose (e.g. jax.devices()), then ask again"
         )
     session = _session()
-    hold = session.error_hold if session is not None else None
     return check_fit(
         fn,
         args,
         kwargs,
         call=f"{getattr(fn, '__name__', type(fn).__name__)}(...)",
-        started=session.started_mode() if session is not None else None,
-        namespace=session.user_namespace if session is not None else None,
-        last_error_bytes=hold.alive_bytes() if hold is not None else None,
+        **(session.fit_context() if session is not None else {}),
     )
 
 

@@ -387,7 +387,6 @@ class JaxNbMemMagics(Magics):
             import jax
 
             jax.devices()  # asked for with --start
-        hold = self.session.error_hold
         call = None
         try:
             call = evaluate_call(expression, self.shell.user_ns, shapes="--shapes" in options)
@@ -396,10 +395,8 @@ class JaxNbMemMagics(Magics):
                 call.args,
                 call.kwargs,
                 call=call.text,
-                started=self.session.started_mode(),
-                namespace=self.shell.user_ns,
-                last_error_bytes=hold.alive_bytes() if hold is not None else None,
                 resident_from=call.originals,
+                **self.session.fit_context(),
             )
         except FitError as exc:
             failure = str(exc)

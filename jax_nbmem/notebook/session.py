@@ -200,6 +200,18 @@ class KernelSession:
         report = self.control.report()
         return report.backend.effective if report.backend is not None else report.pending
 
+    def fit_context(self) -> dict:
+        """What ``check_fit`` needs from this session, for ``%jaxmem fit`` and ``fit()`` alike.
+
+        The mode JAX started with, the user's names, and what the last error's frames hold.
+        """
+        hold = self.error_hold
+        return {
+            "started": self.started_mode(),
+            "namespace": self.user_namespace,
+            "last_error_bytes": hold.alive_bytes() if hold is not None else None,
+        }
+
     def _hold_of(self, error: BaseException, cell: int | None) -> ErrorHold | None:
         """What *error*'s frames hold that no name does (its locals only: cheap; never raises)."""
         try:
@@ -223,7 +235,8 @@ class KernelSession:
                 # cell's result, which holds the error: a cycle, freed only when Python's
                 # garbage collector gets to it. Now is when it matters.
                 gc.collect()
-                collected, still = still - previous.alive_bytes(), previous.alive_bytes()
+                left = previous.alive_bytes()
+                collected, still = still - left, left
             else:
                 collected = 0
             if still:
