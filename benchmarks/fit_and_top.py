@@ -9,6 +9,8 @@ as plain names, half in lists of 100) and the last error's frames holding 1,000 
   names worth freeing (run when a call does not fit) over the whole namespace.
 * ``top``: ``top_arrays`` (names, output history and the error's frames), against
   ``jax.live_arrays()`` with each array's ``nbytes`` read: the walk any answer needs.
+* ``after a failed cell``: what the session reads then, on the cell's path (``hold_of``: the
+  error's frames' locals and the namespace's names, never the live arrays).
 
 Rounds alternate the two sides; medians are reported.
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jax_nbmem.tools.arrays import top_arrays
     from jax_nbmem.tools.fit_report import _argument_ids, _freeable, check_fit
-    from jax_nbmem.tools.last_error import error_frames
+    from jax_nbmem.tools.last_error import error_frames, hold_of
 
     namespace, arrays, error = make_world(args.arrays)
     params = {f"w{i}": jnp.ones((32, 32)) for i in range(args.leaves)}
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "freeable search": [],
         "top": [],
         "live walk": [],
+        "after a failed cell": [],
     }
     for _ in range(args.rounds):
         jax.clear_caches()  # each fit compiles afresh, as a new call would
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         rows["live walk"].append(
             timed(lambda: sum(int(a.nbytes) for a in jax.live_arrays()))  # noqa: B023
         )
+        # What the session reads on a failed cell's path: the error's frames and the names.
+        rows["after a failed cell"].append(timed(lambda: hold_of(error, namespace)))
     medians = {name: statistics.median(values) for name, values in rows.items()}
     result = {
         "live_arrays": len(jax.live_arrays()),
