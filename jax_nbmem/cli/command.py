@@ -1,7 +1,8 @@
 """The ``jax-nbmem`` command: GPU status, metrics, and kernelspecs that start in a mode.
 
 jax-nbmem status [--json]
-jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR]
+jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
+                   [--defer-to-servers]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -100,7 +101,13 @@ def _exporter(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        exporter = Exporter(args.listen, args.interval, args.share_dir)
+        exporter = Exporter(
+            args.listen,
+            args.interval,
+            args.share_dir,
+            stale_after=args.stale_after,
+            defer_to_servers=args.defer_to_servers,
+        )
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
         return 2
@@ -153,6 +160,19 @@ def _parser() -> argparse.ArgumentParser:
         "--share-dir",
         metavar="DIR",
         help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+    )
+    exporter.add_argument(
+        "--stale-after",
+        type=float,
+        metavar="S",
+        help="seconds after which a snapshot is stale: jax_nbmem_up 0, no GPU series "
+        "(default: 3 intervals)",
+    )
+    exporter.add_argument(
+        "--defer-to-servers",
+        action="store_true",
+        help="leave the kernels a Jupyter server publishes on its own /metrics to it (when "
+        "Prometheus scrapes those servers too)",
     )
     exporter.set_defaults(run=_exporter)
 

@@ -5,6 +5,12 @@ root or a service user, who can read every user's processes) takes a status snap
 ``interval`` seconds on a thread of its own (NVML, attribution, the beacons of the shared
 directory) and serves it at ``/metrics`` in Prometheus's text format. A scrape reads the last
 snapshot only; it never waits for NVML. It listens on one address, loopback by default.
+
+It is the node's one source (README, "Metrics"): every GPU and every process on it, less the
+kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
+:mod:`jax_nbmem.tenants.publishers`). Its health is in its metrics: a snapshot older than
+``stale_after`` seconds (NVML hung) makes ``jax_nbmem_up`` 0 and takes the GPU-derived series
+away; its own ``process_*`` figures are there too.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from jax_nbmem.tenants.metrics import prometheus_collector
+from jax_nbmem.tenants.beacons import beacon_dirs
+from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
+from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
 __all__ = ["DEFAULT_LISTEN", "Exporter", "parse_listen"]
@@ -61,25 +69,47 @@ class _QuietHandler(WSGIRequestHandler):
 class Exporter:
     """The snapshot thread and the HTTP server (see the module)."""
 
-    def __init__(self, listen: str = DEFAULT_LISTEN, interval: float = 5.0, share_dir=None):
+    def __init__(
+        self,
+        listen: str = DEFAULT_LISTEN,
+        interval: float = 5.0,
+        share_dir=None,
+        *,
+        stale_after: float | None = None,
+        defer_to_servers: bool = False,
+    ):
         if interval <= 0:
             raise ValueError(f"--interval must be positive, not {interval}")
+        self.stale_after = 3 * interval if stale_after is None else stale_after
+        if self.stale_after < interval:
+            raise ValueError(f"--stale-after must be at least --interval ({interval} s)")
         self.host, self.port = parse_listen(listen)
         self.interval = interval
         self.share_dir = share_dir
-        self._latest: dict | None = None
+        self.defer_to_servers = defer_to_servers
+        self._latest: Snapshot | None = None
         self._stop = threading.Event()
         self.snapshots = 0
 
-    def latest(self) -> dict | None:
-        """The last snapshot (a status report), or None before the first."""
+    def latest(self) -> Snapshot | None:
+        """The last snapshot, or None before the first."""
         return self._latest
+
+    def take_snapshot(self) -> Snapshot:
+        """A status report of the node now, with the processes left to their servers."""
+        taken_at, began = time.time(), time.monotonic()
+        report = dict(collect(share_dir=self.share_dir))
+        deferred = frozenset()
+        if self.defer_to_servers:
+            deferred = frozenset(published_pids(beacon_dirs(self.share_dir)))
+        took = round(time.monotonic() - began, 4)
+        return Snapshot(report, taken_at, took, deferred_pids=deferred)
 
     def _refresh_forever(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
             try:
-                self._latest = dict(collect(share_dir=self.share_dir))
+                self._latest = self.take_snapshot()
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
@@ -87,10 +117,17 @@ class Exporter:
 
     def serve(self, ready=None) -> None:
         """Serve until SIGTERM or SIGINT (or :meth:`stop`); ``ready(url)`` once listening."""
-        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client import (
+            CollectorRegistry,
+            PlatformCollector,
+            ProcessCollector,
+            make_wsgi_app,
+        )
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(prometheus_collector(self.latest))
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(prometheus_collector(self.latest, stale_after_s=self.stale_after))
+        ProcessCollector(registry=registry)  # the exporter's own process_* figures
+        PlatformCollector(registry=registry)
         metrics = make_wsgi_app(registry)
 
         def app(environ, start_response):

@@ -6,13 +6,14 @@ import logging
 import os
 from typing import Any
 
-from traitlets import Float, Unicode
+from traitlets import Enum, Float, Unicode
 from traitlets.config import Configurable
 
 from jax_nbmem.server.handlers import routes
 from jax_nbmem.server.monitor import ServerMonitor
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
-from jax_nbmem.tenants.metrics import prometheus_collector
+from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
+from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
+from jax_nbmem.tenants.publishers import remove_claim, write_claim
 
 __all__ = ["JaxNbMemServer", "load", "unload"]
 
@@ -43,11 +44,45 @@ class JaxNbMemServer(Configurable):
         f"Empty: ${ENV_SHARE_DIR}, else the Jupyter runtime directory only.",
     ).tag(config=True)
 
+    metrics_scope = Enum(
+        ["kernels", "node"],
+        "kernels",
+        help="What this server's /metrics publishes: 'kernels', only its own kernels (no "
+        "GPU-wide gauges), so that a sum over every server and the node exporter counts each "
+        "byte once; 'node', every GPU and process of the node, as `jax-nbmem exporter` does "
+        "(a single machine where this server is the only source).",
+    ).tag(config=True)
+
+
+def metrics_snapshot(monitor: ServerMonitor, scope: str) -> Snapshot | None:
+    """The monitor's last snapshot as the metrics serve it: in ``kernels`` scope, ours only."""
+    report = monitor.snapshot()
+    if report is None:
+        return None
+    server = report["server"]
+    own = None
+    if scope == "kernels":
+        own = frozenset(k["pid"] for k in report.get("kernels", []) if k.get("pid"))
+    return Snapshot(report, server["taken_at"], server.get("refresh_took_s"), own_pids=own)
+
+
+def _stale_after(settings: JaxNbMemServer) -> float:
+    """A snapshot older than this is not served as fresh: a few refreshes, or the deadline."""
+    return max(3 * settings.refresh_interval, settings.refresh_deadline)
+
 
 def load(serverapp: Any) -> None:
     """Set up the monitor, the routes and the metrics collector in *serverapp*."""
     settings = JaxNbMemServer(parent=serverapp)
     share_dir = settings.share_dir or os.environ.get(ENV_SHARE_DIR) or None
+    claims = beacon_dirs(share_dir) if settings.metrics_scope == "kernels" else []
+    url = getattr(serverapp, "connection_url", "")
+
+    def claim(report: dict) -> None:  # on the monitor's thread, after each snapshot
+        pids = [k["pid"] for k in report.get("kernels", []) if k.get("pid")]
+        # A claim lasts as long as the snapshot stays fresh: 3 of these "intervals".
+        write_claim(claims, url=url, pids=pids, interval_s=_stale_after(settings) / 3)
+
     monitor = ServerMonitor(
         serverapp.kernel_manager,
         serverapp.session_manager,
@@ -57,15 +92,20 @@ def load(serverapp: Any) -> None:
         refresh_s=settings.refresh_interval,
         deadline_s=settings.refresh_deadline,
         history_s=settings.history_seconds,
+        on_snapshot=claim if claims else None,
     )
     web_app = serverapp.web_app
+    web_app.settings["jax_nbmem_claims"] = claims
     web_app.settings["jax_nbmem_monitor"] = monitor
     web_app.add_handlers(".*$", routes(web_app.settings.get("base_url", "/")))
     collector = None
     try:
         import prometheus_client
 
-        collector = prometheus_collector(monitor.snapshot)
+        collector = prometheus_collector(
+            lambda: metrics_snapshot(monitor, settings.metrics_scope),
+            stale_after_s=_stale_after(settings),
+        )
         prometheus_client.REGISTRY.register(collector)
     except Exception:  # no prometheus_client, or a second server in this process
         log.warning("jax_nbmem: GPU metrics are not on /metrics", exc_info=True)
@@ -82,6 +122,7 @@ async def unload(serverapp: Any) -> None:
     monitor = settings.pop("jax_nbmem_monitor", None)
     if monitor is not None:
         await monitor.stop()
+    remove_claim(settings.pop("jax_nbmem_claims", []))
     collector = settings.pop("jax_nbmem_collector", None)
     if collector is not None:
         import prometheus_client

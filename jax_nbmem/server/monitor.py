@@ -43,6 +43,7 @@ class ServerMonitor:
         deadline_s: float = 10.0,
         history_s: float = 600.0,
         report: Callable[..., Mapping[str, Any]] = collect,
+        on_snapshot: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
@@ -52,6 +53,7 @@ class ServerMonitor:
         self.refresh_s = refresh_s
         self.deadline_s = deadline_s
         self._report = report
+        self._on_snapshot = on_snapshot  # called on the worker thread after each snapshot
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jax_nbmem-server")
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] | None = None
@@ -148,6 +150,11 @@ class ServerMonitor:
             for key in set(self._history) - keys:
                 del self._history[key]  # a GPU gone from the report leaves the history too
             self.refreshes += 1
+        if self._on_snapshot is not None:
+            try:
+                self._on_snapshot(report)
+            except Exception:
+                log.warning("jax_nbmem: after a status refresh", exc_info=True)
 
     def _session(self, kernel: Mapping[str, Any]) -> ServerKernel:
         path = kernel.get("path")

@@ -1,41 +1,127 @@
-"""A status report as Prometheus metric families: plain data, for the server and the exporter.
+"""A status snapshot as Prometheus metric families: plain data, for the server and the exporter.
 
-Pure (no prometheus_client here): :func:`metric_families` turns a report of
-:func:`jax_nbmem.tenants.status.collect` into :class:`Family` records, each a gauge with its
-help text, label names and samples; the faces hand them to prometheus_client. The names and
-labels are a contract (README, "Metrics"):
+Pure (no prometheus_client here but in :func:`prometheus_collector`): :func:`metric_families`
+turns a :class:`Snapshot` (a report of :func:`jax_nbmem.tenants.status.collect`, when it was
+taken, and which processes this source speaks for) into :class:`Family` records, each a gauge
+with its help text, label names and samples. The names and labels are a contract (README,
+"Metrics"); :data:`FAMILIES` lists every name, so a registry can describe them unasked.
 
-* ``jax_nbmem_gpu_memory_used_bytes{gpu_uuid,gpu}``, ``jax_nbmem_gpu_memory_total_bytes``;
-* per process on a GPU, labelled ``{kernel_id,notebook,user,gpu_uuid,pid}``:
-  ``jax_nbmem_kernel_gpu_memory_bytes``, ``jax_nbmem_kernel_jax_bytes_in_use``,
-  ``jax_nbmem_kernel_jax_pool_bytes``, ``jax_nbmem_kernel_jax_bytes_limit``,
-  ``jax_nbmem_kernel_preallocated`` (0/1, with ``mode``), ``jax_nbmem_kernel_idle_seconds``;
-* ``jax_nbmem_warnings{kind}``: how many warnings of each kind.
+One source per fact: the node exporter speaks for every process on the node (less those it
+leaves to their own Jupyter server, see :mod:`.publishers`); a server extension in ``kernels``
+scope only for its own kernels, with no GPU-wide gauge. So a sum over every target counts
+each byte once.
 
-``gpu_uuid`` is NVML's UUID, the ``UUID`` label of dcgm-exporter, for joins in Grafana. Only
-processes on a GPU now are exported, so a kernel that ended leaves the metrics with its
-process: the label sets stay as many as the GPUs' processes. ``pid`` keeps two processes of
-one user that are not kernels apart. A value nobody could read is left out, never sent as 0.
+Health comes first and is always there: ``jax_nbmem_up`` (a fresh snapshot),
+``jax_nbmem_nvml_up{reason}``, when the snapshot was taken and how long it took, and
+``jax_nbmem_build_info``. A snapshot older than ``stale_after_s`` is not served as fresh, and
+while NVML is down or the snapshot stale every GPU-derived series (warnings included) is
+absent, never 0. A value nobody could read is left out, never sent as 0.
 """
 
 from __future__ import annotations
 
+import socket
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-__all__ = ["KERNEL_LABELS", "Family", "metric_families", "prometheus_collector"]
+from jax_nbmem.gpu import nvml
+from jax_nbmem.text import mask_secrets, printable
 
-GPU_LABELS = ("gpu_uuid", "gpu")
-KERNEL_LABELS = ("kernel_id", "notebook", "user", "gpu_uuid", "pid")
-# Exported as 0 when absent, so that an alert on them has a series to watch.
+__all__ = [
+    "FAMILIES",
+    "GPU_LABELS",
+    "KERNEL_LABELS",
+    "NVML_REASONS",
+    "Family",
+    "Snapshot",
+    "metric_families",
+    "nvml_reason",
+    "prometheus_collector",
+]
+
+# dcgm-exporter's own names for a GPU (UUID, gpu, modelName, Hostname), so that
+# `on (UUID)` joins without relabelling; `gpu_uuid` is the older name, kept (deprecated).
+GPU_LABELS = ("UUID", "gpu", "modelName", "Hostname", "gpu_uuid")
+KERNEL_LABELS = ("UUID", "gpu", "gpu_uuid", "kernel_id", "notebook", "user", "hub_user", "pid")
+WARNING_LABELS = ("kind", "UUID", "gpu", "pid", "user", "kernel_id")
+# Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
 _WARNING_KINDS = (
     "blocking-preallocation",
     "self-preallocation",
     "prealloc-will-fail",
     "pid-namespace",
 )
+# jax_nbmem_nvml_up's reason: a fixed set, so that the label's values stay few.
+NVML_REASONS = (
+    "ok",
+    "slow",
+    "stale",
+    "library_missing",
+    "driver_not_loaded",
+    "no_permission",
+    "driver_mismatch",
+    "gpu_lost",
+    "error",
+)
+_GLOBAL_REASONS = {
+    "LIBRARY_NOT_FOUND": "library_missing",
+    "DRIVER_NOT_LOADED": "driver_not_loaded",
+    "NO_PERMISSION": "no_permission",
+    "LIB_RM_VERSION_MISMATCH": "driver_mismatch",
+}
+NOTEBOOK_MAX_CHARS = 120
+_DEPRECATED = " Deprecated: use {new} (the same value)."
+
+_H = "(the kernel's beacon)"
+# name → help; the order is the order of exposition.
+FAMILIES: dict[str, str] = {
+    "jax_nbmem_up": "1 when this source's last look at the node is fresh (taken within a few "
+    "intervals), else 0.",
+    "jax_nbmem_nvml_up": "1 when NVML answered in the fresh snapshot, else 0; reason says why.",
+    "jax_nbmem_snapshot_timestamp_seconds": "When the served snapshot was taken, Unix seconds.",
+    "jax_nbmem_snapshot_duration_seconds": "How long taking the served snapshot took, seconds.",
+    "jax_nbmem_build_info": "jax_nbmem's version, and jax's and jaxlib's installed beside it.",
+    "jax_nbmem_gpu_memory_used_bytes": "GPU memory in use (NVML), bytes.",
+    "jax_nbmem_gpu_memory_total_bytes": "GPU memory in all (NVML), bytes.",
+    "jax_nbmem_gpu_memory_reserved_bytes": "GPU memory the driver reserves (NVML), bytes.",
+    "jax_nbmem_kernel_gpu_memory_bytes": "GPU memory a process holds (NVML), by kernel, "
+    "notebook and user, bytes.",
+    "jax_nbmem_kernel_jax_in_use_bytes": f"Bytes JAX's arrays use {_H}.",
+    "jax_nbmem_kernel_jax_pool_bytes": f"Bytes JAX's allocator pool holds {_H}.",
+    "jax_nbmem_kernel_jax_limit_bytes": f"JAX's allocator limit, bytes {_H}.",
+    "jax_nbmem_kernel_jax_bytes_in_use": f"Bytes JAX's arrays use {_H}."
+    + _DEPRECATED.format(new="jax_nbmem_kernel_jax_in_use_bytes"),
+    "jax_nbmem_kernel_jax_bytes_limit": f"JAX's allocator limit, bytes {_H}."
+    + _DEPRECATED.format(new="jax_nbmem_kernel_jax_limit_bytes"),
+    "jax_nbmem_kernel_preallocated": "1 when the process's JAX preallocated its pool, 0 when "
+    "not (unknown: absent).",
+    "jax_nbmem_kernel_idle_seconds": "Seconds since the kernel's last cell or activity.",
+    "jax_nbmem_kernel_last_activity_timestamp_seconds": "When the kernel's last cell finished "
+    "or its last activity was, Unix seconds.",
+    "jax_nbmem_warnings": "Warnings now, by kind, GPU and PID (0 with empty GPU and PID for a "
+    "kind with none).",
+}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A status report as one source serves it.
+
+    ``taken_at`` is when it was taken (Unix seconds) and ``took_s`` how long it took.
+    ``own_pids`` (a server's kernels): only these processes are exported, and no GPU-wide
+    gauge; None: the whole node. ``deferred_pids``: processes left to the Jupyter server that
+    publishes them (their series and warnings are not exported here).
+    """
+
+    report: Mapping[str, Any]
+    taken_at: float
+    took_s: float | None = None
+    own_pids: frozenset[int] | None = None
+    deferred_pids: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -43,9 +129,13 @@ class Family:
     """One gauge: its name, help, label names and ``(label values, value)`` samples."""
 
     name: str
-    documentation: str
     labels: tuple[str, ...]
     samples: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+
+    @property
+    def documentation(self) -> str:
+        """The family's help text."""
+        return FAMILIES[self.name]
 
     def add(self, values: Sequence[Any], value: float | None) -> None:
         """Add a sample, unless *value* is unknown (None)."""
@@ -53,98 +143,189 @@ class Family:
             self.samples.append((tuple("" if v is None else str(v) for v in values), value))
 
 
-def _kernel_labels(process: Mapping[str, Any], uuids: Mapping[int, str]) -> tuple:
-    notebook = process.get("notebook_shown") or process.get("notebook")
-    return (
-        process.get("kernel_id"),
-        notebook,
-        process.get("user"),
-        uuids.get(process.get("gpu"), ""),
-        process.get("pid"),
-    )
+def nvml_reason(state: Mapping[str, Any]) -> str:
+    """The report's ``nvml`` state as one of :data:`NVML_REASONS`."""
+    reason = state.get("reason") or ""
+    if state.get("available"):
+        return "slow" if "NVML is slow" in reason else "ok"
+    if nvml._PYNVML_MISSING in reason:
+        return "library_missing"
+    for name, code in _GLOBAL_REASONS.items():
+        if nvml._GLOBAL_ERRORS[name] in reason:
+            return code
+    if " lost" in reason or "no longer" in reason or "needs a reset" in reason:
+        return "gpu_lost"
+    return "error"
 
 
-def metric_families(report: Mapping[str, Any]) -> list[Family]:
-    """Every family, from a status report (a dict as ``jax-nbmem status --json`` prints)."""
-    used = Family("jax_nbmem_gpu_memory_used_bytes", "GPU memory in use (NVML), bytes.", GPU_LABELS)
-    total = Family(
-        "jax_nbmem_gpu_memory_total_bytes", "GPU memory in all (NVML), bytes.", GPU_LABELS
-    )
-    uuids: dict[int, str] = {}
+@cache
+def _build() -> tuple[str, str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return ""
+
+    return installed("jax_nbmem"), installed("jax"), installed("jaxlib")
+
+
+def _notebook_label(process: Mapping[str, Any]) -> str:
+    """The notebook as its server shows it (else ``~/…``, else ``…/dir/file``), bounded."""
+    shown = process.get("notebook_shown") or process.get("notebook") or ""
+    if shown.startswith("/"):  # an absolute path outside its owner's home: its tail
+        parts = [p for p in shown.split("/") if p]
+        shown = "…/" + "/".join(parts[-2:]) if len(parts) > 2 else shown
+    shown = printable(mask_secrets([shown])[0])
+    if len(shown) > NOTEBOOK_MAX_CHARS:
+        shown = "…" + shown[-(NOTEBOOK_MAX_CHARS - 1) :]
+    return shown
+
+
+def _health(snapshot: Snapshot | None, now: float, stale_after_s: float) -> tuple[list, bool]:
+    up = Family("jax_nbmem_up", ())
+    nvml_up = Family("jax_nbmem_nvml_up", ("reason",))
+    taken = Family("jax_nbmem_snapshot_timestamp_seconds", ())
+    took = Family("jax_nbmem_snapshot_duration_seconds", ())
+    build = Family("jax_nbmem_build_info", ("version", "jax", "jaxlib"))
+    build.add(_build(), 1.0)
+    fresh = snapshot is not None and now - snapshot.taken_at <= stale_after_s
+    up.add((), 1.0 if fresh else 0.0)
+    nvml_ok = False
+    if snapshot is not None:
+        taken.add((), snapshot.taken_at)
+        took.add((), snapshot.took_s)
+    if fresh:
+        state = snapshot.report.get("nvml") or {}
+        nvml_ok = bool(state.get("available"))
+        nvml_up.add((nvml_reason(state),), 1.0 if nvml_ok else 0.0)
+    else:
+        nvml_up.add(("stale",), 0.0)
+    return [up, nvml_up, taken, took, build], fresh and nvml_ok
+
+
+def metric_families(
+    snapshot: Snapshot | None, *, now: float | None = None, stale_after_s: float = float("inf")
+) -> list[Family]:
+    """Every family, from a snapshot (None before the first: health only)."""
+    now = time.time() if now is None else now
+    families, gpu_data = _health(snapshot, now, stale_after_s)
+    if not gpu_data:
+        return families
+    report, node = snapshot.report, snapshot.own_pids is None
+
+    def wanted(pid: Any) -> bool:
+        if node:
+            return pid not in snapshot.deferred_pids
+        return pid in snapshot.own_pids
+
+    def family(name: str, labels: tuple[str, ...]) -> Family:
+        found = Family(name, labels)
+        families.append(found)
+        return found
+
+    gpus: dict[int, tuple[str, str]] = {}
+    used = family("jax_nbmem_gpu_memory_used_bytes", GPU_LABELS)
+    total = family("jax_nbmem_gpu_memory_total_bytes", GPU_LABELS)
+    reserved = family("jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
+    hostname = socket.gethostname()
     for gpu in report.get("gpus", []):
-        uuids[gpu["index"]] = gpu.get("uuid") or ""
-        labels = (gpu.get("uuid"), gpu["index"])
-        used.add(labels, gpu.get("used_bytes"))
-        total.add(labels, gpu.get("total_bytes"))
+        uuid = gpu.get("uuid") or ""
+        gpus[gpu["index"]] = (uuid, str(gpu["index"]))
+        if node:
+            labels = (uuid, gpu["index"], gpu.get("name"), hostname, uuid)
+            used.add(labels, gpu.get("used_bytes"))
+            total.add(labels, gpu.get("total_bytes"))
+            reserved.add(labels, gpu.get("reserved_bytes"))
 
-    def kernel_family(name: str, documentation: str, extra: tuple[str, ...] = ()) -> Family:
-        return Family(name, documentation, KERNEL_LABELS + extra)
-
-    memory = kernel_family(
-        "jax_nbmem_kernel_gpu_memory_bytes",
-        "GPU memory a process holds (NVML), by kernel, notebook and user, bytes.",
-    )
-    in_use = kernel_family(
-        "jax_nbmem_kernel_jax_bytes_in_use", "Bytes JAX's arrays use (the kernel's beacon)."
-    )
-    pool = kernel_family(
-        "jax_nbmem_kernel_jax_pool_bytes", "Bytes JAX's allocator pool holds (the kernel's beacon)."
-    )
-    limit = kernel_family(
-        "jax_nbmem_kernel_jax_bytes_limit", "JAX's allocator limit, bytes (the kernel's beacon)."
-    )
-    preallocated = kernel_family(
-        "jax_nbmem_kernel_preallocated",
-        "1 when the process's JAX preallocated its pool, 0 when not (unknown: absent).",
-        ("mode",),
-    )
-    idle = kernel_family(
-        "jax_nbmem_kernel_idle_seconds", "Seconds since the kernel's last cell or activity."
-    )
+    kernel = KERNEL_LABELS
+    memory = family("jax_nbmem_kernel_gpu_memory_bytes", kernel)
+    in_use = family("jax_nbmem_kernel_jax_in_use_bytes", kernel)
+    pool = family("jax_nbmem_kernel_jax_pool_bytes", kernel)
+    limit = family("jax_nbmem_kernel_jax_limit_bytes", kernel)
+    in_use_old = family("jax_nbmem_kernel_jax_bytes_in_use", kernel)
+    limit_old = family("jax_nbmem_kernel_jax_bytes_limit", kernel)
+    preallocated = family("jax_nbmem_kernel_preallocated", (*kernel, "mode"))
+    idle = family("jax_nbmem_kernel_idle_seconds", kernel)
+    activity = family("jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
+    by_pid: dict[Any, Mapping[str, Any]] = {}
     for process in report.get("processes", []):
-        labels = _kernel_labels(process, uuids)
+        by_pid.setdefault(process.get("pid"), process)
+        if not wanted(process.get("pid")):
+            continue
+        uuid, index = gpus.get(process.get("gpu"), ("", ""))
+        labels = (
+            uuid,
+            index,
+            uuid,
+            process.get("kernel_id"),
+            _notebook_label(process),
+            process.get("user"),
+            process.get("hub_user"),
+            process.get("pid"),
+        )
         memory.add(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
-        in_use.add(labels, jax.get("bytes_in_use"))
+        for gauges, key in (
+            ((in_use, in_use_old), "bytes_in_use"),
+            ((limit, limit_old), "bytes_limit"),
+        ):
+            for gauge in gauges:
+                gauge.add(labels, jax.get(key))
         pool.add(labels, jax.get("pool_bytes"))
-        limit.add(labels, jax.get("bytes_limit"))
         flag = process.get("preallocated")
         if flag is not None:
             mode = process.get("mode") or process.get("mode_at_start") or ""
             preallocated.add((*labels, mode), 1.0 if flag else 0.0)
-        idle.add(labels, process.get("idle_s"))
+        idle_s = process.get("idle_s")
+        idle.add(labels, idle_s)
+        if idle_s is not None:
+            activity.add(labels, round(snapshot.taken_at - idle_s, 3))
 
-    warnings = Family("jax_nbmem_warnings", "Warnings now, by kind.", ("kind",))
-    counts = Counter(w.get("kind", "") for w in report.get("warnings", []))
-    for kind in sorted(set(_WARNING_KINDS) | set(counts)):
-        warnings.add((kind,), float(counts.get(kind, 0)))
-    return [used, total, memory, in_use, pool, limit, preallocated, idle, warnings]
+    warnings = family("jax_nbmem_warnings", WARNING_LABELS)
+    counts: Counter = Counter()
+    for warning in report.get("warnings", []):
+        pid = warning.get("pid")
+        if pid is not None and not wanted(pid):
+            continue
+        if pid is None and not node:
+            continue  # a node-wide warning: the node's source says it
+        uuid, index = gpus.get(warning.get("gpu"), ("", ""))
+        process = by_pid.get(pid) or {}
+        key = (warning.get("kind"), uuid, index, pid, process.get("user"), process.get("kernel_id"))
+        counts[tuple("" if v is None else str(v) for v in key)] += 1
+    for kind in _WARNING_KINDS:
+        counts.setdefault((kind, "", "", "", "", ""), 0)
+    for labels, count in sorted(counts.items()):
+        warnings.add(labels, float(count))
+    return families
 
 
-def prometheus_collector(report: Any) -> Any:
-    """A prometheus_client collector that exports ``report()``'s families at each scrape.
+def prometheus_collector(
+    latest: Callable[[], Snapshot | None], *, stale_after_s: float = float("inf")
+) -> Any:
+    """A prometheus_client collector that exports ``latest()``'s families at each scrape.
 
-    ``report`` returns the latest status report (or None before the first): the collector
-    reads only that snapshot, so a scrape never waits for NVML. prometheus_client is imported
-    here, on demand: the faces that export (the server extension, ``jax-nbmem exporter``) have
-    it; nothing else needs it.
+    ``latest`` returns the latest snapshot (or None before the first): the collector reads
+    only that, so a scrape never waits for NVML. ``describe()`` names every family without
+    taking a snapshot, so ``/metrics?name[]=…`` works. prometheus_client is imported here, on
+    demand: the faces that export (the server extension, ``jax-nbmem exporter``) have it.
     """
     from prometheus_client.core import GaugeMetricFamily
 
-    class ReportCollector:
+    def gauge(name: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, FAMILIES[name], labels=list(labels))
+
+    class SnapshotCollector:
         def collect(self):
-            latest = report()
-            if latest is None:
-                return
-            for family in metric_families(latest):
-                gauge = GaugeMetricFamily(
-                    family.name, family.documentation, labels=list(family.labels)
-                )
+            for family in metric_families(latest(), stale_after_s=stale_after_s):
+                metric = gauge(family.name, family.labels)
                 for values, value in family.samples:
-                    gauge.add_metric(list(values), value)
-                yield gauge
+                    metric.add_metric(list(values), value)
+                yield metric
 
         def describe(self):
-            return []  # registering it must not take a snapshot
+            return [gauge(name, ()) for name in FAMILIES]
 
-    return ReportCollector()
+    return SnapshotCollector()

@@ -1,5 +1,6 @@
 """`jax-nbmem exporter`: the node's GPU metrics on a loopback port, and nothing else listening."""
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from jax_nbmem.cli.exporter import parse_listen
 from jax_nbmem.simgpu import GIB
+from tests.waiting import wait_for
 
 # The exporter comes with the `server` extra; the oldest-versions run has only the floors.
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
@@ -79,3 +81,78 @@ def test_the_exporter_serves_the_gpu_and_its_processes(sim_state, simgpu_env):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@contextlib.contextmanager
+def running_exporter(env, *args):
+    """Start ``jax-nbmem exporter`` on a free loopback port; yield its /metrics URL."""
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "jax_nbmem.cli", "exporter", "--listen", "127.0.0.1:0", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = exporter.stdout.readline()
+        assert line.startswith("jax-nbmem exporter: serving "), line + exporter.stderr.read()
+        yield line.split("serving ", 1)[1].strip()
+    finally:
+        exporter.send_signal(signal.SIGTERM)
+        assert exporter.wait(15) == 0, exporter.stderr.read()
+
+
+def scrape(url) -> dict:
+    """``{name: [(labels, value), ...]}`` of one scrape."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    found = {}
+    for family in prometheus_parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_health_the_build_and_the_exporter_s_own_process(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    with running_exporter(simgpu_env, "--interval", "0.5") as url:
+        found = wait_for("a first snapshot", lambda: (m := scrape(url))["jax_nbmem_up"][0][1] and m)
+        assert found["jax_nbmem_nvml_up"] == [({"reason": "ok"}, 1.0)]
+        (taken,) = found["jax_nbmem_snapshot_timestamp_seconds"]
+        assert abs(taken[1] - time.time()) < 10
+        assert 0 <= found["jax_nbmem_snapshot_duration_seconds"][0][1] < 5
+        ((build, _),) = found["jax_nbmem_build_info"]
+        assert build["version"] and "jax" in build and "jaxlib" in build
+        assert found["process_resident_memory_bytes"][0][1] > 0
+        zeros = [labels["kind"] for labels, value in found["jax_nbmem_warnings"] if value == 0]
+        assert "blocking-preallocation" in zeros  # NVML answers: a series to watch
+        # describe() names the families, so a name filter answers.
+        only = scrape(url + "?name[]=jax_nbmem_warnings&name[]=jax_nbmem_up")
+        assert set(only) == {"jax_nbmem_warnings", "jax_nbmem_up"}
+
+
+@pytest.mark.timeout(120)
+def test_without_the_driver_nvml_is_down_and_no_warning_reads_zero(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).no_driver().write()
+    with running_exporter(simgpu_env, "--interval", "0.5") as url:
+        found = wait_for("a first snapshot", lambda: (m := scrape(url))["jax_nbmem_up"][0][1] and m)
+        assert found["jax_nbmem_nvml_up"] == [({"reason": "driver_not_loaded"}, 0.0)]
+        assert "jax_nbmem_warnings" not in found
+        assert not [n for n in found if n.startswith(("jax_nbmem_gpu_", "jax_nbmem_kernel_"))]
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_nvml_makes_the_snapshot_stale_and_takes_the_gpu_series_away(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    with running_exporter(simgpu_env, "--interval", "0.5", "--stale-after", "2") as url:
+        wait_for("a first snapshot", lambda: scrape(url)["jax_nbmem_up"][0][1])
+        sim_state.slow("any", 60).write()  # every NVML call now hangs for a minute
+        hung_at = time.monotonic()
+        found = wait_for(
+            "the exporter to say it is stale",
+            lambda: (m := scrape(url))["jax_nbmem_up"][0][1] == 0 and m,
+            timeout=20,
+        )
+        assert time.monotonic() - hung_at < 5  # the stale horizon (2 s) and one refresh
+        assert found["jax_nbmem_nvml_up"] == [({"reason": "stale"}, 0.0)]
+        assert "jax_nbmem_warnings" not in found
+        assert not [n for n in found if n.startswith(("jax_nbmem_gpu_", "jax_nbmem_kernel_"))]
+        assert time.time() - found["jax_nbmem_snapshot_timestamp_seconds"][0][1] > 2

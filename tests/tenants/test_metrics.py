@@ -1,57 +1,187 @@
-"""A status report as metric families: names, labels, and unknowns left out (never 0)."""
+"""A status snapshot as metric families: names, labels, scope, health, and unknowns left out."""
 
-from jax_nbmem.tenants.metrics import KERNEL_LABELS, metric_families
+import pytest
+
+from jax_nbmem.tenants.metrics import (
+    FAMILIES,
+    GPU_LABELS,
+    KERNEL_LABELS,
+    NVML_REASONS,
+    Snapshot,
+    metric_families,
+    nvml_reason,
+)
 
 GIB = 1024**3
+NOW = 1_800_000_000.0
 
 
 def report():
     return {
-        "gpus": [{"index": 0, "uuid": "GPU-a", "used_bytes": 30 * GIB, "total_bytes": 80 * GIB},
-                 {"index": 1, "uuid": "GPU-b", "used_bytes": None, "total_bytes": 80 * GIB}],
+        "nvml": {"available": True, "reason": None},
+        "gpus": [{"index": 0, "uuid": "GPU-a", "name": "H200", "used_bytes": 30 * GIB,
+                  "total_bytes": 80 * GIB, "reserved_bytes": GIB // 2},
+                 {"index": 1, "uuid": "GPU-b", "name": "H200", "used_bytes": None,
+                  "total_bytes": 80 * GIB}],
         "processes": [
             {"pid": 11, "gpu": 0, "used_bytes": 20 * GIB, "kind": "kernel", "kernel_id": "k1",
              "notebook": "/home/ada/work/a.ipynb", "notebook_shown": "work/a.ipynb",
-             "user": "ada", "preallocated": True, "mode": "on", "idle_s": 7200.0,
+             "user": "ada", "hub_user": "ada@hub", "preallocated": True, "mode": "on",
+             "idle_s": 7200.0,
              "jax": {"bytes_in_use": GIB, "pool_bytes": 20 * GIB, "bytes_limit": 60 * GIB}},
+            {"pid": 11, "gpu": 1, "used_bytes": GIB, "kind": "kernel", "kernel_id": "k1",
+             "notebook": "/home/ada/work/a.ipynb", "notebook_shown": "work/a.ipynb",
+             "user": "ada", "preallocated": False, "mode": "on", "idle_s": 7200.0},
             {"pid": 12, "gpu": 0, "used_bytes": None, "kind": "process", "kernel_id": None,
              "notebook": None, "user": "bob", "preallocated": None, "idle_s": None, "jax": None},
         ],
-        "warnings": [{"kind": "blocking-preallocation", "gpu": 0, "pid": 11, "message": "…"}],
+        "warnings": [{"kind": "blocking-preallocation", "gpu": 0, "pid": 11, "message": "…"},
+                     {"kind": "pid-namespace", "gpu": None, "pid": None, "message": "…"}],
     }  # fmt: skip
 
 
-def families():
-    return {family.name: family for family in metric_families(report())}
+def families(snapshot="default", **kwargs):
+    snapshot = Snapshot(report(), NOW - 1, 0.02) if snapshot == "default" else snapshot
+    kwargs.setdefault("now", NOW)
+    kwargs.setdefault("stale_after_s", 15)
+    return {family.name: family for family in metric_families(snapshot, **kwargs)}
 
 
-def test_gpu_and_kernel_gauges_carry_the_contract_labels():
+def samples(found, name):
+    family = found[name]
+    return [(dict(zip(family.labels, v, strict=True)), value) for v, value in family.samples]
+
+
+def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     found = families()
-    used = found["jax_nbmem_gpu_memory_used_bytes"]
-    assert used.labels == ("gpu_uuid", "gpu")
-    assert used.samples == [(("GPU-a", "0"), 30 * GIB)]  # GPU 1's unknown is left out
+    assert GPU_LABELS == ("UUID", "gpu", "modelName", "Hostname", "gpu_uuid")
+    ((labels, used),) = samples(found, "jax_nbmem_gpu_memory_used_bytes")  # GPU 1's: unknown
+    assert used == 30 * GIB and labels["UUID"] == labels["gpu_uuid"] == "GPU-a"
+    assert labels["gpu"] == "0" and labels["modelName"] == "H200" and labels["Hostname"]
     assert len(found["jax_nbmem_gpu_memory_total_bytes"].samples) == 2
-    memory = found["jax_nbmem_kernel_gpu_memory_bytes"]
-    assert memory.labels == KERNEL_LABELS == ("kernel_id", "notebook", "user", "gpu_uuid", "pid")
-    assert memory.samples == [(("k1", "work/a.ipynb", "ada", "GPU-a", "11"), 20 * GIB)]
+    assert [v for _, v in samples(found, "jax_nbmem_gpu_memory_reserved_bytes")] == [GIB // 2]
+    assert found["jax_nbmem_kernel_gpu_memory_bytes"].labels == KERNEL_LABELS
+    memory = samples(found, "jax_nbmem_kernel_gpu_memory_bytes")
+    assert memory[0] == (
+        {"UUID": "GPU-a", "gpu": "0", "gpu_uuid": "GPU-a", "kernel_id": "k1",
+         "notebook": "work/a.ipynb", "user": "ada", "hub_user": "ada@hub", "pid": "11"},
+        20 * GIB,
+    )  # fmt: skip
+    assert memory[1][0]["UUID"] == "GPU-b" and memory[1][0]["hub_user"] == ""  # not known
+    assert len(memory) == 2  # bob's process: its bytes unknown, so no sample
+
+
+def test_unit_suffixed_names_and_the_deprecated_ones_say_the_same():
+    found = families()
+    for new, old in (
+        ("jax_nbmem_kernel_jax_in_use_bytes", "jax_nbmem_kernel_jax_bytes_in_use"),
+        ("jax_nbmem_kernel_jax_limit_bytes", "jax_nbmem_kernel_jax_bytes_limit"),
+    ):
+        assert found[new].samples == found[old].samples and found[new].samples
+        assert "Deprecated: use " + new in found[old].documentation
+    assert found["jax_nbmem_kernel_jax_in_use_bytes"].samples[0][1] == GIB
     assert found["jax_nbmem_kernel_jax_pool_bytes"].samples[0][1] == 20 * GIB
-    assert found["jax_nbmem_kernel_jax_bytes_in_use"].samples[0][1] == GIB
-    assert found["jax_nbmem_kernel_jax_bytes_limit"].samples[0][1] == 60 * GIB
-    (prealloc,) = found["jax_nbmem_kernel_preallocated"].samples
-    assert prealloc == (("k1", "work/a.ipynb", "ada", "GPU-a", "11", "on"), 1.0)
-    assert found["jax_nbmem_kernel_idle_seconds"].samples == [
-        (("k1", "work/a.ipynb", "ada", "GPU-a", "11"), 7200.0)
-    ]
+    prealloc = samples(found, "jax_nbmem_kernel_preallocated")
+    assert [(p["UUID"], p["mode"], v) for p, v in prealloc] == [("GPU-a", "on", 1.0),
+                                                                ("GPU-b", "on", 0.0)]  # fmt: skip
+    idle = samples(found, "jax_nbmem_kernel_idle_seconds")[0]
+    activity = samples(found, "jax_nbmem_kernel_last_activity_timestamp_seconds")[0]
+    assert idle[1] == 7200.0 and activity[1] == NOW - 1 - 7200.0
+    for name in found:
+        assert name in FAMILIES and (name.endswith(("_bytes", "_seconds", "_info")) or name in (
+            "jax_nbmem_up", "jax_nbmem_nvml_up", "jax_nbmem_kernel_preallocated",
+            "jax_nbmem_warnings", "jax_nbmem_kernel_jax_bytes_in_use",
+            "jax_nbmem_kernel_jax_bytes_limit"))  # fmt: skip
 
 
-def test_warnings_are_counted_by_kind_with_zero_for_the_known_ones():
-    warnings = dict(families()["jax_nbmem_warnings"].samples)
-    assert warnings[("blocking-preallocation",)] == 1.0
-    assert warnings[("prealloc-will-fail",)] == 0.0 and warnings[("pid-namespace",)] == 0.0
+def test_warnings_carry_the_gpu_and_the_pid_and_zero_for_the_known_kinds():
+    warnings = samples(families(), "jax_nbmem_warnings")
+    assert (
+        {"kind": "blocking-preallocation", "UUID": "GPU-a", "gpu": "0", "pid": "11",
+         "user": "ada", "kernel_id": "k1"}, 1.0,
+    ) in warnings  # fmt: skip
+    kinds = {labels["kind"]: value for labels, value in warnings if not labels["pid"]}
+    assert kinds["prealloc-will-fail"] == 0.0 and kinds["pid-namespace"] == 1.0
 
 
-def test_a_process_that_is_no_kernel_has_empty_kernel_labels_but_its_pid():
-    report_ = report()
-    report_["processes"][1]["used_bytes"] = 5 * GIB
-    memory = {f.name: f for f in metric_families(report_)}["jax_nbmem_kernel_gpu_memory_bytes"]
-    assert (("", "", "bob", "GPU-a", "12"), 5 * GIB) in memory.samples
+def test_health_says_fresh_and_build():
+    found = families()
+    assert samples(found, "jax_nbmem_up") == [({}, 1.0)]
+    assert samples(found, "jax_nbmem_nvml_up") == [({"reason": "ok"}, 1.0)]
+    assert samples(found, "jax_nbmem_snapshot_timestamp_seconds") == [({}, NOW - 1)]
+    assert samples(found, "jax_nbmem_snapshot_duration_seconds") == [({}, 0.02)]
+    ((build, one),) = samples(found, "jax_nbmem_build_info")
+    assert one == 1.0 and build["version"] and set(build) == {"version", "jax", "jaxlib"}
+
+
+def test_a_stale_snapshot_is_not_served_as_fresh_and_its_gpu_series_leave():
+    found = families(Snapshot(report(), NOW - 60, 0.02))
+    assert samples(found, "jax_nbmem_up") == [({}, 0.0)]
+    assert samples(found, "jax_nbmem_nvml_up") == [({"reason": "stale"}, 0.0)]
+    assert samples(found, "jax_nbmem_snapshot_timestamp_seconds") == [({}, NOW - 60)]
+    assert "jax_nbmem_warnings" not in found and "jax_nbmem_gpu_memory_used_bytes" not in found
+    before_any = families(None)
+    assert samples(before_any, "jax_nbmem_up") == [({}, 0.0)]
+    assert not samples(before_any, "jax_nbmem_snapshot_timestamp_seconds")
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [("the NVIDIA driver is not loaded, so NVML cannot read the GPUs", "driver_not_loaded"),
+     ("NVML library not found (libnvidia-ml.so.1): no NVIDIA driver on this machine",
+      "library_missing"),
+     ("nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read", "library_missing"),
+     ("no permission to read the GPUs through NVML", "no_permission"),
+     ("GPU 0 is lost (fell off the bus or needs a reset); its memory cannot be read", "gpu_lost"),
+     ("something new", "error")],
+)  # fmt: skip
+def test_without_nvml_no_gpu_series_and_no_warning_reads_zero(reason, code):
+    broken = {**report(), "nvml": {"available": False, "reason": reason}, "gpus": [],
+              "processes": [], "warnings": []}  # fmt: skip
+    found = families(Snapshot(broken, NOW - 1))
+    assert nvml_reason(broken["nvml"]) == code and code in NVML_REASONS
+    assert samples(found, "jax_nbmem_up") == [({}, 1.0)]  # the look itself succeeded
+    assert samples(found, "jax_nbmem_nvml_up") == [({"reason": code}, 0.0)]
+    assert "jax_nbmem_warnings" not in found
+
+
+def test_slow_nvml_is_up_but_says_so():
+    state = {"available": True, "reason": "NVML is slow: processes took 2.0 s (…)"}
+    assert nvml_reason(state) == "slow"
+
+
+def test_a_server_s_scope_is_its_own_kernels_and_no_gpu_wide_gauge():
+    found = families(Snapshot(report(), NOW - 1, own_pids=frozenset({12})))
+    assert not samples(found, "jax_nbmem_gpu_memory_used_bytes")
+    assert not samples(found, "jax_nbmem_gpu_memory_total_bytes")
+    assert not samples(found, "jax_nbmem_kernel_gpu_memory_bytes")  # 12's bytes are unknown
+    assert [(p["pid"], v) for p, v in samples(found, "jax_nbmem_kernel_preallocated")] == []
+    warnings = samples(found, "jax_nbmem_warnings")
+    assert all(value == 0 for _, value in warnings)  # pid 11's and the node-wide: not ours
+    ours = families(Snapshot(report(), NOW - 1, own_pids=frozenset({11})))
+    assert len(ours["jax_nbmem_kernel_gpu_memory_bytes"].samples) == 2
+    assert sum(v for _, v in ours["jax_nbmem_warnings"].samples) == 1
+
+
+def test_the_node_leaves_deferred_processes_to_their_server():
+    node = families(Snapshot(report(), NOW - 1, deferred_pids=frozenset({11})))
+    assert node["jax_nbmem_gpu_memory_used_bytes"].samples  # the GPUs are the node's
+    assert not node["jax_nbmem_kernel_gpu_memory_bytes"].samples
+    warnings = {labels["kind"]: v for labels, v in samples(node, "jax_nbmem_warnings") if v}
+    assert warnings == {"pid-namespace": 1.0}  # 11's warning: its server says it
+
+
+def test_the_notebook_label_is_short_relative_and_masks_secrets():
+    def label(notebook, shown=None):
+        process = {**report()["processes"][0], "notebook": notebook, "notebook_shown": shown}
+        snapshot = Snapshot({**report(), "processes": [process]}, NOW - 1)
+        return samples(families(snapshot), "jax_nbmem_kernel_gpu_memory_bytes")[0][0]["notebook"]
+
+    assert label("/srv/data/team/x/run.ipynb") == "…/x/run.ipynb"
+    assert label("/home/ada/a.ipynb", "~/a.ipynb") == "~/a.ipynb"
+    assert label("https://hub/user/ada/lab?token=s3cret&x=1") == (
+        "https://hub/user/ada/lab?token=***&x=1"
+    )
+    long = label("deep/" * 60 + "end.ipynb")
+    assert len(long) == 120 and long.endswith("/end.ipynb") and long.startswith("…")
+    assert label("bad\x1b[31mname.ipynb") == "bad\\x1b[31mname.ipynb"

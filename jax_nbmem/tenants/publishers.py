@@ -1,0 +1,121 @@
+"""Which processes a Jupyter server publishes itself, so the node exporter leaves them out.
+
+One source per fact: when Prometheus scrapes both a node's exporter and the Jupyter servers on
+it, a kernel's bytes must come from one of them only. A server extension that publishes its
+own kernels (``c.JaxNbMemServer.metrics_scope = "kernels"``) says so in a small file beside the
+beacons, ``jax_nbmem-publisher-<pid>.json`` (its PID and start time, URL, its kernels' PIDs,
+when it was written and how often it is), rewritten after every snapshot and removed when the
+server stops. ``jax-nbmem exporter --defer-to-servers`` then leaves those PIDs to that server.
+
+A reader trusts a claim as it trusts a beacon (:mod:`.beacons`): the server's PID is alive with
+the start time it states and belongs to the file's owner; a claim not rewritten for a few of
+its own intervals (the server hung or gone) is ignored, so its kernels come back to the
+exporter; and only processes of that same owner can be claimed: nobody hides another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterable
+
+import psutil
+
+from jax_nbmem.tenants.beacons import _START_SLACK_S, _write_atomically
+
+__all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
+
+SCHEMA = 1
+_PREFIX = "jax_nbmem-publisher-"
+_SUFFIX = ".json"
+_MAX_BYTES = 256 * 1024
+# A claim is good for this many of its own intervals, and never less than _MIN_FRESH_S.
+_FRESH_INTERVALS = 3
+_MIN_FRESH_S = 5.0
+
+
+def _path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{_PREFIX}{pid}{_SUFFIX}")
+
+
+def write_claim(directories: Iterable[str], *, url: str, pids: Iterable[int], interval_s: float):
+    """Say, in each directory, that this process publishes ``pids``; never raises."""
+    me = psutil.Process()
+    content = {
+        "schema": SCHEMA,
+        "pid": me.pid,
+        "started_at": me.create_time(),
+        "url": url,
+        "pids": sorted({int(p) for p in pids}),
+        "interval_s": float(interval_s),
+        "written_at": time.time(),
+    }
+    for directory in directories:
+        try:
+            _write_atomically(_path(directory, me.pid), content)
+        except OSError:
+            pass  # a directory we may not write: the exporter keeps these kernels
+
+
+def remove_claim(directories: Iterable[str]) -> None:
+    """Take this process's claims away; never raises."""
+    for directory in directories:
+        try:
+            os.unlink(_path(directory, os.getpid()))
+        except OSError:
+            pass
+
+
+def published_pids(directories: Iterable[str], now: float | None = None) -> dict[int, str]:
+    """PID → URL of the server that publishes it, from the claims that can be trusted."""
+    now = time.time() if now is None else now
+    found: dict[int, str] = {}
+    for directory in directories:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX):
+                found.update(_read_claim(entry.path, now))
+    return found
+
+
+def _read_claim(path: str, now: float) -> dict[int, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
+            return {}
+        content = json.loads(os.read(fd, _MAX_BYTES + 1))
+        if not isinstance(content, dict) or content.get("schema") != SCHEMA:
+            return {}
+        interval = float(content["interval_s"])
+        if now - float(content["written_at"]) > max(_FRESH_INTERVALS * interval, _MIN_FRESH_S):
+            return {}  # not rewritten lately: the server hung or is gone
+        server = psutil.Process(int(content["pid"]))
+        if abs(server.create_time() - float(content["started_at"])) > _START_SLACK_S:
+            return {}
+        owner = info.st_uid
+        if server.uids().real != owner:
+            return {}
+        url = str(content.get("url") or "")
+        return {pid: url for pid in content["pids"] if _owned_by(pid, owner)}
+    except (OSError, ValueError, TypeError, KeyError, psutil.Error, OverflowError):
+        return {}
+    finally:
+        os.close(fd)
+
+
+def _owned_by(pid: object, uid: int) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
+    try:
+        return psutil.Process(pid).uids().real == uid
+    except (psutil.Error, OverflowError, ValueError):
+        return False
