@@ -46,8 +46,10 @@ __all__ = [
 # dcgm-exporter's own names for a GPU (UUID, gpu, modelName, Hostname), so that
 # `on (UUID)` joins without relabelling; `gpu_uuid` is the older name, kept (deprecated).
 GPU_LABELS = ("UUID", "gpu", "modelName", "Hostname", "gpu_uuid")
-KERNEL_LABELS = ("UUID", "gpu", "gpu_uuid", "kernel_id", "notebook", "user", "hub_user", "pid")
-WARNING_LABELS = ("kind", "UUID", "gpu", "pid", "user", "kernel_id")
+KERNEL_LABELS = (
+    "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
+)  # fmt: skip
+WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id")
 # Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
 _WARNING_KINDS = (
     "blocking-preallocation",
@@ -259,6 +261,7 @@ def metric_families(
             uuid,
             index,
             uuid,
+            hostname,
             process.get("kernel_id"),
             _notebook_label(process),
             process.get("user"),
@@ -293,10 +296,11 @@ def metric_families(
             continue  # a node-wide warning: the node's source says it
         uuid, index = gpus.get(warning.get("gpu"), ("", ""))
         process = by_pid.get(pid) or {}
-        key = (warning.get("kind"), uuid, index, pid, process.get("user"), process.get("kernel_id"))
+        key = (warning.get("kind"), uuid, index, hostname, pid, process.get("user"))
+        key += (process.get("kernel_id"),)
         counts[tuple("" if v is None else str(v) for v in key)] += 1
     for kind in _WARNING_KINDS:
-        counts.setdefault((kind, "", "", "", "", ""), 0)
+        counts.setdefault((kind, "", "", hostname, "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families

@@ -1,5 +1,7 @@
 """A status snapshot as metric families: names, labels, scope, health, and unknowns left out."""
 
+import socket
+
 import pytest
 
 from jax_nbmem.tenants.metrics import (
@@ -62,8 +64,9 @@ def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     assert [v for _, v in samples(found, "jax_nbmem_gpu_memory_reserved_bytes")] == [GIB // 2]
     assert found["jax_nbmem_kernel_gpu_memory_bytes"].labels == KERNEL_LABELS
     memory = samples(found, "jax_nbmem_kernel_gpu_memory_bytes")
+    host = socket.gethostname()
     assert memory[0] == (
-        {"UUID": "GPU-a", "gpu": "0", "gpu_uuid": "GPU-a", "kernel_id": "k1",
+        {"UUID": "GPU-a", "gpu": "0", "gpu_uuid": "GPU-a", "Hostname": host, "kernel_id": "k1",
          "notebook": "work/a.ipynb", "user": "ada", "hub_user": "ada@hub", "pid": "11"},
         20 * GIB,
     )  # fmt: skip
@@ -98,7 +101,7 @@ def test_warnings_carry_the_gpu_and_the_pid_and_zero_for_the_known_kinds():
     warnings = samples(families(), "jax_nbmem_warnings")
     assert (
         {"kind": "blocking-preallocation", "UUID": "GPU-a", "gpu": "0", "pid": "11",
-         "user": "ada", "kernel_id": "k1"}, 1.0,
+         "Hostname": socket.gethostname(), "user": "ada", "kernel_id": "k1"}, 1.0,
     ) in warnings  # fmt: skip
     kinds = {labels["kind"]: value for labels, value in warnings if not labels["pid"]}
     assert kinds["prealloc-will-fail"] == 0.0 and kinds["pid-namespace"] == 1.0
