@@ -2,7 +2,7 @@
 
 jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
-                   [--defer-to-servers]
+                   [--defer-to-servers] [--web.config.file FILE] [--insecure]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -107,6 +107,8 @@ def _exporter(args: argparse.Namespace) -> int:
             args.share_dir,
             stale_after=args.stale_after,
             defer_to_servers=args.defer_to_servers,
+            web_config=args.web_config_file,
+            insecure=args.insecure,
         )
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
@@ -173,6 +175,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the kernels a Jupyter server publishes on its own /metrics to it (when "
         "Prometheus scrapes those servers too)",
+    )
+    exporter.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS and basic auth, as Prometheus exporters read them (needed off loopback)",
+    )
+    exporter.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen off loopback without TLS or basic auth (anyone who reaches it reads it)",
     )
     exporter.set_defaults(run=_exporter)
 

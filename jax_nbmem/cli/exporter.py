@@ -4,7 +4,9 @@ For bare-metal shared GPU nodes without a Jupyter server per user: one process (
 root or a service user, who can read every user's processes) takes a status snapshot every
 ``interval`` seconds on a thread of its own (NVML, attribution, the beacons of the shared
 directory) and serves it at ``/metrics`` in Prometheus's text format. A scrape reads the last
-snapshot only; it never waits for NVML. It listens on one address, loopback by default.
+snapshot only; it never waits for NVML. It listens on one address, loopback by default; any
+other address needs TLS and basic auth from a web-config file (:mod:`.webconfig`) or an
+explicit ``--insecure``.
 
 It is the node's one source (README, "Metrics"): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
@@ -25,16 +27,22 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.beacons import beacon_dirs
 from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
-__all__ = ["DEFAULT_LISTEN", "Exporter", "parse_listen"]
+__all__ = ["DEFAULT_LISTEN", "Exporter", "is_loopback", "parse_listen"]
 
 log = logging.getLogger("jax_nbmem")
 
 DEFAULT_LISTEN = "127.0.0.1:9840"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or localhost) is reachable from this machine only."""
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -55,6 +63,17 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    tls = None  # an ssl.SSLContext: each connection's handshake runs on its own thread
+
+    def finish_request(self, request, client_address):
+        if self.tls is not None:
+            request.settimeout(10)  # a client that stalls its handshake holds only its thread
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (OSError, ValueError):
+                log.debug("jax-nbmem exporter: a TLS handshake failed", exc_info=True)
+                return
+        super().finish_request(request, client_address)
 
 
 class _Server6(_Server):
@@ -77,6 +96,8 @@ class Exporter:
         *,
         stale_after: float | None = None,
         defer_to_servers: bool = False,
+        web_config: str | None = None,
+        insecure: bool = False,
     ):
         if interval <= 0:
             raise ValueError(f"--interval must be positive, not {interval}")
@@ -84,6 +105,17 @@ class Exporter:
         if self.stale_after < interval:
             raise ValueError(f"--stale-after must be at least --interval ({interval} s)")
         self.host, self.port = parse_listen(listen)
+        self.web = load_web_config(web_config) if web_config else WebConfig()
+        if not is_loopback(self.host) and not insecure:
+            parts = (("TLS", self.web.tls), ("basic auth", self.web.users))
+            missing = [what for what, part in parts if part is None]
+            if missing:
+                raise ValueError(
+                    f"--listen {listen} is reachable from other machines: it needs "
+                    f'{" and ".join(missing)} from --web.config.file (README, "Exposure"), '
+                    "or --insecure to serve every user's notebook names in the clear"
+                )
+        self.insecure = insecure
         self.interval = interval
         self.share_dir = share_dir
         self.defer_to_servers = defer_to_servers
@@ -131,6 +163,12 @@ class Exporter:
         metrics = make_wsgi_app(registry)
 
         def app(environ, start_response):
+            if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
+                start_response("401 Unauthorized", [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("WWW-Authenticate", 'Basic realm="jax-nbmem exporter"'),
+                ])  # fmt: skip
+                return [b"jax-nbmem exporter: a user and password are needed\n"]
             if environ.get("PATH_INFO") in ("/metrics", "/metrics/"):
                 return metrics(environ, start_response)
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
@@ -139,6 +177,7 @@ class Exporter:
         # A class per address family: setting it on the shared class would change every server.
         server_class = _Server6 if ":" in self.host else _Server
         server = make_server(self.host, self.port, app, server_class, _QuietHandler)
+        server.tls = self.web.tls
         self._server = server
         refresher = threading.Thread(target=self._refresh_forever, name="jax-nbmem-exporter")
         refresher.daemon = True
@@ -146,7 +185,10 @@ class Exporter:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: threading.Thread(target=server.shutdown).start())
         host = f"[{self.host}]" if ":" in self.host else self.host
-        url = f"http://{host}:{server.server_port}/metrics"
+        scheme = "https" if self.web.tls is not None else "http"
+        url = f"{scheme}://{host}:{server.server_port}/metrics"
+        if self.insecure and not is_loopback(self.host) and self.web.users is None:
+            log.warning("jax-nbmem exporter: --insecure: anyone who reaches %s reads it", url)
         if ready is not None:
             ready(url)
         try:
