@@ -43,9 +43,10 @@ __all__ = [
     "prometheus_collector",
 ]
 
-# dcgm-exporter's own names for a GPU (UUID, gpu, modelName, Hostname), so that
-# `on (UUID)` joins without relabelling; `gpu_uuid` is the older name, kept (deprecated).
-GPU_LABELS = ("UUID", "gpu", "modelName", "Hostname", "gpu_uuid")
+# dcgm-exporter's own names for a GPU (UUID, gpu, Hostname), so that `on (UUID)` joins without
+# relabelling; `gpu_uuid` is the older name, kept (deprecated). dcgm's camelCase `modelName`
+# is left to dcgm (promtool's lint refuses camelCase): `group_left (modelName)` brings it.
+GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid")
 KERNEL_LABELS = (
     "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
 )  # fmt: skip
@@ -236,7 +237,7 @@ def metric_families(
         uuid = gpu.get("uuid") or ""
         gpus[gpu["index"]] = (uuid, str(gpu["index"]))
         if node:
-            labels = (uuid, gpu["index"], gpu.get("name"), hostname, uuid)
+            labels = (uuid, gpu["index"], hostname, uuid)
             used.add(labels, gpu.get("used_bytes"))
             total.add(labels, gpu.get("total_bytes"))
             reserved.add(labels, gpu.get("reserved_bytes"))

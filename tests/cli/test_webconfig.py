@@ -29,8 +29,14 @@ def exporter_run(*args, env=None):
 @pytest.fixture
 def web_config(tmp_path):
     """A web-config file with a self-signed certificate for 127.0.0.1 and one user."""
+    return make_web_config(tmp_path)
+
+
+def make_web_config(tmp_path):
+    """``web.yml`` (and ``cert.pem``, ``key.pem``) in tmp_path; user prometheus, PASSWORD."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is missing, so no certificate can be made")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
          "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem"),

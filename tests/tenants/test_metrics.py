@@ -56,10 +56,10 @@ def samples(found, name):
 
 def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     found = families()
-    assert GPU_LABELS == ("UUID", "gpu", "modelName", "Hostname", "gpu_uuid")
+    assert GPU_LABELS == ("UUID", "gpu", "Hostname", "gpu_uuid")
     ((labels, used),) = samples(found, "jax_nbmem_gpu_memory_used_bytes")  # GPU 1's: unknown
     assert used == 30 * GIB and labels["UUID"] == labels["gpu_uuid"] == "GPU-a"
-    assert labels["gpu"] == "0" and labels["modelName"] == "H200" and labels["Hostname"]
+    assert labels["gpu"] == "0" and labels["Hostname"]
     assert len(found["jax_nbmem_gpu_memory_total_bytes"].samples) == 2
     assert [v for _, v in samples(found, "jax_nbmem_gpu_memory_reserved_bytes")] == [GIB // 2]
     assert found["jax_nbmem_kernel_gpu_memory_bytes"].labels == KERNEL_LABELS
