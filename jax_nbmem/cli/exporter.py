@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import socketserver
@@ -28,7 +29,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
-from jax_nbmem.tenants.beacons import beacon_dirs
+from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
@@ -179,6 +180,7 @@ class Exporter:
         server = make_server(self.host, self.port, app, server_class, _QuietHandler)
         server.tls = self.web.tls
         self._server = server
+        self._say_share_dir()
         refresher = threading.Thread(target=self._refresh_forever, name="jax-nbmem-exporter")
         refresher.daemon = True
         refresher.start()
@@ -196,6 +198,22 @@ class Exporter:
         finally:
             self._stop.set()
             server.server_close()
+
+    def _say_share_dir(self) -> None:
+        """Log where beacons are read from: a missing shared directory is never silent."""
+        shared = self.share_dir or os.environ.get(ENV_SHARE_DIR)
+        if not shared:
+            log.warning(
+                "jax-nbmem exporter: no --share-dir (nor $%s): other users' kernels are "
+                'judged without their beacons (README, "On a shared GPU server")',
+                ENV_SHARE_DIR,
+            )
+        elif not os.path.isdir(shared) or not os.access(shared, os.R_OK | os.X_OK):
+            log.warning(
+                "jax-nbmem exporter: the share directory %s is missing or unreadable: no "
+                "beacon is read from it until it is there (deploy/jax-nbmem-exporter.tmpfiles)",
+                shared,
+            )
 
     def stop(self) -> None:
         """Stop serving (from another thread)."""

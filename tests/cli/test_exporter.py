@@ -84,8 +84,11 @@ def test_the_exporter_serves_the_gpu_and_its_processes(sim_state, simgpu_env):
 
 
 @contextlib.contextmanager
-def running_exporter(env, *args):
-    """Start ``jax-nbmem exporter`` on a free loopback port; yield its /metrics URL."""
+def running_exporter(env, *args, stderr_to=None):
+    """Start ``jax-nbmem exporter`` on a free loopback port; yield its /metrics URL.
+
+    ``stderr_to`` (a list) gets what it wrote to stderr once it stopped.
+    """
     exporter = subprocess.Popen(
         [sys.executable, "-m", "jax_nbmem.cli", "exporter", "--listen", "127.0.0.1:0", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -96,7 +99,11 @@ def running_exporter(env, *args):
         yield line.split("serving ", 1)[1].strip()
     finally:
         exporter.send_signal(signal.SIGTERM)
-        assert exporter.wait(15) == 0, exporter.stderr.read()
+        code = exporter.wait(15)
+        said = exporter.stderr.read()
+        if stderr_to is not None:
+            stderr_to.append(said)
+        assert code == 0, said
 
 
 def scrape(url) -> dict:
