@@ -26,11 +26,12 @@ import socketserver
 import threading
 import time
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
+from jax_nbmem.tenants.metrics import Snapshot, exposition, metric_families
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
@@ -151,6 +152,7 @@ class Exporter:
     def serve(self, ready=None) -> None:
         """Serve until SIGTERM or SIGINT (or :meth:`stop`); ``ready(url)`` once listening."""
         from prometheus_client import (
+            CONTENT_TYPE_LATEST,
             CollectorRegistry,
             PlatformCollector,
             ProcessCollector,
@@ -158,10 +160,27 @@ class Exporter:
         )
 
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(prometheus_collector(self.latest, stale_after_s=self.stale_after))
-        ProcessCollector(registry=registry)  # the exporter's own process_* figures
+        # Our families are written by `exposition` (fast with thousands of samples); the
+        # registry holds the exporter's own process_* figures.
+        ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-        metrics = make_wsgi_app(registry)
+        own = make_wsgi_app(registry)
+
+        def metrics(environ, start_response):
+            names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+            body = exposition(
+                metric_families(self.latest(), stale_after_s=self.stale_after),
+                set(names) if names else None,
+            )
+            captured = {}
+
+            def keep(status, headers, exc_info=None):
+                captured["status"], captured["headers"] = status, headers
+
+            plain = {k: v for k, v in environ.items() if k != "HTTP_ACCEPT_ENCODING"}
+            rest = b"".join(own(plain, keep))  # uncompressed, to follow our own text
+            start_response(captured["status"], [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [body + rest]
 
         def app(environ, start_response):
             if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
