@@ -83,6 +83,15 @@ def test_the_exporter_serves_the_gpu_and_its_processes(sim_state, simgpu_env):
         sleeper.wait()
 
 
+class _Url(str):
+    """The exporter's /metrics URL, with the exporter's PID."""
+
+    def __new__(cls, url, pid):
+        made = super().__new__(cls, url)
+        made.pid = pid
+        return made
+
+
 @contextlib.contextmanager
 def running_exporter(env, *args, stderr_to=None):
     """Start ``jax-nbmem exporter`` on a free loopback port; yield its /metrics URL.
@@ -96,7 +105,7 @@ def running_exporter(env, *args, stderr_to=None):
     try:
         line = exporter.stdout.readline()
         assert line.startswith("jax-nbmem exporter: serving "), line + exporter.stderr.read()
-        yield line.split("serving ", 1)[1].strip()
+        yield _Url(line.split("serving ", 1)[1].strip(), exporter.pid)
     finally:
         exporter.send_signal(signal.SIGTERM)
         code = exporter.wait(15)
@@ -163,3 +172,17 @@ def test_a_hung_nvml_makes_the_snapshot_stale_and_takes_the_gpu_series_away(sim_
         assert "jax_nbmem_warnings" not in found
         assert not [n for n in found if n.startswith(("jax_nbmem_gpu_", "jax_nbmem_kernel_"))]
         assert time.time() - found["jax_nbmem_snapshot_timestamp_seconds"][0][1] > 2
+
+
+@pytest.mark.timeout(120)
+def test_the_exporter_idles_under_half_a_percent_of_a_core(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    with running_exporter(simgpu_env) as url:  # the default 5 s interval
+        scrape(url)
+        exporter = psutil.Process(url.pid)
+        time.sleep(2)
+        before, began = sum(exporter.cpu_times()[:2]), time.monotonic()
+        time.sleep(15)
+        share = (sum(exporter.cpu_times()[:2]) - before) / (time.monotonic() - began)
+        print(f"exporter idle: {share * 100:.2f}% of a core")
+        assert share < 0.005
