@@ -214,3 +214,18 @@ def test_fifty_kernels_and_a_slow_nvml_never_hold_up_the_server(
                       "requests": len(status_s)}))  # fmt: skip
     assert status_s[len(status_s) // 2] < 0.2  # from the cache
     assert status_s[-1] < 0.5 and kernels_s[-1] < 0.5  # never the 2 s of NVML
+
+
+def test_the_scope_says_whose_processes_the_metrics_carry():
+    from jax_nbmem.server.extension import JaxNbMemServer, _stale_after, metrics_snapshot
+
+    class Monitor:
+        def snapshot(self):
+            return {"server": {"taken_at": 5.0, "refresh_took_s": 0.1},
+                    "kernels": [{"pid": 11}, {"pid": None}, {"pid": 12}]}  # fmt: skip
+
+    ours = metrics_snapshot(Monitor(), "kernels")
+    assert ours.own_pids == frozenset({11, 12}) and ours.taken_at == 5.0 and ours.took_s == 0.1
+    assert metrics_snapshot(Monitor(), "node").own_pids is None  # the whole node
+    assert JaxNbMemServer().metrics_scope == "kernels"
+    assert _stale_after(JaxNbMemServer()) == 10.0  # max(3 × 2 s, the 10 s deadline)
