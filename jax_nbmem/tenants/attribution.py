@@ -8,6 +8,7 @@ From these records come the warnings: whose preallocation blocks whom, and what 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -320,6 +321,8 @@ def pool_sizes(fraction: float, total_bytes: int) -> list[float]:
     busy therefore holds one of the smaller sizes (followed down to a quarter of its share).
     """
     first = fraction * total_bytes
+    if not math.isfinite(first) or first <= 0:
+        return []  # no pool (0), or a fraction no GPU can hold (an infinite one loops forever)
     smallest = max(_SMALLEST_POOL_SHARE * first, _SMALLEST_POOL_BYTES)
     sizes, size = [first], first * RETRY_FACTOR
     while size >= smallest:
@@ -375,8 +378,8 @@ def attribute(
 ) -> list[Tenant]:
     """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
 
-    A process with a trusted beacon (``beacons``, default :func:`read_beacons`) is judged by
-    what it says of itself: its mode in effect, its pool, its idleness.
+    A process with a trusted beacon (``beacons``, default: :func:`read_beacons` of these PIDs)
+    is judged by what it says of itself: its mode in effect, its pool, its idleness.
 
     ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
     → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
@@ -398,7 +401,7 @@ def attribute(
     uuids = {gpu.index: gpu.uuid for gpu in gpus}
     if beacons is None:
         try:
-            beacons = read_beacons()
+            beacons = read_beacons(pids=[process.pid for process in processes])
         except Exception:  # never fatal: without beacons, judge as before
             beacons = {}
     infos: dict[int, ProcessInfo] = {}

@@ -90,7 +90,7 @@ def collect(
     state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
-    beacons = read_beacons(beacon_dirs(share_dir))
+    beacons = read_beacons(beacon_dirs(share_dir), pids={p.pid for p in processes})
     tenants = attribute(
         processes,
         gpus,

@@ -160,7 +160,8 @@ def test_odd_values_inside_a_beacon_are_dropped_not_believed(tmp_path):
         last_cell_finished_at="yesterday",
         pool_fraction="0.75",
     )
-    _write_file(tmp_path / "jax_nbmem-beacon-odd.json", {**odd, "written_at": time.time()})
+    path = tmp_path / f"jax_nbmem-beacon-{os.getpid()}.json"
+    _write_file(path, {**odd, "written_at": time.time()})
     (beacon,) = read_beacons([str(tmp_path)]).values()
     assert beacon.notebook is None and beacon.pool_fraction is None
     assert beacon.gpus == {UUID: {"bytes_in_use": None, "pool_bytes": None, "bytes_limit": None}}
