@@ -147,7 +147,14 @@ def _why_preallocated(tenant: Tenant) -> str:
     """How we know that its memory is a preallocated pool, as its source tells."""
     if tenant.source == "beacon":
         mode = f" in mode '{tenant.mode}'" if tenant.mode else ""
-        return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
+        if (tenant.jax or {}).get("pool_bytes"):
+            return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
+        # Its beacon tells the mode but no pool (none yet for that GPU, or JAX started since
+        # it was written): the size NVML shows is that mode's pool.
+        return (
+            f"its JAX runs{mode}, as the kernel itself reports, and NVML shows it holding the "
+            "pool that mode preallocates"
+        )
     if tenant.source == "memory size":
         return (
             "probably JAX preallocation: its size matches the pool JAX takes by default "

@@ -112,9 +112,10 @@ class Tenant:
     ``source`` says where the verdict came from: ``beacon`` (the kernel said so itself),
     ``environment`` (its environment at start and its memory maps), ``memory size`` (its
     insides cannot be read — another user's — and its size matches a preallocated pool), or
-    ``unknown``. ``mode`` is its allocator mode as that source knows it; ``jax`` its JAX
-    counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``, ``bytes_limit``,
-    ``peak_bytes_in_use``);
+    ``unknown``. ``mode`` is its allocator mode as that source knows it (``on (starting)``: its
+    beacon, up to a second behind, says not started, but NVML shows that mode's pool); ``jax``
+    its JAX counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``,
+    ``bytes_limit``, ``peak_bytes_in_use``);
     ``idle_source`` is ``beacon`` (since its last finished cell) or ``server`` (its Jupyter
     server's last activity: approximate, widget traffic counts as activity).
     """
@@ -439,8 +440,16 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
     """The verdict on a process from what it said of itself (see :class:`Tenant`)."""
     counters = dict(beacon.gpus.get(uuid) or {}) if uuid else {}
     fraction = beacon.pool_fraction
-    if fraction == 0.0 or beacon.mode_in_effect is None:
-        preallocated: bool | None = False  # no pool in its mode, or no backend yet
+    mode = beacon.mode
+    if fraction == 0.0:
+        preallocated: bool | None = False  # no pool in its mode
+    elif beacon.mode_in_effect is None:
+        # Its backend had not started when it last wrote; a beacon is rewritten up to a second
+        # after JAX starts. A footprint the size of the pool its pending mode takes is that
+        # pool, taken since: NVML is newer than the beacon.
+        preallocated = None if fraction is None else _matches_a_pool(used, total, fraction)
+        if preallocated:
+            mode = f"{beacon.mode_requested or 'on'} (starting)"
     elif counters.get("pool_bytes") is not None:
         preallocated = counters["pool_bytes"] > 0
     elif fraction is None:
@@ -449,7 +458,7 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
         preallocated = _matches_a_pool(used, total, fraction)
     verdict = {
         "source": "beacon",
-        "mode": beacon.mode,
+        "mode": mode,
         "preallocated": preallocated,
         "jax": counters or None,
         "idle_s": beacon.idle_s(),

@@ -290,8 +290,8 @@ def _is_pid(digits: str) -> bool:
     )
 
 
-# Parsed beacons by path, with the (device, inode, size, mtime, owner) they were parsed from.
-# A rewrite is a new inode (written aside, then renamed), so a changed file is read again.
+# Parsed beacons by path, with the (device, inode, size, mtime, ctime, owner) they were parsed
+# from. A rewrite is a new file (written aside, then renamed), at most once a second: read again.
 _parsed: dict[str, tuple[tuple, Beacon | None]] = {}
 _PARSED_MAX = 4096
 
@@ -306,7 +306,8 @@ def _read_one(path: str, pid: int) -> Beacon | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
             return None  # a FIFO, a directory, a device or a huge file is never read
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_uid)
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+               info.st_uid)  # fmt: skip
         cached = _parsed.get(path)
         if cached is not None and cached[0] == key:
             beacon = cached[1]
