@@ -175,9 +175,11 @@ def inspect_process(
     """Find out what ``pid`` is; never raises.
 
     ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.tenants.servers.ServerKernel`
-    (anything with ``.get``); a server's notebook path wins over ``JPY_SESSION_NAME``, which
-    keeps the name the notebook had when its kernel started. ``own_environ`` stands for our own
-    environment, which ``%jaxalloc`` may have changed since the process started.
+    (anything with ``.get``; with ``.for_pid`` too, a PID its server names as a kernel is that
+    kernel whatever its command line says); a server's notebook path wins over
+    ``JPY_SESSION_NAME``, which keeps the name the notebook had when its kernel started.
+    ``own_environ`` stands for our own environment, which ``%jaxalloc`` may have changed since
+    the process started.
     """
     if not 0 < pid <= PID_MAX:
         return ProcessInfo(
@@ -214,6 +216,11 @@ def inspect_process(
     session: ServerKernel | None = None
     if kernel_id is not None and server_sessions is not None:
         session = server_sessions.get(kernel_id)
+    by_pid = getattr(server_sessions, "for_pid", None)
+    if session is None and by_pid is not None and (session := by_pid(pid)) is not None:
+        # Its server says this PID is one of its kernels, whatever its command line shows.
+        kernel_id = session.kernel_id
+        kind = "kernel" if kind == "process" else kind
     notebook = session.notebook if session is not None else None
     if notebook is None and environ is not None:
         notebook = environ.get("JPY_SESSION_NAME") or None
@@ -427,6 +434,9 @@ def attribute(
         beacon = beacons.get(process.pid) if foreign is None else None
         if beacon is not None:
             verdict = _from_beacon(beacon, process.used_bytes, total, uuids.get(process.gpu))
+            if verdict["idle_s"] is None and info.idle_s is not None:
+                # No cell has finished there yet: its server's last activity is all there is.
+                verdict.update(idle_s=info.idle_s, idle_source="server")
         else:
             verdict = _from_outside(info, process.used_bytes, total)
         fields.update(verdict)
