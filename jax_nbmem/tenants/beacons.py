@@ -47,6 +47,7 @@ __all__ = [
     "BeaconWriter",
     "beacon_dirs",
     "read_beacons",
+    "read_small_file",
 ]
 
 log = logging.getLogger("jax_nbmem")
@@ -291,35 +292,51 @@ def _is_pid(digits: str) -> bool:
 
 
 # Parsed beacons by path, with the (device, inode, size, mtime, ctime, owner) they were parsed
-# from. A rewrite is a new file (written aside, then renamed), at most once a second: read again.
+# from. A rewrite is a new file (written aside, then renamed), at most once a second: parsed
+# again. The file is read each time all the same (one read of at most 64 KiB): what is saved
+# is the parse.
 _parsed: dict[str, tuple[tuple, Beacon | None]] = {}
 _PARSED_MAX = 4096
 
 
-def _read_one(path: str, pid: int) -> Beacon | None:
-    """The beacon at ``path`` if it is well formed, speaks for ``pid`` and can be trusted."""
+def read_small_file(path: str, max_bytes: int = _MAX_BYTES) -> tuple[bytes, os.stat_result] | None:
+    """The bytes of the regular file at ``path`` and its ``fstat``, or None; never blocks.
+
+    For files anyone may have put there: a symlink, a FIFO (opened without blocking, never
+    read), a directory, a device, a socket or a file over ``max_bytes`` gives None.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, ValueError):  # a symlink (ELOOP), gone, or not ours to read
+    except (OSError, ValueError):  # a symlink (ELOOP), gone, not ours to read, a NUL in it
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
-            return None  # a FIFO, a directory, a device or a huge file is never read
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
-               info.st_uid)  # fmt: skip
-        cached = _parsed.get(path)
-        if cached is not None and cached[0] == key:
-            beacon = cached[1]
-        else:
-            beacon = _parse(os.read(fd, _MAX_BYTES + 1), path)
-            if len(_parsed) >= _PARSED_MAX:
-                _parsed.clear()
-            _parsed[path] = (key, beacon)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return None
+        data = os.read(fd, max_bytes + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
+    return (data, info) if len(data) <= max_bytes else None  # None: it grew while read
+
+
+def _read_one(path: str, pid: int) -> Beacon | None:
+    """The beacon at ``path`` if it is well formed, speaks for ``pid`` and can be trusted."""
+    found = read_small_file(path)
+    if found is None:
+        return None
+    data, info = found
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+           info.st_uid)  # fmt: skip
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == key:
+        beacon = cached[1]
+    else:
+        beacon = _parse(data, path)
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()
+        _parsed[path] = (key, beacon)
     if beacon is None or beacon.pid != pid or not _vouched_for(beacon, info.st_uid):
         return None
     return beacon
@@ -327,8 +344,6 @@ def _read_one(path: str, pid: int) -> Beacon | None:
 
 def _parse(data: bytes, path: str) -> Beacon | None:
     """The beacon in ``data``, or None for anything malformed, whatever its shape."""
-    if len(data) > _MAX_BYTES:
-        return None  # it grew while being read
     try:
         # Any user can write any bytes here: nesting too deep for the parser (RecursionError),
         # numbers too big for a float (OverflowError), bytes that are no text (ValueError)...

@@ -395,3 +395,34 @@ def test_5000_junk_files_in_the_shared_dir_are_never_opened_nor_listed_by_a_stat
         f"jax_nbmem-beacon-{pid}.json" for pid in [sleeper, *live]
     )
     assert set(listed) == {sleeper, *live}
+
+
+# --- The claims of `%jaxalloc auto`, in the same directory ------------------------------------
+
+
+def test_junk_and_forged_claims_neither_hang_nor_crash_nor_sway_auto(tmp_path, other_user):
+    from jax_nbmem.tenants.claims import claim_book
+
+    own = os.getpid()
+    started = psutil.Process(own).create_time()
+    claim = {"pid": own, "started_at": started, "bytes_by_gpu": {UUID: 10 * GIB},
+             "expires_at": time.time() + 60}  # fmt: skip
+    os.mkfifo(tmp_path / "jax_nbmem-claim-fifo.json")  # opening it to read would wait forever
+    (tmp_path / "jax_nbmem-claim-deep.json").write_text("[" * DEEP + "]" * DEEP)
+    (tmp_path / "jax_nbmem-claim-huge.json").write_text(json.dumps(claim) + " " * 100_000)
+    (tmp_path / "jax_nbmem-claim-dir.json").mkdir()
+    (tmp_path / "jax_nbmem-claim-link.json").symlink_to(tmp_path / "jax_nbmem-claim-mine.json")
+    forged = tmp_path / "jax_nbmem-claim-forged.json"
+    forged.write_text(json.dumps({**claim, "key": "forged"}))
+    os.chown(forged, other_user[1], other_user[2])  # another user claims for this process
+    (tmp_path / "jax_nbmem-claim-mine.json").write_text(json.dumps({**claim, "key": "mine"}))
+    found, finished = [], threading.Event()
+
+    def decide():
+        with claim_book(str(tmp_path)) as book:
+            found.extend(book.others(own_key="someone else"))
+        finished.set()
+
+    threading.Thread(target=decide, daemon=True).start()
+    assert finished.wait(30), "reading the claims hung"
+    assert [c.key for c in found] == ["mine"]
