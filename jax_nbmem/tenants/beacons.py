@@ -228,8 +228,8 @@ def read_beacons(
     """The beacons in ``dirs`` (default: :func:`beacon_dirs`) that can be trusted, by PID.
 
     With ``pids`` (e.g. the processes NVML lists), only those PIDs' beacons are opened, by
-    name (``jax_nbmem-beacon-<PID>.json``): the directories are not even listed, so no file
-    anyone else leaves there costs a look anything (at most ``MAX_PIDS`` PIDs are asked
+    name (``jax_nbmem-beacon-<PID>.json``): the directories are not even listed, so nothing
+    anyone else leaves there costs a status anything (at most ``MAX_PIDS`` PIDs are asked
     for). Without, each directory is listed and only the beacons of live PIDs are opened.
     Either way a file is read only if it is a regular file of at most 64 KiB, and its parsed
     form is reused while its inode, size and modification time stay the same.
