@@ -13,6 +13,9 @@ backslash escapes. Each call's duration is kept: a call slower than ``SLOW_CALL_
 ``status()`` say that NVML is slow, and :func:`last_status` answers without touching NVML at
 all, for callers that must never wait.
 
+Other tools in the process (gpustat) replace pynvml's functions; the v2 memory call is made
+through pynvml's own function pointer, so a replaced ``nvmlDeviceGetMemoryInfo`` costs nothing.
+
 Safe to call from a sampler thread and the main thread at once.
 """
 
@@ -89,8 +92,10 @@ _SUM_SLACK_BYTES = 64 << 20
 class GpuMemory:
     """Memory of one GPU, by NVML index. Any number is ``None`` when NVML could not say.
 
-    ``used_bytes`` includes memory the driver reserves, so ``used + free == total``;
-    ``reserved_bytes`` is that reserved part (``None`` on drivers without the v2 memory call).
+    ``used_bytes`` is NVML's v2 ``used``, as nvidia-smi, nvitop and gpustat show it; the
+    memory the driver reserves for itself is apart, in ``reserved_bytes``, so that
+    ``used + reserved + free == total``. Where only the v1 call answers (an old driver or
+    pynvml), ``reserved_bytes`` is ``None`` and ``used_bytes`` includes the reserved part.
     ``uuid`` and ``name`` are ``None`` only for a GPU that failed before NVML ever named it.
     ``problem`` says, in one line, why numbers are missing.
     """
@@ -381,52 +386,89 @@ def _selected(session: _Session, indices: Iterable[int] | None) -> list[_Device]
 
 
 def _read_memory(nv: Any, session: _Session, device: _Device) -> GpuMemory:
-    version = getattr(nv, "nvmlMemory_v2", None)
-    if session.memory_v2 and version is not None:
+    if session.memory_v2:
         try:
-            info = nv.nvmlDeviceGetMemoryInfo(device.handle, version=version)
-            return _checked_memory(device, info.total, info.used, info.free, info.reserved)
+            info = _memory_v2(nv, device.handle)
         except nv.NVMLError as error:
             if _error_name(nv, error) not in ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED"):
                 raise
-            session.memory_v2 = False
+            info = None
             _nvml.log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
+        if info is not None:
+            return _checked_memory(device, info.total, info.used, info.free, info.reserved)
+        session.memory_v2 = False
     info = nv.nvmlDeviceGetMemoryInfo(device.handle)
-    return _checked_memory(device, info.total, info.used, info.free, None)
+    # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
+    reserved = getattr(info, "reserved", None)
+    return _checked_memory(device, info.total, info.used, info.free, reserved)
+
+
+def _memory_v2(nv: Any, handle: Any) -> Any:
+    """NVML's v2 memory info (``reserved`` apart from ``used``), or None if pynvml cannot ask.
+
+    Asked through pynvml's own function pointer and struct, not ``nvmlDeviceGetMemoryInfo(
+    handle, version=)``: other tools in the process replace that function (gpustat with one
+    that takes only the handle), and their replacement must not cost us the readings.
+    """
+    struct = getattr(nv, "c_nvmlMemory_v2_t", None)
+    version = getattr(nv, "nvmlMemory_v2", None)
+    function = getattr(nv, "_nvmlGetFunctionPointer", None)
+    check = getattr(nv, "_nvmlCheckReturn", None)
+    if version is None:
+        _nvml.log_once("memory_v2", "this pynvml has no v2 memory info; using v1 (no reserved)")
+        return None
+    if struct is None or function is None or check is None:
+        try:  # a pynvml without these private names: its public call, if not replaced
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except TypeError:
+            _nvml.log_once(
+                "memory_v2",
+                "pynvml.nvmlDeviceGetMemoryInfo was replaced by one that takes no version; "
+                "using v1 (no reserved)",
+            )
+            return None
+    import ctypes
+
+    memory = struct()
+    memory.version = version
+    check(function("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(memory)))
+    return memory
 
 
 def _checked_memory(
     device: _Device, total: Any, used: Any, free: Any, reserved: Any | None
 ) -> GpuMemory:
-    """The reading as GpuMemory, with figures that cannot be true dropped and said."""
+    """The reading as GpuMemory, with figures that cannot be true dropped and said.
+
+    ``reserved`` is None for NVML's v1 reading, whose ``used`` includes the reserved memory.
+    """
     reading = functools.partial(GpuMemory, device.index, device.uuid, device.name)
     good_total = _plausible(total)
     if not good_total:
         problem = f"GPU {device.index}: NVML reported an impossible total ({total!r} bytes)"
         return reading(None, None, None, None, problem=problem + "; not shown")
-    good_reserved = 0 if reserved is None else _plausible(reserved, good_total)
+    good_reserved = None if reserved is None else _plausible(reserved, good_total)
     good_used = _plausible(used, good_total)
     good_free = _plausible(free, good_total)
-    if good_reserved is not None and good_used is not None:
-        good_used = _plausible(good_used + good_reserved, good_total)
     problems = []
-    if good_used is None or good_reserved is None:
-        problems.append(
-            f"used {used!r}" + ("" if reserved is None else f" + reserved {reserved!r}")
-        )
+    if good_used is None:
+        problems.append(f"used {used!r}")
+    if reserved is not None and good_reserved is None:
+        problems.append(f"reserved {reserved!r}")
     if good_free is None:
         problems.append(f"free {free!r}")
-    if good_used is not None and good_free is not None:
-        if good_used + good_free > good_total + _SUM_SLACK_BYTES:
-            problems.append(f"used {used!r} and free {free!r} exceed the total")
-            good_used = good_free = None
+    parts = [good_used, good_free] + ([] if reserved is None else [good_reserved])
+    if None not in parts and sum(parts) > good_total + _SUM_SLACK_BYTES:
+        named = f"used {used!r}" + ("" if reserved is None else f", reserved {reserved!r}")
+        problems.append(f"{named} and free {free!r} exceed the total")
+        good_used = good_free = good_reserved = None
     if problems:
         problem = (
             f"GPU {device.index}: NVML reported {'; '.join(problems)} of {good_total} bytes in "
             "all, which cannot be; those figures are not shown"
         )
-        return reading(good_total, good_used, good_free, None, problem=problem)
-    return reading(good_total, good_used, good_free, None if reserved is None else good_reserved)
+        return reading(good_total, good_used, good_free, good_reserved, problem=problem)
+    return reading(good_total, good_used, good_free, good_reserved)
 
 
 def _unreadable(device: _Device, problem: str | None) -> GpuMemory:
