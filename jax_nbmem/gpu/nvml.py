@@ -37,6 +37,7 @@ __all__ = [
     "GpuProcesses",
     "NvmlStatus",
     "driver_version",
+    "gpu_problem",
     "gpus",
     "last_status",
     "memory",
@@ -561,7 +562,7 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
     result: list[GpuProcesses] = []
     for device in _selected(session, indices):
         if device.handle is None:
-            result.append(GpuProcesses(device.index, None, device.problem))
+            result.append(GpuProcesses(device.index, None, _unlisted(device.problem)))
             continue
         try:
             result.append(_one_process_list(nv, session, device))
@@ -576,8 +577,26 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
             problem = _device_problem(nv, device.index, error)
             if _error_name(nv, error) not in ("NOT_SUPPORTED", "NO_PERMISSION"):
                 problem = _nvml.device_failed(nv, session, device, error)
-            result.append(GpuProcesses(device.index, None, f"process list unreadable: {problem}"))
+            result.append(GpuProcesses(device.index, None, _unlisted(problem)))
     return result
+
+
+_UNLISTED = "process list unreadable"
+
+
+def _unlisted(problem: str | None) -> str:
+    return f"{_UNLISTED}: {problem}" if problem else _UNLISTED
+
+
+def gpu_problem(memory_problem: str | None, list_problem: str | None) -> str | None:
+    """One GPU's problem in one line, from its :func:`memory` reading's and its process list's.
+
+    A cause both share (a lost GPU fails both) is said once: "GPU 1 is lost ...; process list
+    unreadable". ``None`` when neither has a problem.
+    """
+    if memory_problem and list_problem and memory_problem in list_problem:
+        list_problem = list_problem.replace(memory_problem, "").strip(" :;") or None
+    return "; ".join(dict.fromkeys(filter(None, [memory_problem, list_problem]))) or None
 
 
 def _one_process_list(nv: Any, session: _Session, device: _Device) -> GpuProcesses:
