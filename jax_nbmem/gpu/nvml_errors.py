@@ -43,13 +43,15 @@ DEVICE_GONE_ERRORS = {
     "GPU_NOT_FOUND": "GPU {index} is no longer there",
     "INVALID_ARGUMENT": "GPU {index} is no longer known to NVML",
 }
+# Errors the callers act on that are neither of those.
+_OTHER_ERRORS = ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED", "INSUFFICIENT_SIZE")
 _UNLISTED = "process list unreadable"
 
 
 def error_name(nv: Any, error: BaseException) -> str | None:
     """Return the NVML_ERROR_ name (without prefix) of a pynvml error, if it is one."""
     value = getattr(error, "value", None)
-    for name in (*GLOBAL_ERRORS, *DEVICE_GONE_ERRORS, "FUNCTION_NOT_FOUND", "NOT_SUPPORTED"):
+    for name in (*GLOBAL_ERRORS, *DEVICE_GONE_ERRORS, *_OTHER_ERRORS):
         if value is not None and getattr(nv, f"NVML_ERROR_{name}", object()) == value:
             return name
     return None

@@ -356,6 +356,27 @@ def test_a_process_list_nvml_cannot_give_is_unknown_not_empty(sim_state, simgpu_
     assert seen["flat"] == [{"pid": 4343, "gpu": 1, "used_bytes": GIB}]
 
 
+def test_a_list_that_changed_size_between_the_two_calls_is_asked_again(
+    simgpu_in_process, monkeypatch
+):
+    import pynvml
+
+    simgpu_in_process.gpu(0, total=80 * GIB).process(0, 4242, 4 * GIB).write()
+    assert nvml.processes() == [nvml.GpuProcess(4242, 0, 4 * GIB)]
+    original, calls = pynvml.nvmlDeviceGetComputeRunningProcesses_v3, []
+
+    def grew_once(handle):  # a process started between NVML's count and its copy
+        calls.append(handle)
+        if len(calls) == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return original(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v3", grew_once)
+    [listing] = nvml.process_lists()
+    assert listing == nvml.GpuProcesses(0, (nvml.GpuProcess(4242, 0, 4 * GIB),))
+    assert len(calls) == 2 and nvml.status() == nvml.NvmlStatus(True, None)
+
+
 def test_impossible_numbers_are_dropped_and_said(sim_state, simgpu_env):
     sim_state.gpu(0, total=80 * GIB, used=90 * GIB, free=0, raw=True)  # used above total
     sim_state.gpu(1, total=2**64 - 1, raw=True)  # "not available" as a total
