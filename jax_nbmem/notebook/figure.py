@@ -607,7 +607,10 @@ def figure_parts(figure: dict[str, Any]) -> dict[str, Any]:
 
 
 def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
-    """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so."""
+    """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so.
+
+    The memory the driver reserves for itself, when NVML tells it apart, ends the line.
+    """
     mode_text = mode or "unknown"
     if sample is None:
         return f"No sample yet · allocator: {mode_text}"
@@ -618,4 +621,6 @@ def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
     name = gpu.name or "name unknown"
     free = format_bytes(gpu.free_bytes)
     total = format_bytes(gpu.total_bytes)
-    return f"GPU {gpu.index}: {name} · allocator: {mode_text} · free {free} of {total}"
+    text = f"GPU {gpu.index}: {name} · allocator: {mode_text} · free {free} of {total}"
+    reserved = getattr(gpu, "reserved_bytes", None)
+    return f"{text} · {format_bytes(reserved)} reserved by the driver" if reserved else text

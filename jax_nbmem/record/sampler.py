@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jax_nbmem.gpu import jaxstats
+from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory, keep_extreme
 
 __all__ = [
@@ -73,9 +73,9 @@ def _visible_gpu_indices() -> Sequence[int] | None:
 class SamplerSource:
     """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
 
-    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when
-    first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
-    numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
+    The defaults load NVML (:mod:`jax_nbmem.gpu.nvml`) and import :mod:`jax_nbmem.gpu.visible`
+    only when first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the
+    order JAX numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
     NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
     a list failed) or flat process records.
     """
@@ -748,10 +748,8 @@ def _gpu_sample(
         jax_peak=getattr(stats, "peak_bytes_in_use", None),
         jax_reserved=_held(stats),
         jax_limit=getattr(stats, "bytes_limit", None),
-        problem="; ".join(
-            filter(None, [getattr(reading, "problem", None), mine.problem if mine else None])
-        )
-        or None,
+        problem=nvml.gpu_problem(getattr(reading, "problem", None), mine.problem if mine else None),
+        reserved_bytes=getattr(reading, "reserved_bytes", None),
     )
 
 

@@ -131,9 +131,10 @@ def collect(
                 "name": g.name,
                 "total_bytes": g.total_bytes,
                 "used_bytes": g.used_bytes,
+                "reserved_bytes": g.reserved_bytes,
                 "free_bytes": g.free_bytes,
                 "ours": g.index in ours,
-                "problem": "; ".join(filter(None, [g.problem, list_problems.get(g.index)])) or None,
+                "problem": nvml.gpu_problem(g.problem, list_problems.get(g.index)),
             }
             for g in gpus
         ],
@@ -203,14 +204,18 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
                 f"Host memory of this process (no GPU view): RSS {format_bytes(host['rss_bytes'])}"
                 f", JAX live arrays {format_bytes(host.get('live_array_bytes'))}"
             )
-    elif nvml_state.get("reason"):
+    elif nvml_state.get("reason") and not any(
+        nvml_state["reason"] in (gpu.get("problem") or "") for gpu in report["gpus"]
+    ):  # a problem of one GPU is said under that GPU
         lines.append(f"NVML: {nvml_state['reason']}")
     for gpu in report["gpus"]:
         mark = "" if gpu["ours"] else "  (not visible to this process)"
+        reserved = gpu.get("reserved_bytes")
+        reserved_text = f", {format_bytes(reserved)} reserved by the driver" if reserved else ""
         lines.append(
             f"GPU {gpu['index']}: {gpu['name'] or 'name unknown'} — "
             f"{format_bytes(gpu['used_bytes'])} used of {format_bytes(gpu['total_bytes'])}, "
-            f"{format_bytes(gpu['free_bytes'])} free{mark}"
+            f"{format_bytes(gpu['free_bytes'])} free{reserved_text}{mark}"
         )
         if gpu.get("problem"):
             lines.append(f"  {gpu['problem']}")
