@@ -9,8 +9,9 @@ Three ways to show it (``c.JaxNbMem.panel``):
   (:mod:`jax_nbmem.notebook.panel_view`) whose synced state is the current figure, so every
   view of it (a second ``%jaxmem``, a page reload) draws the same picture. The sampler's
   callback only marks the panel dirty; a small daemon thread pushes at most one update every
-  0.25 s, and only the parts that changed. That thread sets traits and nothing else:
-  ``display()`` or ``print()`` from a thread would land in whatever cell runs at that moment.
+  0.25 s, and only the parts that changed. That thread sets traits (and makes the shut-down
+  buttons, widgets opened over their comms) and nothing else: ``display()`` or ``print()``
+  from a thread would land in whatever cell runs at that moment.
   Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
   that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
   frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
