@@ -7,6 +7,32 @@ const REFRESH_MS = 2000;
 const api = (path) => `${SETTINGS.baseUrl.replace(/\/$/, "")}/jax-nbmem/api/${path}`;
 const pending = new Set(); // PIDs whose shutdown is being confirmed or done
 
+// The XSRF token: the server's `_xsrf` cookie when the page can read it, else the one the page
+// was served with. JupyterLab's ServerConnection does the same.
+function xsrfToken() {
+  const found = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+  return found ? decodeURIComponent(found[1]) : SETTINGS.xsrfToken;
+}
+
+// Every request the page makes carries the XSRF token, GETs included: JupyterHub >= 4.1
+// refuses a cookie-authenticated fetch without it (403), as a plain Jupyter server does
+// for anything but a GET.
+function request(path, options = {}) {
+  return fetch(api(path), {
+    credentials: "same-origin",
+    ...options,
+    headers: { "X-XSRFToken": xsrfToken(), ...(options.headers || {}) },
+  });
+}
+
+// What a refused or failed answer means to the person looking at the board.
+function refusal(reply) {
+  if (reply.status === 403) {
+    return "status 403: not logged in, or the login expired (reload the page to log in again)";
+  }
+  return `status ${reply.status}`;
+}
+
 function gib(bytes) {
   if (bytes === null || bytes === undefined) {
     return "—";
@@ -75,11 +101,7 @@ function say(text) {
 async function shutdown(kernelId, pid, cell) {
   cell.replaceChildren(element("span", `Stopping kernel PID ${pid}…`));
   try {
-    const reply = await fetch(api(`kernels/${encodeURIComponent(kernelId)}/shutdown`), {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "X-XSRFToken": SETTINGS.xsrfToken },
-    });
+    const reply = await request(`kernels/${encodeURIComponent(kernelId)}/shutdown`, { method: "POST" });
     if (!reply.ok) {
       throw new Error(`${reply.status} ${(await reply.json().catch(() => ({}))).message || ""}`);
     }
@@ -178,15 +200,17 @@ function render(status, history) {
 async function refresh() {
   try {
     const [status, history] = await Promise.all([
-      fetch(api("status"), { credentials: "same-origin" }),
-      fetch(api("history"), { credentials: "same-origin" }),
+      request("status"),
+      request("history"),
     ]);
     if (status.status === 503) {
       document.getElementById("age").textContent = "taking the first snapshot…";
       return;
     }
-    if (!status.ok) {
-      throw new Error(`status ${status.status}`);
+    for (const reply of [status, history]) {
+      if (!reply.ok) {
+        throw new Error(refusal(reply));
+      }
     }
     render(await status.json(), (await history.json()).gpus || {});
   } catch (error) {
