@@ -82,6 +82,7 @@ class Beacon:
     variables: Mapping[str, str] = field(default_factory=dict)
     path: str | None = None
     mode_reason: str | None = None  # why `auto` chose its mode
+    hub_user: str | None = None  # its JupyterHub user name ($JUPYTERHUB_USER), if any
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -290,6 +291,7 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
         jax_nbmem=_text(content.get("jax_nbmem")),
         variables={str(k): str(v) for k, v in (content.get("variables") or {}).items()},
         mode_reason=_text(content.get("mode_reason")),
+        hub_user=_text(content.get("hub_user")),
         path=path,
     )
 

@@ -18,6 +18,7 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -165,6 +166,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append(process.get("notebook_shown") or process["notebook"])
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
+    if is_someone_else(process.get("user"), process.get("hub_user")):
+        parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")

@@ -94,6 +94,15 @@ function sparkline(points) {
   return svg;
 }
 
+// The hub's user name where there is one (in container hubs every Unix user is `jovyan`).
+function owner(process) {
+  const hub = process.hub_user;
+  if (hub && hub !== process.user) {
+    return process.user ? `${hub} (Unix user ${process.user})` : hub;
+  }
+  return process.user || "";
+}
+
 function say(text) {
   document.getElementById("message").textContent = text;
 }
@@ -163,7 +172,7 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
       element("td", process.kind),
       element("td", process.kernel_id ? process.kernel_id.slice(0, 8) : ""),
       element("td", process.notebook_shown || process.notebook || process.cmdline || ""),
-      element("td", process.user || ""),
+      element("td", owner(process)),
       element("td", mode, process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {}),
       element("td", gib(pool), { class: "bytes" }),
       element("td", duration(process.idle_s)),
