@@ -286,7 +286,6 @@ def hub(simgpu_lib):
         simgpu = folder / "simgpu"
         simgpu.mkdir()
         shutil.copy2(simgpu_lib, simgpu / simgpu_lib.name)
-        (simgpu / simgpu_lib.name).chmod(0o755)  # every user's processes load it
         simgpu.chmod(0o755)
         state = SimState(simgpu / "gpu.state").gpu(0, total=80 * GIB)
         state.write()
