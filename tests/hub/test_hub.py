@@ -273,6 +273,7 @@ def test_two_users_on_one_gpu_behind_the_hub(hub, tmp_path):
     events = [json.loads(line) for line in admin_log.read_text().splitlines()]
     assert any(e.get("action") == "cull" and e["pid"] == hog.pid for e in events)
     assert not list(hub.share_dir.glob("jax_nbmem-cull-*"))
+    hub.server(alice, "POST", f"api/kernels/{busy.id}/interrupt")  # so that it stops at once
     for kernel in (hog, busy, mine):
         kernel.close()
 
