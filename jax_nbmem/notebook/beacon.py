@@ -42,6 +42,7 @@ def _constant_facts() -> dict[str, Any]:
         "pid": os.getpid(),
         "started_at": started_at,
         "user": current_user(),
+        "hub_user": os.environ.get("JUPYTERHUB_USER") or None,
         "kernel_id": own_kernel_id(sys.argv),
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),

@@ -90,6 +90,7 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
         )
         if done.returncode != 0:
             raise RuntimeError(f"building the simulated GPU library failed:\n{done.stderr}")
+        os.chmod(partial, 0o755)  # every user's processes load it, as the driver's library
         os.replace(partial, lib_path)
     finally:
         if os.path.exists(partial):

@@ -20,7 +20,8 @@ import psutil
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
-from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
+from jax_nbmem.tenants.owners import hub_user_of
+from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class ProcessInfo:
     gpu_device_open: bool | None = None
     mode_at_start: str | None = None
     notebook_shown: str | None = None
+    hub_user: str | None = None  # $JUPYTERHUB_USER in its environment (None: unread or none)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Tenant:
     jax: dict | None = None
     idle_source: str | None = None
     mode_reason: str | None = None
+    hub_user: str | None = None  # its JupyterHub user name (beacon, else environment)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -149,7 +152,9 @@ class Tenant:
 
 
 def shown_notebook(path: str | None, user: str | None) -> str | None:
-    """A notebook's path as people read it: under its owner's home, ``~/...``; else as is.
+    """A notebook's path as people read it: under its owner's home, ``~/...`` or ``~alice/...``.
+
+    The reader's own home is ``~/``, another user's ``~name/``; a path elsewhere stays as is.
 
     A Jupyter server shows paths relative to its root (usually that home), which wins when
     it is known; this is for paths from a kernel's own environment or beacon.
@@ -161,7 +166,8 @@ def shown_notebook(path: str | None, user: str | None) -> str | None:
     except (KeyError, RuntimeError):
         return path
     if home and home != "/" and path.startswith(home.rstrip("/") + "/"):
-        return "~/" + path[len(home.rstrip("/")) + 1 :]
+        whose = user if user and user != current_user() else ""
+        return f"~{whose}/" + path[len(home.rstrip("/")) + 1 :]
     return path
 
 
@@ -247,6 +253,7 @@ def inspect_process(
         server_url=session.server_url if session is not None else None,
         gpu_device_open=None if maps is None else _GPU_DEVICE_MARKER in maps,
         mode_at_start=mode_at_start,
+        hub_user=hub_user_of(environ),
     )
 
 
@@ -477,6 +484,8 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
     }
     if beacon.notebook:
         verdict["notebook"] = beacon.notebook
+    if beacon.hub_user:
+        verdict["hub_user"] = beacon.hub_user
     return verdict
 
 

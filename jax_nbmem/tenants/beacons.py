@@ -92,6 +92,7 @@ class Beacon:
     variables: Mapping[str, str] = field(default_factory=dict)
     path: str | None = None
     mode_reason: str | None = None  # why `auto` chose its mode
+    hub_user: str | None = None  # its JupyterHub user name ($JUPYTERHUB_USER), if any
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -399,6 +400,7 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
             if _text(key, _MAX_KEY_CHARS) is not None and _text(value) is not None
         },
         mode_reason=_text(content.get("mode_reason")),
+        hub_user=_text(content.get("hub_user")),
         path=path,
     )
 

@@ -12,12 +12,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import psutil
+
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.culling import notice_warning, read_notice
+from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -47,6 +51,13 @@ class StatusReport(dict):
 
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(format_status(self, self._own_name))
+
+
+def _own_start() -> float | None:
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
 
 
 def _own_jax_bytes() -> tuple[int | None, int | None]:
@@ -143,6 +154,12 @@ def collect(
         notes=notes,
         pid=own_pid,
     )
+    if in_kernel:  # the node's GPU culler may have warned this kernel
+        notice = read_notice(beacon_dirs(share_dir), own_pid, _own_start())
+        own_gpu = next((t.gpu for t in tenants if t.pid == own_pid), None)
+        pending = notice_warning(notice, own_pid, own_gpu)
+        if pending is not None:
+            report["warnings"].insert(0, pending)
     report._tenants = tenants
     report._gpu_memory = gpus
     report._own_name = own_name
@@ -166,6 +183,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append(process.get("notebook_shown") or process["notebook"])
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
+    if is_someone_else(process.get("user"), process.get("hub_user")):
+        parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")

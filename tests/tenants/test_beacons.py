@@ -232,10 +232,11 @@ def test_a_beacon_outranks_the_start_environment_and_carries_mode_pool_and_idlen
 
 
 def test_another_users_kernel_the_size_of_a_pool_is_probably_preallocation(monkeypatch):
-    from jax_nbmem.tenants import attribution
+    from jax_nbmem.tenants import advice, attribution
 
     pid = os.getppid()  # a live PID, here standing for another user's kernel
     monkeypatch.setattr(attribution, "inspect_process", lambda p, **_: _foreign_kernel(p))
+    monkeypatch.setattr(advice, "may_stop_others", lambda: False)  # seen as a user, not root
     for used in (PREALLOCATED, int(0.75 * 0.9 * TOTAL) + (300 << 20)):  # default, then late
         gpu = _gpu(TOTAL - used - GIB)
         (tenant,) = attribute([GpuProcess(pid, 0, used)], [gpu], own_pid=1, beacons={})
