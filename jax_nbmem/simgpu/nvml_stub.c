@@ -1,42 +1,36 @@
 /*
  * A simulated libnvidia-ml.so.1 for jax_nbmem's tests and no-GPU demo.
  *
- * It answers the handful of NVML calls that jax_nbmem.nvml makes (through the real pynvml)
- * from a small text "state file" named by $JAX_NBMEM_SIMGPU_STATE. The file is read again
- * on every call, and the variable is looked up on every call, so another process (or Python
- * code changing os.environ) can change what the "GPU" reports at any time. Writers replace the
- * file atomically, so a reader sees either the old or the new state, never half of one.
+ * It answers NVML calls (through the real pynvml, or any other NVML client) from a small text
+ * "state file" named by $JAX_NBMEM_SIMGPU_STATE. The variable is looked up and the file read on
+ * every call, so another process (or Python code changing os.environ) can change what the "GPU"
+ * reports at any time.
  *
- * Line format (see jax_nbmem/simgpu/simulator.py, which writes it):
- *   driver VERSION
- *   gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [raw]
- *       [namehex=HEX] [name=REST OF LINE]
- *   proc GPU PID used=BYTES|na [kind=compute|graphics] [ends=exit]
- *       (ends=exit: listed only while process PID exists, as the driver drops a process that
- *       exited; the demo's kernels write themselves so, and may be killed without a goodbye)
- *   lost GPU
- *   nodriver
- *   slow CALL MILLISECONDS         every CALL waits that long before it answers
- *   fail CALL ERROR [GPU]          every CALL (on GPU, or on all) returns NVML error ERROR
- * CALL is one of init, count, name, uuid, memory, processes, driver, or any. A gpu line with
- * `raw` reports total, used and free exactly as given (no clamping), to simulate a driver that
- * returns nonsense; `namehex=` gives the name as raw bytes (not necessarily UTF-8).
- * Lines starting with '#' and anything after whitespace + '#' are comments.
+ * The format is documented in jax_nbmem/simgpu/state.py (STATE_FORMAT, shown by
+ * `python -m jax_nbmem.simgpu --help`), whose reader follows the same rules: a state is used
+ * only when it is complete (it ends with an `end` line) and reads the same twice in a row, so a
+ * file rewritten in place is never used half-written; a file with a problem (a malformed line, a
+ * missing field, a gap in the GPU indices) is reported once on stderr, naming the line, and the
+ * last good state of that file stays in use. jaxNbmemSimCheck() exposes this parser to the tests,
+ * which feed the same lines to both readers and compare.
  *
  * Functions that are not defined here are simply not exported; pynvml then raises
  * NVMLError_FunctionNotFound, exactly as with an old driver. Building with -DSIM_OLD_DRIVER
  * leaves out nvmlDeviceGetMemoryInfo_v2 and the _v3 process lists for that reason.
  *
- * Each thread parses the file into a buffer of its own, again only when the file changed, so
- * concurrent callers share nothing but the init refcount (an atomic), and a large state (8
- * GPUs x 1,000 processes) costs its parse once per change rather than once per call.
+ * One parsed state is shared by every thread (reference-counted, under a mutex), and parsed
+ * again only when the file's text changes: a large state (8 GPUs x 1,000 processes) costs its
+ * parse once per change, and threads that come and go leave nothing behind.
  */
 #include <ctype.h>
-#include <stdio.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #define API __attribute__((visibility("default")))
@@ -48,6 +42,7 @@ enum {
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_GPU_IS_LOST = 15,
@@ -57,18 +52,23 @@ enum {
 };
 
 #define SIM_MAX_GPUS 64
-#define SIM_MAX_PROCS 16384
-#define SIM_TEXT 96
-/* Memory a real device shows as used with no process on it (driver, contexts). */
-#define SIM_BASE_USED (500ULL * 1024 * 1024)
+#define SIM_TEXT 96          /* NVML's name and UUID buffers (..._V2_BUFFER_SIZE) */
+#define SIM_DRIVER_TEXT 80   /* NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE */
+#define SIM_DEFAULT_RESERVED (500ULL * 1024 * 1024) /* what an R510+ driver keeps back */
+#define SIM_DEFAULT_NAME "NVIDIA H200 (simulated)"
+#define SIM_DEFAULT_DRIVER "550.54.15"
 #define SIM_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
 #define SIM_MEMORY_V2_VERSION 0x02000028u
 #define SIM_MAX_FAULTS 32
+#define SIM_PROBLEM 256
+#define SIM_STABLE_READS 50  /* tries to read the same text twice in a row */
+#define SIM_QUIET_INCOMPLETE_S 2 /* an incomplete file is said only once it stays so */
 
-enum { CALL_INIT, CALL_COUNT, CALL_NAME, CALL_UUID, CALL_MEMORY, CALL_PROCESSES, CALL_DRIVER,
-       CALL_KINDS };
+/* The calls a fault or a delay can target, in the state's (alphabetical) rendering order. */
+enum { CALL_ANY, CALL_COUNT, CALL_DRIVER, CALL_INFO, CALL_INIT, CALL_MEMORY, CALL_NAME,
+       CALL_PROCESSES, CALL_UUID, CALL_KINDS };
 static const char *const sim_call_names[CALL_KINDS] = {
-    "init", "count", "name", "uuid", "memory", "processes", "driver"};
+    "any", "count", "driver", "info", "init", "memory", "name", "processes", "uuid"};
 
 typedef struct { unsigned int index; } sim_device;
 typedef sim_device *nvmlDevice_t;
@@ -79,33 +79,40 @@ static int sim_init_count;
 
 typedef struct {
     unsigned long long total, used, free, reserved;
-    int used_given, free_given, raw, present;
+    int used_given, free_given, raw, name_hex, present, util_given;
+    unsigned int line, util;
     char uuid[SIM_TEXT];
     char name[SIM_TEXT];
 } sim_gpu;
 
 typedef struct {
-    unsigned int gpu, pid, graphics, ends_with_exit;
+    unsigned int gpu, pid, graphics, ends_with_exit, line;
     unsigned long long used;
 } sim_proc;
 
 typedef struct {
-    int call; /* CALL_*, or -1 for any */
+    int call; /* CALL_* */
     int error;
     int gpu;  /* -1: every GPU */
+    unsigned int line;
 } sim_fault;
 
 typedef struct {
+    int refs;
+    char *path, *text;
+    size_t length;
     int nodriver;
+    int slow_given[CALL_KINDS];
     unsigned int slow_ms[CALL_KINDS];
     unsigned int fault_count;
     sim_fault faults[SIM_MAX_FAULTS];
     unsigned int gpu_count;
     unsigned char lost[SIM_MAX_GPUS];
-    unsigned int proc_count;
-    char driver[SIM_TEXT];
+    unsigned int lost_line[SIM_MAX_GPUS];
+    unsigned int proc_count, proc_capacity;
+    sim_proc *procs;
+    char driver[SIM_DRIVER_TEXT];
     sim_gpu gpus[SIM_MAX_GPUS];
-    sim_proc procs[SIM_MAX_PROCS];
 } sim_state;
 
 typedef struct {
@@ -123,69 +130,784 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
 
-static void copy_text(char *dest, const char *src) {
-    size_t length = strlen(src);
-    if (length >= SIM_TEXT) length = SIM_TEXT - 1;
-    memcpy(dest, src, length);
-    dest[length] = '\0';
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* The parser: one line at a time, the first problem wins (see state.py for the same rules). */
+
+typedef struct {
+    char *start;
+    size_t length;
+} sim_token;
+
+#define SIM_MAX_TOKENS 64
+
+typedef struct {
+    char problem[SIM_PROBLEM];
+    unsigned int problem_line; /* 0: none yet */
+} sim_parse;
+
+static void problem_at(sim_parse *parse, unsigned int line, const char *format, ...) {
+    va_list args;
+    char what[SIM_PROBLEM - 24];
+    unsigned int at = line ? line : 0xFFFFFFFFu; /* no line: after every line */
+    if (parse->problem_line && parse->problem_line <= at) return;
+    va_start(args, format);
+    vsnprintf(what, sizeof what, format, args);
+    va_end(args);
+    if (line) snprintf(parse->problem, sizeof parse->problem, "line %u: %s", line, what);
+    else snprintf(parse->problem, sizeof parse->problem, "%s", what);
+    parse->problem_line = at;
 }
 
-static void strip_comment_and_newline(char *line) {
-    char *p;
-    line[strcspn(line, "\r\n")] = '\0';
-    for (p = line; *p; p++) {
-        if (*p == '#' && (p == line || isspace((unsigned char)p[-1]))) {
+static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+
+static size_t tokenize(char *line, sim_token *tokens) {
+    size_t count = 0;
+    char *p = line;
+    while (*p && count < SIM_MAX_TOKENS) {
+        while (*p && is_blank(*p)) p++;
+        if (!*p) break;
+        tokens[count].start = p;
+        while (*p && !is_blank(*p)) p++;
+        tokens[count].length = (size_t)(p - tokens[count].start);
+        count++;
+    }
+    return count;
+}
+
+/* A token as a C string, in a buffer of the caller's (cut short to fit). */
+static const char *token_text(const sim_token *token, char *buffer, size_t size) {
+    size_t n = token->length < size - 1 ? token->length : size - 1;
+    memcpy(buffer, token->start, n);
+    buffer[n] = '\0';
+    return buffer;
+}
+
+/* Decimal digits only, no sign, at most 2**64 - 1. */
+static int parse_u64(const char *text, size_t length, unsigned long long *out) {
+    unsigned long long value = 0;
+    size_t i;
+    if (length == 0 || length > 20) return 0;
+    for (i = 0; i < length; i++) {
+        unsigned int digit;
+        if (text[i] < '0' || text[i] > '9') return 0;
+        digit = (unsigned int)(text[i] - '0');
+        if (value > (SIM_NOT_AVAILABLE - digit) / 10) return 0;
+        value = value * 10 + digit;
+    }
+    *out = value;
+    return 1;
+}
+
+/* The value of KEY= among tokens[from:], the last one given; NULL when absent. */
+static const sim_token *find_key(const sim_token *tokens, size_t from, size_t count,
+                                 const char *key, sim_token *value) {
+    size_t i, n = strlen(key);
+    const sim_token *found = NULL;
+    for (i = from; i < count; i++) {
+        if (tokens[i].length >= n && memcmp(tokens[i].start, key, n) == 0) {
+            value->start = tokens[i].start + n;
+            value->length = tokens[i].length - n;
+            found = value;
+        }
+    }
+    return found;
+}
+
+static int call_kind(const sim_token *token) {
+    int i;
+    for (i = 0; i < CALL_KINDS; i++) {
+        if (strlen(sim_call_names[i]) == token->length &&
+            memcmp(token->start, sim_call_names[i], token->length) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static const struct { const char *name; int code; } sim_error_names[] = {
+    {"SUCCESS", 0}, {"UNINITIALIZED", 1}, {"INVALID_ARGUMENT", 2}, {"NOT_SUPPORTED", 3},
+    {"NO_PERMISSION", 4}, {"ALREADY_INITIALIZED", 5}, {"NOT_FOUND", 6},
+    {"INSUFFICIENT_SIZE", 7}, {"INSUFFICIENT_POWER", 8}, {"DRIVER_NOT_LOADED", 9},
+    {"TIMEOUT", 10}, {"IRQ_ISSUE", 11}, {"LIBRARY_NOT_FOUND", 12}, {"FUNCTION_NOT_FOUND", 13},
+    {"CORRUPTED_INFOROM", 14}, {"GPU_IS_LOST", 15}, {"RESET_REQUIRED", 16},
+    {"OPERATING_SYSTEM", 17}, {"LIB_RM_VERSION_MISMATCH", 18}, {"IN_USE", 19}, {"MEMORY", 20},
+    {"NO_DATA", 21}, {"VGPU_ECC_NOT_SUPPORTED", 22}, {"INSUFFICIENT_RESOURCES", 23},
+    {"FREQ_NOT_SUPPORTED", 24}, {"ARGUMENT_VERSION_MISMATCH", 25}, {"DEPRECATED", 26},
+    {"NOT_READY", 27}, {"GPU_NOT_FOUND", 28}, {"INVALID_STATE", 29}, {"UNKNOWN", 999},
+};
+
+/* An error by name (GPU_IS_LOST, or NVML_ERROR_GPU_IS_LOST) or by code; -1 when neither. */
+static int error_code(const sim_token *token) {
+    unsigned long long code;
+    const char *text = token->start;
+    size_t length = token->length, i;
+    if (parse_u64(text, length, &code)) return code <= 0x7FFFFFFF ? (int)code : -1;
+    if (length > 11 && memcmp(text, "NVML_ERROR_", 11) == 0) {
+        text += 11;
+        length -= 11;
+    }
+    for (i = 0; i < sizeof sim_error_names / sizeof sim_error_names[0]; i++) {
+        if (strlen(sim_error_names[i].name) == length &&
+            memcmp(text, sim_error_names[i].name, length) == 0)
+            return sim_error_names[i].code;
+    }
+    return -1;
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A byte count (`na` only where allowed), or a problem: 1 when it is good. */
+static int bytes_value(sim_parse *parse, unsigned int line, const char *kind, const char *key,
+                       const sim_token *value, int na_allowed, unsigned long long *out) {
+    char text[48];
+    if (na_allowed && value->length == 2 && memcmp(value->start, "na", 2) == 0) {
+        *out = SIM_NOT_AVAILABLE;
+        return 1;
+    }
+    if (parse_u64(value->start, value->length, out) && (!na_allowed || *out != SIM_NOT_AVAILABLE))
+        return 1;
+    problem_at(parse, line, "%s: bad %s '%s'", kind, key, token_text(value, text, sizeof text));
+    return 0;
+}
+
+/* INDEX or GPU: a number below SIM_MAX_GPUS. */
+static int gpu_number(sim_parse *parse, unsigned int line, const char *kind, const char *what,
+                      const sim_token *tokens, size_t count, size_t at, unsigned int *out) {
+    unsigned long long value;
+    char text[48];
+    if (at >= count) {
+        problem_at(parse, line, "%s: missing %s", kind, what);
+        return 0;
+    }
+    if (!parse_u64(tokens[at].start, tokens[at].length, &value) || value >= SIM_MAX_GPUS) {
+        problem_at(parse, line, "%s: bad %s '%s'", kind, what,
+                   token_text(&tokens[at], text, sizeof text));
+        return 0;
+    }
+    *out = (unsigned int)value;
+    return 1;
+}
+
+static void parse_gpu(sim_state *state, sim_parse *parse, unsigned int line, sim_token *tokens,
+                      size_t count) {
+    unsigned int index;
+    unsigned long long value;
+    sim_token found;
+    sim_gpu gpu;
+    size_t i, name_at = count;
+    char text[48];
+
+    if (!gpu_number(parse, line, "gpu", "INDEX", tokens, count, 1, &index)) return;
+    if (count < 3 || strncmp(tokens[2].start, "name=", 5) == 0) {
+        problem_at(parse, line, "gpu: missing UUID");
+        return;
+    }
+    if (tokens[2].length >= SIM_TEXT) {
+        problem_at(parse, line, "gpu: UUID longer than %d bytes", SIM_TEXT - 1);
+        return;
+    }
+    memset(&gpu, 0, sizeof gpu);
+    gpu.present = 1;
+    gpu.line = line;
+    gpu.reserved = SIM_DEFAULT_RESERVED;
+    token_text(&tokens[2], gpu.uuid, sizeof gpu.uuid);
+    /* name= takes the rest of the line; the options are the tokens before it. */
+    for (i = 3; i < count; i++) {
+        if (tokens[i].length >= 5 && memcmp(tokens[i].start, "name=", 5) == 0) {
+            name_at = i;
+            break;
+        }
+    }
+    if (!find_key(tokens, 3, name_at, "total=", &found)) {
+        problem_at(parse, line, "gpu: missing total=");
+        return;
+    }
+    if (!bytes_value(parse, line, "gpu", "total=", &found, 0, &gpu.total)) return;
+    if (find_key(tokens, 3, name_at, "used=", &found)) {
+        if (!bytes_value(parse, line, "gpu", "used=", &found, 0, &gpu.used)) return;
+        gpu.used_given = 1;
+    }
+    if (find_key(tokens, 3, name_at, "free=", &found)) {
+        if (!bytes_value(parse, line, "gpu", "free=", &found, 0, &gpu.free)) return;
+        gpu.free_given = 1;
+    }
+    if (find_key(tokens, 3, name_at, "reserved=", &found)) {
+        if (!bytes_value(parse, line, "gpu", "reserved=", &found, 0, &gpu.reserved)) return;
+    }
+    if (find_key(tokens, 3, name_at, "util=", &found)) {
+        if (!parse_u64(found.start, found.length, &value) || value > 100) {
+            problem_at(parse, line, "gpu: bad util= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+        gpu.util = (unsigned int)value;
+        gpu.util_given = 1;
+    }
+    for (i = 3; i < name_at; i++) {
+        if (tokens[i].length == 3 && memcmp(tokens[i].start, "raw", 3) == 0) gpu.raw = 1;
+    }
+    if (find_key(tokens, 3, name_at, "namehex=", &found)) {
+        size_t n = found.length / 2, k;
+        int good = found.length % 2 == 0 && n > 0 && n < SIM_TEXT;
+        for (k = 0; good && k < n; k++) {
+            int high = hex_digit(found.start[2 * k]), low = hex_digit(found.start[2 * k + 1]);
+            if (high < 0 || low < 0 || (high == 0 && low == 0)) good = 0;
+            else gpu.name[k] = (char)(high * 16 + low);
+        }
+        if (!good) {
+            problem_at(parse, line, "gpu: bad namehex= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+        gpu.name[n] = '\0';
+        gpu.name_hex = 1;
+    } else if (name_at < count) {
+        const char *name = tokens[name_at].start + 5;
+        size_t length = strlen(name);
+        while (length > 0 && is_blank(name[length - 1])) length--;
+        if (length == 0) {
+            problem_at(parse, line, "gpu: bad name= ''");
+            return;
+        }
+        if (length >= SIM_TEXT) {
+            problem_at(parse, line, "gpu: name= longer than %d bytes", SIM_TEXT - 1);
+            return;
+        }
+        memcpy(gpu.name, name, length);
+        gpu.name[length] = '\0';
+    } else {
+        strcpy(gpu.name, SIM_DEFAULT_NAME);
+    }
+    if (state->gpus[index].present) {
+        problem_at(parse, line, "gpu: GPU %u given twice", index);
+        return;
+    }
+    state->gpus[index] = gpu;
+}
+
+static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, sim_token *tokens,
+                       size_t count) {
+    unsigned int gpu;
+    unsigned long long pid, used;
+    sim_token found;
+    sim_proc *proc;
+    int graphics = 0, ends = 0;
+    char text[48];
+
+    if (!gpu_number(parse, line, "proc", "GPU", tokens, count, 1, &gpu)) return;
+    if (count < 3) {
+        problem_at(parse, line, "proc: missing PID");
+        return;
+    }
+    if (!parse_u64(tokens[2].start, tokens[2].length, &pid) || pid > 0xFFFFFFFFULL) {
+        problem_at(parse, line, "proc: bad PID '%s'", token_text(&tokens[2], text, sizeof text));
+        return;
+    }
+    if (!find_key(tokens, 3, count, "used=", &found)) {
+        problem_at(parse, line, "proc: missing used=");
+        return;
+    }
+    if (!bytes_value(parse, line, "proc", "used=", &found, 1, &used)) return;
+    if (find_key(tokens, 3, count, "kind=", &found)) {
+        if (found.length == 8 && memcmp(found.start, "graphics", 8) == 0) {
+            graphics = 1;
+        } else if (!(found.length == 7 && memcmp(found.start, "compute", 7) == 0)) {
+            problem_at(parse, line, "proc: bad kind= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+    }
+    if (find_key(tokens, 3, count, "ends=", &found)) {
+        if (!(found.length == 4 && memcmp(found.start, "exit", 4) == 0)) {
+            problem_at(parse, line, "proc: bad ends= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+        ends = 1;
+    }
+    if (state->proc_count == state->proc_capacity) {
+        unsigned int capacity = state->proc_capacity ? state->proc_capacity * 2 : 64;
+        sim_proc *larger = realloc(state->procs, capacity * sizeof *larger);
+        if (!larger) {
+            problem_at(parse, line, "proc: out of memory");
+            return;
+        }
+        state->procs = larger;
+        state->proc_capacity = capacity;
+    }
+    proc = &state->procs[state->proc_count++];
+    proc->gpu = gpu;
+    proc->pid = (unsigned int)pid;
+    proc->used = used;
+    proc->graphics = (unsigned int)graphics;
+    proc->ends_with_exit = (unsigned int)ends; /* checked at each call, not here */
+    proc->line = line;
+}
+
+static void parse_line(sim_state *state, sim_parse *parse, unsigned int line, char *text,
+                       int *ended) {
+    sim_token tokens[SIM_MAX_TOKENS];
+    size_t count;
+    char *p, word[48];
+
+    /* A comment starts with '#' at the start of the line or after whitespace. */
+    for (p = text; *p; p++) {
+        if (*p == '#' && (p == text || is_blank(p[-1]))) {
             *p = '\0';
             break;
         }
     }
-}
-
-/* Reads "key=value" options after the fixed fields; name= takes the rest of the line. */
-static void parse_gpu_options(sim_gpu *gpu, char *rest) {
-    char *token;
-    char *name = strstr(rest, "name=");
-    if (name && (name == rest || isspace((unsigned char)name[-1]))) {
-        char *end;
-        copy_text(gpu->name, name + 5);
-        end = gpu->name + strlen(gpu->name);
-        while (end > gpu->name && isspace((unsigned char)end[-1])) *--end = '\0';
-        *name = '\0';
+    count = tokenize(text, tokens);
+    if (count == 0) return;
+    if (*ended) {
+        problem_at(parse, line, "after the end line");
+        return;
     }
-    for (token = strtok(rest, " \t"); token; token = strtok(NULL, " \t")) {
-        if (strncmp(token, "total=", 6) == 0) {
-            gpu->total = strtoull(token + 6, NULL, 10);
-        } else if (strncmp(token, "used=", 5) == 0) {
-            gpu->used = strtoull(token + 5, NULL, 10);
-            gpu->used_given = 1;
-        } else if (strncmp(token, "free=", 5) == 0) {
-            gpu->free = strtoull(token + 5, NULL, 10);
-            gpu->free_given = 1;
-        } else if (strncmp(token, "reserved=", 9) == 0) {
-            gpu->reserved = strtoull(token + 9, NULL, 10);
-        } else if (strcmp(token, "raw") == 0) {
-            gpu->raw = 1;
-        } else if (strncmp(token, "namehex=", 8) == 0) {
-            const char *hex = token + 8;
-            size_t i, n = strlen(hex) / 2;
-            if (n >= SIM_TEXT) n = SIM_TEXT - 1;
-            for (i = 0; i < n; i++) {
-                char pair[3] = {hex[2 * i], hex[2 * i + 1], 0};
-                gpu->name[i] = (char)strtoul(pair, NULL, 16);
-            }
-            gpu->name[n] = '\0';
+    token_text(&tokens[0], word, sizeof word);
+    if (strcmp(word, "end") == 0) {
+        *ended = 1;
+    } else if (strcmp(word, "nodriver") == 0) {
+        state->nodriver = 1;
+    } else if (strcmp(word, "driver") == 0) {
+        if (count < 2) problem_at(parse, line, "driver: missing VERSION");
+        else if (tokens[1].length >= SIM_DRIVER_TEXT)
+            problem_at(parse, line, "driver: VERSION longer than %d bytes", SIM_DRIVER_TEXT - 1);
+        else token_text(&tokens[1], state->driver, sizeof state->driver);
+    } else if (strcmp(word, "gpu") == 0) {
+        parse_gpu(state, parse, line, tokens, count);
+    } else if (strcmp(word, "proc") == 0) {
+        parse_proc(state, parse, line, tokens, count);
+    } else if (strcmp(word, "lost") == 0) {
+        unsigned int index;
+        if (gpu_number(parse, line, "lost", "GPU", tokens, count, 1, &index)) {
+            state->lost[index] = 1;
+            if (!state->lost_line[index]) state->lost_line[index] = line;
+        }
+    } else if (strcmp(word, "slow") == 0) {
+        unsigned long long ms;
+        int kind;
+        char value[48];
+        if (count < 2) problem_at(parse, line, "slow: missing CALL");
+        else if ((kind = call_kind(&tokens[1])) < 0)
+            problem_at(parse, line, "slow: bad CALL '%s'", token_text(&tokens[1], value, sizeof value));
+        else if (count < 3) problem_at(parse, line, "slow: missing MS");
+        else if (!parse_u64(tokens[2].start, tokens[2].length, &ms) || ms > 0xFFFFFFFFULL)
+            problem_at(parse, line, "slow: bad MS '%s'", token_text(&tokens[2], value, sizeof value));
+        else {
+            state->slow_given[kind] = 1;
+            state->slow_ms[kind] = (unsigned int)ms;
+        }
+    } else if (strcmp(word, "fail") == 0) {
+        int kind, error;
+        unsigned int gpu = 0;
+        char value[48];
+        if (count < 2) problem_at(parse, line, "fail: missing CALL");
+        else if ((kind = call_kind(&tokens[1])) < 0)
+            problem_at(parse, line, "fail: bad CALL '%s'", token_text(&tokens[1], value, sizeof value));
+        else if (count < 3) problem_at(parse, line, "fail: missing ERROR");
+        else if ((error = error_code(&tokens[2])) < 0)
+            problem_at(parse, line, "fail: bad ERROR '%s'",
+                       token_text(&tokens[2], value, sizeof value));
+        else if (count > 3 && !gpu_number(parse, line, "fail", "GPU", tokens, count, 3, &gpu))
+            return;
+        else if (state->fault_count >= SIM_MAX_FAULTS)
+            problem_at(parse, line, "fail: more than %d faults", SIM_MAX_FAULTS);
+        else {
+            sim_fault *fault = &state->faults[state->fault_count++];
+            fault->call = kind;
+            fault->error = error;
+            fault->gpu = count > 3 ? (int)gpu : -1;
+            fault->line = line;
         }
     }
+    /* Any other line is ignored (a later format's, or a note): see STATE_FORMAT. */
 }
 
-static int call_kind(const char *word) {
-    int i;
-    if (strcmp(word, "any") == 0) return -1;
-    for (i = 0; i < CALL_KINDS; i++) {
-        if (strcmp(word, sim_call_names[i]) == 0) return i;
-    }
-    return -2;
+static int by_gpu_pid_line(const void *a, const void *b) {
+    const sim_proc *x = *(sim_proc *const *)a, *y = *(sim_proc *const *)b;
+    if (x->gpu != y->gpu) return x->gpu < y->gpu ? -1 : 1;
+    if (x->pid != y->pid) return x->pid < y->pid ? -1 : 1;
+    return x->line < y->line ? -1 : x->line > y->line;
 }
+
+/* What the lines cannot tell alone: dense indices, references to GPUs, one figure a process. */
+static void check_state(sim_state *state, sim_parse *parse) {
+    unsigned int i, missing = SIM_MAX_GPUS;
+    sim_proc **order;
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        if (!state->gpus[i].present) {
+            if (missing == SIM_MAX_GPUS) missing = i;
+        } else {
+            state->gpu_count++;
+            if (missing < i)
+                problem_at(parse, state->gpus[i].line,
+                           "gpu: GPU %u without GPU %u (indices run 0, 1, 2 ...)", i, missing);
+        }
+    }
+    for (i = 0; i < state->proc_count; i++) {
+        if (!state->gpus[state->procs[i].gpu].present)
+            problem_at(parse, state->procs[i].line, "proc: no GPU %u", state->procs[i].gpu);
+    }
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        if (state->lost[i] && !state->gpus[i].present)
+            problem_at(parse, state->lost_line[i], "lost: no GPU %u", i);
+    }
+    for (i = 0; i < state->fault_count; i++) {
+        const sim_fault *fault = &state->faults[i];
+        if (fault->gpu >= 0 && !state->gpus[fault->gpu].present)
+            problem_at(parse, fault->line, "fail: no GPU %d", fault->gpu);
+    }
+    if (state->proc_count < 2) return;
+    order = malloc(state->proc_count * sizeof *order);
+    if (!order) {
+        problem_at(parse, 0, "out of memory");
+        return;
+    }
+    for (i = 0; i < state->proc_count; i++) order[i] = &state->procs[i];
+    qsort(order, state->proc_count, sizeof *order, by_gpu_pid_line);
+    for (i = 1; i < state->proc_count; i++) {
+        const sim_proc *first = order[i - 1], *proc = order[i];
+        unsigned int j;
+        if (proc->gpu != first->gpu || proc->pid != first->pid) continue;
+        /* The group of this (gpu, pid) runs back to its first line. */
+        for (j = i; j > 0 && order[j - 1]->gpu == proc->gpu && order[j - 1]->pid == proc->pid;)
+            j--;
+        first = order[j];
+        for (; j < i; j++) {
+            if (order[j]->graphics == proc->graphics) {
+                problem_at(parse, proc->line, "proc: PID %u listed twice on GPU %u", proc->pid,
+                           proc->gpu);
+                break;
+            }
+        }
+        if (j == i && proc->used != first->used)
+            problem_at(parse, proc->line, "proc: PID %u has two figures on GPU %u", proc->pid,
+                       proc->gpu);
+    }
+    free(order);
+}
+
+static void free_state(sim_state *state) {
+    if (!state) return;
+    free(state->procs);
+    free(state->path);
+    free(state->text);
+    free(state);
+}
+
+/* Whether a line of TEXT is `end` (its first word, before any comment). */
+static int has_end_line(const char *text) {
+    const char *line = text;
+    while (line && *line) {
+        const char *p = line;
+        while (is_blank(*p)) p++;
+        if (strncmp(p, "end", 3) == 0 && (p[3] == '\0' || p[3] == '\n' || is_blank(p[3])))
+            return 1;
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    return 0;
+}
+
+/* Parses TEXT (which it keeps, and does not change) into a new state; NULL with the problem
+ * in parse->problem when the text has one. */
+static sim_state *parse_state(char *text, size_t length, sim_parse *parse) {
+    sim_state *state = calloc(1, sizeof *state);
+    char *copy, *line, *next;
+    unsigned int number = 0;
+    int ended = 0;
+    parse->problem_line = 0;
+    parse->problem[0] = '\0';
+    if (!state || !(copy = malloc(length + 1))) {
+        free(state);
+        problem_at(parse, 0, "out of memory");
+        return NULL;
+    }
+    memcpy(copy, text, length);
+    copy[length] = '\0';
+    strcpy(state->driver, SIM_DEFAULT_DRIVER);
+    /* Without its end line the file is incomplete (being written): what its lines say, even
+     * a half-written last one, is not a problem of the state. */
+    if (!has_end_line(copy)) {
+        free(copy);
+        free_state(state);
+        problem_at(parse, 0, "no end line: the file is incomplete");
+        return NULL;
+    }
+    for (line = copy; line && !parse->problem_line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        parse_line(state, parse, ++number, line, &ended);
+        if (next && !*next) break;
+    }
+    free(copy);
+    if (!parse->problem_line && !ended) problem_at(parse, 0, "no end line: the file is incomplete");
+    if (!parse->problem_line) check_state(state, parse);
+    if (parse->problem_line) {
+        free_state(state);
+        return NULL;
+    }
+    state->text = text;
+    state->length = length;
+    return state;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The state in use: read twice until two reads agree, parsed once per change, shared.       */
+
+static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
+static sim_state *sim_good;   /* the last good state read, of sim_good->path */
+static char *sim_bad_text;    /* the last text with a problem, and whose it was */
+static size_t sim_bad_length;
+static char *sim_bad_path;
+static int sim_bad_said;
+static time_t sim_bad_since;
+static sim_parse sim_bad_parse;
+
+enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY };
+
+/* The whole file, in a buffer of its own. */
+static int read_text(const char *path, char **out, size_t *length) {
+    size_t capacity = 1 << 16, used = 0, got;
+    FILE *file = fopen(path, "r");
+    char *text;
+    if (!file) return READ_MISSING;
+    text = malloc(capacity + 1);
+    while (text && (got = fread(text + used, 1, capacity - used, file)) > 0) {
+        used += got;
+        if (used == capacity) {
+            char *larger = realloc(text, capacity * 2 + 1);
+            if (!larger) {
+                free(text);
+                text = NULL;
+                break;
+            }
+            text = larger;
+            capacity *= 2;
+        }
+    }
+    fclose(file);
+    if (!text) return READ_NO_MEMORY;
+    text[used] = '\0';
+    *out = text;
+    *length = used;
+    return READ_OK;
+}
+
+/* The file's text once two reads in a row agree: never a mix of two writes. */
+static int read_stable(const char *path, char **out, size_t *length) {
+    char *first = NULL, *second = NULL;
+    size_t first_length = 0, second_length = 0;
+    int tries, got = read_text(path, &first, &first_length);
+    if (got != READ_OK) return got;
+    for (tries = 0; tries < SIM_STABLE_READS; tries++) {
+        if ((got = read_text(path, &second, &second_length)) != READ_OK) {
+            free(first);
+            return got;
+        }
+        if (first_length == second_length && memcmp(first, second, first_length) == 0) {
+            free(second);
+            *out = first;
+            *length = first_length;
+            return READ_OK;
+        }
+        free(first);
+        first = second;
+        first_length = second_length;
+    }
+    free(first);
+    return READ_UNSTABLE;
+}
+
+static int same_text(const char *a, size_t a_length, const char *b, size_t b_length) {
+    return a && b && a_length == b_length && memcmp(a, b, a_length) == 0;
+}
+
+/* Says a bad state once: a problem at once, an incomplete file only when it stays so. */
+static void say_problem(const char *path) {
+    int incomplete = sim_bad_parse.problem_line == 0xFFFFFFFFu;
+    if (sim_bad_said || (incomplete && time(NULL) - sim_bad_since < SIM_QUIET_INCOMPLETE_S))
+        return;
+    sim_bad_said = 1;
+    fprintf(stderr, "jax_nbmem simulated GPU: %s: %s; %s\n", path, sim_bad_parse.problem,
+            sim_good ? "the last good state stays in use" : "no GPU until it is fixed");
+}
+
+/* Loads the state named by the environment; NULL with *ret set when there is none. */
+static sim_state *load_state(nvmlReturn_t *ret) {
+    const char *path = getenv("JAX_NBMEM_SIMGPU_STATE");
+    sim_state *use = NULL;
+    char *text = NULL;
+    size_t length = 0;
+    int got;
+
+    if (!path || !*path) {
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    got = read_stable(path, &text, &length);
+    if (got == READ_MISSING) {
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    if (got == READ_NO_MEMORY) {
+        *ret = NVML_ERROR_MEMORY;
+        return NULL;
+    }
+    pthread_mutex_lock(&sim_lock);
+    if (sim_good && strcmp(sim_good->path, path) != 0) {
+        if (--sim_good->refs == 0) free_state(sim_good);
+        sim_good = NULL;
+    }
+    if (got == READ_OK && sim_good && same_text(text, length, sim_good->text, sim_good->length)) {
+        free(text);
+    } else if (got == READ_OK && same_text(text, length, sim_bad_text, sim_bad_length) &&
+               sim_bad_path && strcmp(sim_bad_path, path) == 0) {
+        free(text);
+        say_problem(path);
+    } else if (got == READ_OK) {
+        sim_parse parse;
+        sim_state *parsed = parse_state(text, length, &parse);
+        char *own_path = parsed ? strdup(path) : NULL;
+        if (parsed && own_path) {
+            parsed->path = own_path;
+            parsed->refs = 1;
+            if (sim_good && --sim_good->refs == 0) free_state(sim_good);
+            sim_good = parsed;
+        } else if (parsed) {
+            free_state(parsed); /* it owned text */
+        } else {
+            free(sim_bad_text);
+            free(sim_bad_path);
+            sim_bad_text = text;
+            sim_bad_length = length;
+            sim_bad_path = strdup(path);
+            sim_bad_said = 0;
+            sim_bad_since = time(NULL);
+            sim_bad_parse = parse;
+            say_problem(path);
+        }
+    }
+    /* READ_UNSTABLE: a writer rewrites it as we read; what was good stays in use. */
+    use = sim_good;
+    if (use) use->refs++;
+    pthread_mutex_unlock(&sim_lock);
+    if (!use) {
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    if (use->nodriver) {
+        pthread_mutex_lock(&sim_lock);
+        if (--use->refs == 0) free_state(use);
+        pthread_mutex_unlock(&sim_lock);
+        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        return NULL;
+    }
+    *ret = NVML_SUCCESS;
+    return use;
+}
+
+static void release_state(sim_state *state) {
+    if (!state) return;
+    pthread_mutex_lock(&sim_lock);
+    if (--state->refs == 0) free_state(state);
+    pthread_mutex_unlock(&sim_lock);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The state's canonical text (what SimState.render() writes), for the agreement tests.       */
+
+typedef struct {
+    char *out;
+    size_t size, used;
+} sim_out;
+
+static void put(sim_out *out, const char *format, ...) {
+    va_list args;
+    int n;
+    size_t room = out->used < out->size ? out->size - out->used : 0;
+    va_start(args, format);
+    n = vsnprintf(out->out + (room ? out->used : 0), room, format, args);
+    va_end(args);
+    if (n > 0) out->used += (size_t)n;
+}
+
+static void render_state(const sim_state *state, sim_out *out) {
+    unsigned int i;
+    put(out, "# jax_nbmem simulated GPU state\ndriver %s\n", state->driver);
+    if (state->nodriver) put(out, "nodriver\n");
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        const sim_gpu *gpu = &state->gpus[i];
+        if (!gpu->present) continue;
+        put(out, "gpu %u %s total=%llu", i, gpu->uuid, gpu->total);
+        if (gpu->used_given) put(out, " used=%llu", gpu->used);
+        if (gpu->free_given) put(out, " free=%llu", gpu->free);
+        put(out, " reserved=%llu%s", gpu->reserved, gpu->raw ? " raw" : "");
+        if (gpu->util_given) put(out, " util=%u", gpu->util);
+        if (gpu->name_hex) {
+            const unsigned char *c;
+            put(out, " namehex=");
+            for (c = (const unsigned char *)gpu->name; *c; c++) put(out, "%02x", *c);
+            put(out, "\n");
+        } else {
+            put(out, " name=%s\n", gpu->name);
+        }
+    }
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *proc = &state->procs[i];
+        put(out, "proc %u %u used=", proc->gpu, proc->pid);
+        if (proc->used == SIM_NOT_AVAILABLE) put(out, "na");
+        else put(out, "%llu", proc->used);
+        put(out, " kind=%s%s\n", proc->graphics ? "graphics" : "compute",
+            proc->ends_with_exit ? " ends=exit" : "");
+    }
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        if (state->lost[i]) put(out, "lost %u\n", i);
+    }
+    for (i = 0; i < CALL_KINDS; i++) {
+        if (state->slow_given[i]) put(out, "slow %s %u\n", sim_call_names[i], state->slow_ms[i]);
+    }
+    for (i = 0; i < state->fault_count; i++) {
+        const sim_fault *fault = &state->faults[i];
+        put(out, "fail %s %d", sim_call_names[fault->call], fault->error);
+        if (fault->gpu >= 0) put(out, " %d", fault->gpu);
+        put(out, "\n");
+    }
+    put(out, "end\n");
+}
+
+/* Not NVML: parses TEXT as a state file; 0 and its canonical text in OUT, or 1 and the
+ * problem. OUT is always NUL-terminated (cut short when LENGTH is too small). */
+API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
+    size_t size = strlen(text);
+    char *own = malloc(size + 1);
+    sim_parse parse;
+    sim_state *state;
+    sim_out rendered = {out, length, 0};
+    if (!own || !length) {
+        free(own);
+        return 2;
+    }
+    memcpy(own, text, size + 1);
+    state = parse_state(own, size, &parse);
+    if (!state) {
+        free(own);
+        snprintf(out, length, "%s", parse.problem);
+        return 1;
+    }
+    render_state(state, &rendered);
+    out[length - 1] = '\0';
+    free_state(state);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Calls.                                                                                     */
 
 /* Whether process PID runs: it exists and has not exited (a zombie's GPU memory is already
  * freed, as the driver tears a context down at exit, before the parent reaps it). */
@@ -204,158 +926,10 @@ static int process_running(unsigned int pid) {
     return end == NULL || (end[1] == ' ' && end[2] != 'Z' && end[2] != 'X');
 }
 
-static void parse_line(sim_state *state, char *line) {
-    char word[16], text[SIM_TEXT];
-    unsigned int index, pid;
-    int consumed = 0;
-
-    strip_comment_and_newline(line);
-    if (sscanf(line, "%15s%n", word, &consumed) != 1) return;
-    if (strcmp(word, "nodriver") == 0) {
-        state->nodriver = 1;
-    } else if (strcmp(word, "driver") == 0) {
-        if (sscanf(line + consumed, "%95s", text) == 1) copy_text(state->driver, text);
-    } else if (strcmp(word, "gpu") == 0) {
-        if (sscanf(line, "gpu %u %95s %n", &index, text, &consumed) < 2) return;
-        if (index >= SIM_MAX_GPUS) return;
-        sim_gpu *gpu = &state->gpus[index];
-        memset(gpu, 0, sizeof *gpu);
-        gpu->present = 1;
-        copy_text(gpu->uuid, text);
-        copy_text(gpu->name, "NVIDIA GPU (simulated)");
-        parse_gpu_options(gpu, line + consumed);
-    } else if (strcmp(word, "proc") == 0) {
-        char used[32] = "", kind[32] = "", ends[32] = "";
-        if (state->proc_count >= SIM_MAX_PROCS) return;
-        if (sscanf(line, "proc %u %u used=%31s kind=%31s ends=%31s", &index, &pid, used, kind,
-                   ends) < 3)
-            return;
-        sim_proc *proc = &state->procs[state->proc_count++];
-        /* Checked at each call, not here: the parsed state is kept while the file is unchanged. */
-        proc->ends_with_exit = strcmp(ends, "exit") == 0;
-        proc->gpu = index;
-        proc->pid = pid;
-        proc->graphics = strcmp(kind, "graphics") == 0;
-        proc->used = strcmp(used, "na") == 0 ? SIM_NOT_AVAILABLE : strtoull(used, NULL, 10);
-    } else if (strcmp(word, "slow") == 0) {
-        unsigned int ms;
-        int kind, i;
-        if (sscanf(line + consumed, "%15s %u", text, &ms) != 2) return;
-        if ((kind = call_kind(text)) == -2) return;
-        for (i = 0; i < CALL_KINDS; i++) {
-            if (kind == -1 || kind == i) state->slow_ms[i] = ms;
-        }
-    } else if (strcmp(word, "fail") == 0) {
-        int error, gpu = -1, kind, fields;
-        if (state->fault_count >= SIM_MAX_FAULTS) return;
-        fields = sscanf(line + consumed, "%15s %d %d", text, &error, &gpu);
-        if (fields < 2 || (kind = call_kind(text)) == -2) return;
-        state->faults[state->fault_count].call = kind;
-        state->faults[state->fault_count].error = error;
-        state->faults[state->fault_count].gpu = fields == 3 ? gpu : -1;
-        state->fault_count++;
-    } else if (strcmp(word, "lost") == 0) {
-        if (sscanf(line + consumed, "%u", &index) == 1 && index < SIM_MAX_GPUS)
-            state->lost[index] = 1;
-    }
-}
-
-/* Each thread keeps the state it parsed last, with the text it parsed it from, and parses
- * again only when the file's text differs (file times are too coarse to tell two quick writes
- * apart). Per thread, so that concurrent callers share nothing; a call never frees what it
- * got. Reading and comparing the text costs little; parsing it is what a large state costs. */
-typedef struct {
-    char *text;
-    size_t length;
-    sim_state *state;
-} sim_cache;
-
-static __thread sim_cache sim_cached;
-
-/* The whole file, in a buffer of its own (NULL when it cannot be read). */
-static char *read_text(FILE *file, size_t *length) {
-    size_t capacity = 1 << 16, used = 0, got;
-    char *text = malloc(capacity + 1);
-    while (text && (got = fread(text + used, 1, capacity - used, file)) > 0) {
-        used += got;
-        if (used == capacity) {
-            char *larger = realloc(text, capacity * 2 + 1);
-            if (!larger) {
-                free(text);
-                return NULL;
-            }
-            text = larger;
-            capacity *= 2;
-        }
-    }
-    if (text) text[used] = '\0';
-    *length = used;
-    return text;
-}
-
-/* Loads the state named by the environment; NULL with *ret set when there is no "driver". */
-static sim_state *load_state(nvmlReturn_t *ret) {
-    const char *path = getenv("JAX_NBMEM_SIMGPU_STATE");
-    sim_cache *cache = &sim_cached;
-    size_t length = 0;
-    unsigned int i;
-    char *text, *line, *next;
-    FILE *file;
-
-    if (!path || !*path || !(file = fopen(path, "r"))) {
-        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
-        return NULL;
-    }
-    text = read_text(file, &length);
-    fclose(file);
-    if (!text) {
-        *ret = NVML_ERROR_MEMORY;
-        return NULL;
-    }
-    if (cache->state && cache->text && cache->length == length &&
-        memcmp(cache->text, text, length) == 0) {
-        free(text);
-    } else {
-        if (!cache->state && !(cache->state = malloc(sizeof *cache->state))) {
-            free(text);
-            *ret = NVML_ERROR_MEMORY;
-            return NULL;
-        }
-        free(cache->text);
-        cache->text = text;
-        cache->length = length;
-        memset(cache->state, 0, sizeof *cache->state);
-        copy_text(cache->state->driver, "simulated");
-        text = malloc(length + 1); /* parse_line writes into its line: parse a copy */
-        if (!text) {
-            free(cache->text);
-            cache->text = NULL;
-            *ret = NVML_ERROR_MEMORY;
-            return NULL;
-        }
-        memcpy(text, cache->text, length + 1);
-        for (line = text; line && *line; line = next) {
-            next = strchr(line, '\n');
-            if (next) *next++ = '\0';
-            parse_line(cache->state, line);
-        }
-        free(text);
-        for (i = 0; i < SIM_MAX_GPUS; i++) cache->state->gpu_count += cache->state->gpus[i].present;
-    }
-    if (cache->state->nodriver) {
-        *ret = NVML_ERROR_DRIVER_NOT_LOADED;
-        return NULL;
-    }
-    *ret = NVML_SUCCESS;
-    return cache->state;
-}
-
-/* The counterpart of load_state: the state stays cached for this thread's next call. */
-static void release_state(sim_state *state) { (void)state; }
-
 /* Waits as long as the state says CALL is slow (a hung or overloaded driver). */
 static void sim_wait(const sim_state *state, int call) {
-    unsigned int ms = state->slow_ms[call];
+    unsigned int ms = state->slow_given[call] ? state->slow_ms[call]
+                      : state->slow_given[CALL_ANY] ? state->slow_ms[CALL_ANY] : 0;
     struct timespec pause;
     if (!ms) return;
     pause.tv_sec = ms / 1000;
@@ -369,13 +943,14 @@ static nvmlReturn_t sim_fault_for(const sim_state *state, int call, int gpu) {
     unsigned int i;
     for (i = 0; i < state->fault_count; i++) {
         const sim_fault *fault = &state->faults[i];
-        if ((fault->call == -1 || fault->call == call) && (fault->gpu == -1 || fault->gpu == gpu))
+        if ((fault->call == CALL_ANY || fault->call == call) &&
+            (fault->gpu == -1 || fault->gpu == gpu))
             return fault->error;
     }
     return NVML_SUCCESS;
 }
 
-/* Waits if CALL is slow, then says whether it must fail; frees the state when it does. */
+/* Waits if CALL is slow, then says whether it must fail; releases the state when it does. */
 static nvmlReturn_t sim_enter(sim_state **state, int call, int gpu) {
     nvmlReturn_t fault;
     sim_wait(*state, call);
@@ -413,9 +988,11 @@ static sim_gpu *begin_device_call(nvmlDevice_t device, sim_state **state, nvmlRe
     return NULL;
 }
 
+/* The device's used memory (v2 `used`): what its running processes hold, each once, their
+ * CUDA contexts inside their figures, as R510+ drivers count it; `used=` pins it. */
 static unsigned long long device_used(const sim_state *state, unsigned int index) {
     const sim_gpu *gpu = &state->gpus[index];
-    unsigned long long used = SIM_BASE_USED;
+    unsigned long long used = 0;
     unsigned int i, j;
     if (gpu->used_given) return gpu->raw || gpu->used <= gpu->total ? gpu->used : gpu->total;
     for (i = 0; i < state->proc_count; i++) {
@@ -444,9 +1021,11 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!state) return ret;
     if ((ret = sim_enter(&state, CALL_INIT, -1)) != NVML_SUCCESS) return ret;
+    /* Without a GPU the kernel module does not load, and NVML cannot start. */
+    ret = state->gpu_count ? NVML_SUCCESS : NVML_ERROR_DRIVER_NOT_LOADED;
     release_state(state);
-    __atomic_add_fetch(&sim_init_count, 1, __ATOMIC_SEQ_CST);
-    return NVML_SUCCESS;
+    if (ret == NVML_SUCCESS) __atomic_add_fetch(&sim_init_count, 1, __ATOMIC_SEQ_CST);
+    return ret;
 }
 
 API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
@@ -462,18 +1041,40 @@ API nvmlReturn_t nvmlShutdown(void) {
     return NVML_ERROR_UNINITIALIZED;
 }
 
+/* The texts of NVIDIA's libnvidia-ml (as DCGM's copy of them spells them). */
 API const char *nvmlErrorString(nvmlReturn_t result) {
     switch (result) {
-        case NVML_SUCCESS: return "Success";
-        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-        case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-        case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-        case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-        case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-        case NVML_ERROR_MEMORY: return "Insufficient Memory";
-        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+        case 0: return "Success";
+        case 1: return "Uninitialized";
+        case 2: return "Invalid Argument";
+        case 3: return "Not Supported";
+        case 4: return "Insufficient Permissions";
+        case 5: return "Already Initialized";
+        case 6: return "Not Found";
+        case 7: return "Insufficient Size";
+        case 8: return "Insufficient External Power";
+        case 9: return "Driver Not Loaded";
+        case 10: return "Timeout";
+        case 11: return "Interrupt Request Issue";
+        case 12: return "NVML Shared Library Not Found";
+        case 13: return "Function Not Found";
+        case 14: return "Corrupted infoROM";
+        case 15: return "GPU is lost";
+        case 16: return "GPU requires reset";
+        case 17: return "GPU access blocked by the operating system";
+        case 18: return "Driver/library version mismatch";
+        case 19: return "In use by another client";
+        case 20: return "Insufficient Memory";
+        case 21: return "No data";
+        case 22: return "The requested vgpu operation is not available on target device, "
+                        "because ECC is enabled";
+        case 23: return "Insufficient Resources";
+        case 24: return "Ran out of critical resources, other than memory";
+        case 25: return "Argument version mismatch";
+        case 26: return "The requested functionality has been deprecated";
+        case 27: return "The system is not ready for the request";
+        case 28: return "The GPU is not found";
+        case 29: return "Invalid state";
         default: return "Unknown Error";
     }
 }
@@ -499,6 +1100,8 @@ API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     return ret;
 }
 
+API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
 API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     nvmlReturn_t ret;
     sim_state *state = begin_call(&ret);
@@ -513,6 +1116,10 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t 
     }
     release_state(state);
     return ret;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
 API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
@@ -547,7 +1154,7 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     return ret;
 }
 
-/* Version 1 reports the driver's reserved memory as part of "used", like old drivers did. */
+/* Version 1 counts the driver's reserved memory as used, as drivers do. */
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     nvmlReturn_t ret;
     sim_state *state;
@@ -601,9 +1208,10 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
 }
 #endif
 
-/* NVML's two-call protocol: a short (or NULL) array gets INSUFFICIENT_SIZE and the count. */
-static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
-                                   nvmlProcessInfo_t *infos, unsigned int graphics) {
+/* NVML's two-call protocol: a short (or NULL) array gets INSUFFICIENT_SIZE and the count.
+ * `size` is the caller's struct: v1 (pid, bytes) or later (with the instance ids). */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
+                                   unsigned int graphics, size_t size) {
     nvmlReturn_t ret;
     sim_state *state;
     unsigned int i, found = 0;
@@ -630,41 +1238,628 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count,
     }
     *count = found;
     found = 0;
-    for (i = 0; i < state->proc_count; i++) {
+    for (i = 0; i < state->proc_count && found < *count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
         if (proc->ends_with_exit && !process_running(proc->pid)) continue;
-        infos[found].pid = proc->pid;
-        infos[found].usedGpuMemory = proc->used;
-        infos[found].gpuInstanceId = 0xFFFFFFFFu;
-        infos[found].computeInstanceId = 0xFFFFFFFFu;
-        if (++found == *count) break; /* one more may have started between the two loops */
+        if (size == sizeof(nvmlProcessInfo_v1_t)) {
+            nvmlProcessInfo_v1_t *info = (nvmlProcessInfo_v1_t *)infos + found;
+            info->pid = proc->pid;
+            info->usedGpuMemory = proc->used;
+        } else {
+            nvmlProcessInfo_t *info = (nvmlProcessInfo_t *)infos + found;
+            info->pid = proc->pid;
+            info->usedGpuMemory = proc->used;
+            info->gpuInstanceId = 0xFFFFFFFFu;
+            info->computeInstanceId = 0xFFFFFFFFu;
+        }
+        found++; /* one more may have started between the two loops: it is left out */
     }
     *count = found; /* one may have exited between the two loops */
     release_state(state);
     return NVML_SUCCESS;
 }
 
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, count, infos, 0, sizeof *infos);
+}
+
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                       nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, count, infos, 1, sizeof *infos);
+}
+
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
                                                          nvmlProcessInfo_t *infos) {
-    return list_processes(device, count, infos, 0);
+    return list_processes(device, count, infos, 0, sizeof *infos);
 }
 
 API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
                                                           unsigned int *count,
                                                           nvmlProcessInfo_t *infos) {
-    return list_processes(device, count, infos, 1);
+    return list_processes(device, count, infos, 1, sizeof *infos);
 }
 
 #ifndef SIM_OLD_DRIVER
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                          nvmlProcessInfo_t *infos) {
-    return list_processes(device, count, infos, 0);
+    return list_processes(device, count, infos, 0, sizeof *infos);
 }
 
 API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
                                                           unsigned int *count,
                                                           nvmlProcessInfo_t *infos) {
-    return list_processes(device, count, infos, 1);
+    return list_processes(device, count, infos, 1, sizeof *infos);
 }
 #endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* What other NVML clients (nvitop, gpustat, nvidia-smi-like tools) ask: plausible figures of */
+/* an H200 SXM that follow the state (its utilization, its processes). `fail info` and        */
+/* `slow info` reach all of them.                                                             */
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
+
+typedef struct {
+    unsigned int version;
+    int sensorType;
+    int temperature;
+} nvmlTemperature_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef struct {
+    unsigned int version, mode, numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType;
+    nvmlReturn_t nvmlReturn;
+    unsigned long long value;
+} nvmlFieldValue_t;
+
+#define SIM_TEMPERATURE_V1 0x100000Cu
+#define SIM_PROCESS_DETAIL_LIST_V1 (unsigned int)(sizeof(nvmlProcessDetailList_t) | (1u << 24))
+#define SIM_POWER_LIMIT_MW 700000u
+#define SIM_IDLE_POWER_MW 72000u
+#define SIM_CUDA_VERSION 12040 /* what a 550 driver supports */
+
+/* Begins a device call of the "info" kind: the GPU, or NULL with *ret set. */
+static sim_gpu *begin_info(nvmlDevice_t device, sim_state **state, nvmlReturn_t *ret) {
+    sim_gpu *gpu = begin_device_call(device, state, ret);
+    if (!gpu) return NULL;
+    if ((*ret = sim_enter(state, CALL_INFO, (int)device->index)) != NVML_SUCCESS) return NULL;
+    return gpu;
+}
+
+/* Ends one: releases the state and returns ret. */
+static nvmlReturn_t end_info(sim_state *state, nvmlReturn_t ret) {
+    release_state(state);
+    return ret;
+}
+
+/* Bus numbers of the eight GPUs of an HGX H200 board, then made-up ones. */
+static unsigned int pci_bus(unsigned int index) {
+    static const unsigned int buses[8] = {0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB};
+    return index < 8 ? buses[index] : 0xE0 + index;
+}
+
+static void fill_pci(unsigned int index, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = pci_bus(index);
+    pci->device = 0;
+    pci->pciDeviceId = 0x233510DEu; /* device 0x2335, vendor NVIDIA */
+    pci->pciSubSystemId = 0x18BE10DEu;
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:00.0", 0u, pci->bus);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:00.0", 0u, pci->bus);
+}
+
+static unsigned int running_processes(const sim_state *state, unsigned int index) {
+    unsigned int i, found = 0;
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *proc = &state->procs[i];
+        if (proc->gpu == index && !proc->graphics &&
+            !(proc->ends_with_exit && !process_running(proc->pid)))
+            found++;
+    }
+    return found;
+}
+
+static unsigned int gpu_util(const sim_gpu *gpu) { return gpu->util_given ? gpu->util : 0; }
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    nvmlReturn_t ret;
+    sim_state *state = begin_call(&ret);
+    if (!state) return ret;
+    if ((ret = sim_enter(&state, CALL_DRIVER, -1)) != NVML_SUCCESS) return ret;
+    if (!version) ret = NVML_ERROR_INVALID_ARGUMENT;
+    else *version = SIM_CUDA_VERSION;
+    release_state(state);
+    return ret;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    return nvmlSystemGetCudaDriverVersion(version);
+}
+
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    nvmlReturn_t ret;
+    char text[SIM_DRIVER_TEXT + 8];
+    sim_state *state = begin_call(&ret);
+    if (!state) return ret;
+    snprintf(text, sizeof text, "12.%s", state->driver);
+    ret = copy_string(version, length, text);
+    release_state(state);
+    return ret;
+}
+
+static nvmlReturn_t handle_where(nvmlDevice_t *device, const char *uuid, const char *bus_id) {
+    nvmlReturn_t ret;
+    sim_state *state = begin_call(&ret);
+    unsigned int i;
+    if (!state) return ret;
+    if (!device || (!uuid && !bus_id)) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    ret = NVML_ERROR_NOT_FOUND;
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        nvmlPciInfo_t pci;
+        if (!state->gpus[i].present) continue;
+        fill_pci(i, &pci);
+        if ((uuid && strcmp(uuid, state->gpus[i].uuid) == 0) ||
+            (bus_id && (strcasecmp(bus_id, pci.busId) == 0 ||
+                        strcasecmp(bus_id, pci.busIdLegacy) == 0))) {
+            if (state->lost[i]) {
+                ret = NVML_ERROR_GPU_IS_LOST;
+            } else {
+                sim_handles[i].index = i;
+                *device = &sim_handles[i];
+                ret = NVML_SUCCESS;
+            }
+            break;
+        }
+    }
+    return end_info(state, ret);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    return handle_where(device, uuid ? uuid : "", NULL);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
+    return handle_where(device, NULL, bus_id ? bus_id : "");
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!pci) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    fill_pci(device->index, pci);
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+/* One unsigned figure of a device, computed from its state by `what`. */
+typedef unsigned int (*sim_figure)(const sim_state *, const sim_gpu *, unsigned int index);
+
+static nvmlReturn_t device_figure(nvmlDevice_t device, unsigned int *out, sim_figure what) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!out) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *out = what(state, gpu, device->index);
+    return end_info(state, NVML_SUCCESS);
+}
+
+/* A function that the device does not support (Windows' driver models, a fan on an SXM
+ * board, confidential computing): it exists, and says NOT_SUPPORTED, as a real driver does. */
+static nvmlReturn_t not_supported(nvmlDevice_t device) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    return end_info(state, NVML_ERROR_NOT_SUPPORTED);
+}
+
+static unsigned int figure_zero(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)g, (void)i;
+    return 0;
+}
+static unsigned int figure_one(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)g, (void)i;
+    return 1;
+}
+static unsigned int figure_index(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)g;
+    return i;
+}
+static unsigned int figure_temperature(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)i;
+    return 30 + gpu_util(g) * 4 / 10;
+}
+static unsigned int figure_power(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    unsigned int busy = running_processes(s, i) ? 18000u : 0u; /* contexts keep clocks up */
+    return SIM_IDLE_POWER_MW + busy + gpu_util(g) * (SIM_POWER_LIMIT_MW - 120000u) / 100;
+}
+static unsigned int figure_power_limit(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)g, (void)i;
+    return SIM_POWER_LIMIT_MW;
+}
+static unsigned int figure_max_mig(const sim_state *s, const sim_gpu *g, unsigned int i) {
+    (void)s, (void)g, (void)i;
+    return 7;
+}
+
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    return device_figure(device, minor, figure_index);
+}
+API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode) {
+    return device_figure(device, (unsigned int *)mode, figure_zero); /* DEFAULT */
+}
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
+    return device_figure(device, (unsigned int *)mode, figure_one); /* on, as on servers */
+}
+API nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, int *active) {
+    return device_figure(device, (unsigned int *)active, figure_zero);
+}
+API nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, int *mode) {
+    return device_figure(device, (unsigned int *)mode, figure_zero);
+}
+API nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, int *pstate) {
+    return device_figure(device, (unsigned int *)pstate, figure_zero); /* P0 */
+}
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
+    return device_figure(device, milliwatts, figure_power);
+}
+API nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *mw) {
+    return device_figure(device, mw, figure_power_limit);
+}
+API nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *mw) {
+    return device_figure(device, mw, figure_power_limit);
+}
+API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *mw) {
+    return device_figure(device, mw, figure_power_limit);
+}
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    return device_figure(device, count, figure_max_mig);
+}
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    return device_figure(device, is_mig, figure_zero);
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *temp) {
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_TEMPERATURE_GPU only */
+    return device_figure(device, temp, figure_temperature);
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temp) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!temp) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    if (temp->version != SIM_TEMPERATURE_V1)
+        return end_info(state, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (temp->sensorType != 0) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    temp->temperature = (int)figure_temperature(state, gpu, device->index);
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed) {
+    (void)speed;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan,
+                                          unsigned int *speed) {
+    (void)fan, (void)speed;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetCurrentDriverModel(nvmlDevice_t device, int *model) {
+    (void)model;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetPendingDriverModel(nvmlDevice_t device, int *model) {
+    (void)model;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, int *current, int *pending) {
+    (void)current, (void)pending;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, int *current, int *pending) {
+    (void)current, (void)pending;
+    return not_supported(device);
+}
+API nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, void *info) {
+    (void)info;
+    return not_supported(device);
+}
+
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!major || !minor) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *major = 9; /* Hopper */
+    *minor = 0;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!rates) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    rates->gpu = gpu_util(gpu);
+    rates->memory = gpu_util(gpu) / 2; /* memory bandwidth, not capacity */
+    return end_info(state, NVML_SUCCESS);
+}
+
+static nvmlReturn_t codec_utilization(nvmlDevice_t device, unsigned int *util,
+                                      unsigned int *period_us) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!util || !period_us) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *util = 0;
+    *period_us = 167000;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *util,
+                                                 unsigned int *period_us) {
+    return codec_utilization(device, util, period_us);
+}
+API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *util,
+                                                 unsigned int *period_us) {
+    return codec_utilization(device, util, period_us);
+}
+
+/* Samples of the running compute processes since `last_seen` (microseconds): the GPU's
+ * utilization shared among them; NOT_FOUND when none runs, as the driver says. */
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                 nvmlProcessUtilizationSample_t *samples,
+                                                 unsigned int *count,
+                                                 unsigned long long last_seen) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    struct timespec now;
+    unsigned long long stamp;
+    unsigned int i, found = 0, running;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!count) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    running = running_processes(state, device->index);
+    clock_gettime(CLOCK_REALTIME, &now);
+    stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+    if (running == 0 || last_seen >= stamp) return end_info(state, NVML_ERROR_NOT_FOUND);
+    if (!samples || *count < running) {
+        *count = running;
+        return end_info(state, NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (i = 0; i < state->proc_count && found < running; i++) {
+        const sim_proc *proc = &state->procs[i];
+        if (proc->gpu != device->index || proc->graphics ||
+            (proc->ends_with_exit && !process_running(proc->pid)))
+            continue;
+        samples[found].pid = proc->pid;
+        samples[found].timeStamp = stamp;
+        samples[found].smUtil = gpu_util(gpu) / running;
+        samples[found].memUtil = gpu_util(gpu) / 2 / running;
+        samples[found].encUtil = 0;
+        samples[found].decUtil = 0;
+        found++;
+    }
+    *count = found;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, int counter_type,
+                                             unsigned long long *count) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    (void)error_type, (void)counter_type;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!count) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *count = 0;
+    return end_info(state, NVML_SUCCESS);
+}
+
+/* Clocks in MHz: graphics, SM, memory, video (NVML_CLOCK_*); idle ones until the GPU works. */
+static nvmlReturn_t clock_info(nvmlDevice_t device, int type, unsigned int *mhz, int max) {
+    static const unsigned int top[4] = {1980, 1980, 3201, 1545};
+    static const unsigned int idle[4] = {345, 345, 3201, 765};
+    nvmlReturn_t ret;
+    sim_state *state;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!mhz || type < 0 || type > 3) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *mhz = max || gpu_util(gpu) > 0 || running_processes(state, device->index) ? top[type]
+                                                                                : idle[type];
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
+    return clock_info(device, type, mhz, 0);
+}
+API nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
+    return clock_info(device, type, mhz, 1);
+}
+
+API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, int counter,
+                                             unsigned int *kib_per_s) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!kib_per_s || counter < 0 || counter > 1) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *kib_per_s = 0;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!bar1) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    bar1->bar1Total = 256ULL << 30;
+    bar1->bar1Used = (1ULL << 20) * (1 + 2ULL * running_processes(state, device->index));
+    bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    char text[32];
+    if (!begin_info(device, &state, &ret)) return ret;
+    snprintf(text, sizeof text, "16549220%05u", device->index);
+    return end_info(state, copy_string(serial, length, text));
+}
+
+/* MPS: no MPS server runs here, so its list is empty. */
+static nvmlReturn_t no_mps_processes(nvmlDevice_t device, unsigned int *count) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_device_call(device, &state, &ret)) return ret;
+    if (!count) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *count = 0;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                         void *infos) {
+    (void)infos;
+    return no_mps_processes(device, count);
+}
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                            unsigned int *count, void *infos) {
+    (void)infos;
+    return no_mps_processes(device, count);
+}
+#ifndef SIM_OLD_DRIVER
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *count, void *infos) {
+    (void)infos;
+    return no_mps_processes(device, count);
+}
+
+/* The newer one-call list (mode 0 compute, 1 graphics, 2 MPS), with the same two-call size
+ * protocol as the others. */
+API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                       nvmlProcessDetailList_t *list) {
+    nvmlProcessInfo_t *infos;
+    unsigned int i, count;
+    nvmlReturn_t ret;
+    if (!list) return NVML_ERROR_INVALID_ARGUMENT;
+    if (list->version != SIM_PROCESS_DETAIL_LIST_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (list->mode == 2) return no_mps_processes(device, &list->numProcArrayEntries);
+    if (list->mode > 2) return NVML_ERROR_INVALID_ARGUMENT;
+    count = list->procArray ? list->numProcArrayEntries : 0;
+    infos = count ? calloc(count, sizeof *infos) : NULL;
+    if (count && !infos) return NVML_ERROR_MEMORY;
+    ret = list_processes(device, &count, infos, list->mode, sizeof *infos);
+    list->numProcArrayEntries = count;
+    for (i = 0; ret == NVML_SUCCESS && i < count; i++) {
+        list->procArray[i].pid = infos[i].pid;
+        list->procArray[i].usedGpuMemory = infos[i].usedGpuMemory;
+        list->procArray[i].gpuInstanceId = infos[i].gpuInstanceId;
+        list->procArray[i].computeInstanceId = infos[i].computeInstanceId;
+        list->procArray[i].usedGpuCcProtectedMemory = 0;
+    }
+    free(infos);
+    return ret;
+}
+#endif
+
+/* Field values (NVLink, power...): each field says NOT_SUPPORTED, the call succeeds. */
+API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count,
+                                          nvmlFieldValue_t *values) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    int i;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (count < 0 || (count > 0 && !values)) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    for (i = 0; i < count; i++) {
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        values[i].latencyUsec = 0;
+        values[i].timestamp = 0;
+        values[i].value = 0;
+    }
+    return end_info(state, NVML_SUCCESS);
+}
+
+/* MIG: the mode (disabled: current and pending 0), and the queries that need it on. */
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                      unsigned int *pending) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!current || !pending) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *current = 0;
+    *pending = 0;
+    return end_info(state, NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                     nvmlDevice_t *mig) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    (void)index;
+    if (!begin_info(device, &state, &ret)) return ret;
+    if (!mig) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    return end_info(state, NVML_ERROR_NOT_FOUND); /* no MIG device: MIG is off */
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
+                                                              nvmlDevice_t *device) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    (void)device;
+    if (!begin_info(mig, &state, &ret)) return ret;
+    return end_info(state, NVML_ERROR_INVALID_ARGUMENT); /* not a MIG device's handle */
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    (void)id;
+    return not_supported(device); /* not a MIG device */
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    (void)id;
+    return not_supported(device);
+}

@@ -20,7 +20,7 @@ from jax_nbmem.gpu import nvml
 from jax_nbmem.simgpu import GIB
 
 MIB = 1024**2
-BASE_USED = 500 * MIB  # what the simulated driver itself holds on every GPU
+BASE_USED = 500 * MIB  # what the simulated driver reserves on a GPU unless told otherwise
 
 REPORT = """
 import dataclasses, json, logging, sys
@@ -68,7 +68,7 @@ def test_one_gpu_with_a_process(sim_state, simgpu_env):
     assert gpu["index"] == 0 and gpu["uuid"].startswith("GPU-")
     assert gpu["name"] == "NVIDIA H200 (simulated)"
     assert gpu["total_bytes"] == 80 * GIB
-    assert gpu["used_bytes"] == GIB + 4 * GIB + BASE_USED  # reserved counts as used
+    assert gpu["used_bytes"] == GIB + 4 * GIB  # reserved counts as used
     assert gpu["reserved_bytes"] == GIB
     assert gpu["used_bytes"] + gpu["free_bytes"] == gpu["total_bytes"]
     assert gpu["problem"] is None
@@ -113,7 +113,7 @@ def test_old_driver_falls_back_without_raising(sim_state, simgpu_old_driver_lib)
     [gpu] = seen["gpus"]
     assert seen["first"] == seen["gpus"]
     assert gpu["reserved_bytes"] is None  # the old call cannot tell reserved from used
-    assert gpu["used_bytes"] == GIB + 2 * GIB + BASE_USED
+    assert gpu["used_bytes"] == GIB + 2 * GIB
     assert gpu["used_bytes"] + gpu["free_bytes"] == 80 * GIB
     assert log.count("v2 memory") == 1
     assert log.count("compute process list _v3") == 1
