@@ -32,6 +32,9 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -70,16 +73,23 @@ enum { CALL_ANY, CALL_COUNT, CALL_DRIVER, CALL_INFO, CALL_INIT, CALL_MEMORY, CAL
 static const char *const sim_call_names[CALL_KINDS] = {
     "any", "count", "driver", "info", "init", "memory", "name", "processes", "uuid"};
 
-typedef struct { unsigned int index; } sim_device;
+/* A GPU's handle (mig -1), or one of its MIG instances' (mig: the GPU instance id). */
+typedef struct { unsigned int index; int mig; } sim_device;
 typedef sim_device *nvmlDevice_t;
 
-/* Handles are stable addresses, one per index, like NVML's own. */
+#define SIM_MAX_GI 32         /* GPU instance ids run below this */
+#define SIM_MAX_GI_PER_GPU 7  /* what an H100/H200 can hold */
+#define SIM_MAX_MIGS 64
+#define SIM_DEFAULT_MIG_NAME "NVIDIA H200 MIG (simulated)"
+
+/* Handles are stable addresses, one per index (and instance), like NVML's own. */
 static sim_device sim_handles[SIM_MAX_GPUS];
+static sim_device sim_mig_handles[SIM_MAX_GPUS][SIM_MAX_GI];
 static int sim_init_count;
 
 typedef struct {
     unsigned long long total, used, free, reserved;
-    int used_given, free_given, raw, name_hex, present, util_given;
+    int used_given, free_given, raw, name_hex, present, util_given, mig;
     unsigned int line, util;
     char uuid[SIM_TEXT];
     char name[SIM_TEXT];
@@ -87,8 +97,16 @@ typedef struct {
 
 typedef struct {
     unsigned int gpu, pid, graphics, ends_with_exit, line;
+    int mig; /* the GPU instance it runs in, -1: none */
     unsigned long long used;
 } sim_proc;
+
+typedef struct {
+    unsigned int gpu, gi, line;
+    unsigned long long total;
+    char uuid[SIM_TEXT];
+    char name[SIM_TEXT];
+} sim_mig;
 
 typedef struct {
     int call; /* CALL_* */
@@ -101,7 +119,9 @@ typedef struct {
     int refs;
     char *path, *text;
     size_t length;
-    int nodriver;
+    int nodriver, unprivileged;
+    unsigned int mig_count;
+    sim_mig migs[SIM_MAX_MIGS];
     int slow_given[CALL_KINDS];
     unsigned int slow_ms[CALL_KINDS];
     unsigned int fault_count;
@@ -351,6 +371,14 @@ static void parse_gpu(sim_state *state, sim_parse *parse, unsigned int line, sim
         gpu.util = (unsigned int)value;
         gpu.util_given = 1;
     }
+    if (find_key(tokens, 3, name_at, "mig=", &found)) {
+        if (found.length == 2 && memcmp(found.start, "on", 2) == 0) {
+            gpu.mig = 1;
+        } else if (!(found.length == 3 && memcmp(found.start, "off", 3) == 0)) {
+            problem_at(parse, line, "gpu: bad mig= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+    }
     for (i = 3; i < name_at; i++) {
         if (tokens[i].length == 3 && memcmp(tokens[i].start, "raw", 3) == 0) gpu.raw = 1;
     }
@@ -398,7 +426,7 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     unsigned long long pid, used;
     sim_token found;
     sim_proc *proc;
-    int graphics = 0, ends = 0;
+    int graphics = 0, ends = 0, mig = -1;
     char text[48];
 
     if (!gpu_number(parse, line, "proc", "GPU", tokens, count, 1, &gpu)) return;
@@ -430,6 +458,14 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
         }
         ends = 1;
     }
+    if (find_key(tokens, 3, count, "mig=", &found)) {
+        unsigned long long gi;
+        if (!parse_u64(found.start, found.length, &gi) || gi >= SIM_MAX_GI) {
+            problem_at(parse, line, "proc: bad mig= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+        mig = (int)gi;
+    }
     if (state->proc_count == state->proc_capacity) {
         unsigned int capacity = state->proc_capacity ? state->proc_capacity * 2 : 64;
         sim_proc *larger = realloc(state->procs, capacity * sizeof *larger);
@@ -446,7 +482,98 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     proc->used = used;
     proc->graphics = (unsigned int)graphics;
     proc->ends_with_exit = (unsigned int)ends; /* checked at each call, not here */
+    proc->mig = mig;
     proc->line = line;
+}
+
+/* mig GPU GI UUID total=BYTES [name=NAME]: a GPU instance of a GPU in MIG mode. */
+static void parse_mig(sim_state *state, sim_parse *parse, unsigned int line, sim_token *tokens,
+                      size_t count) {
+    unsigned int gpu, i, on_gpu = 0;
+    unsigned long long gi;
+    size_t name_at = count, k;
+    sim_token found;
+    sim_mig mig;
+    char text[48];
+
+    if (!gpu_number(parse, line, "mig", "GPU", tokens, count, 1, &gpu)) return;
+    if (count < 3) {
+        problem_at(parse, line, "mig: missing GI");
+        return;
+    }
+    if (!parse_u64(tokens[2].start, tokens[2].length, &gi) || gi >= SIM_MAX_GI) {
+        problem_at(parse, line, "mig: bad GI '%s'", token_text(&tokens[2], text, sizeof text));
+        return;
+    }
+    if (count < 4 || strncmp(tokens[3].start, "name=", 5) == 0) {
+        problem_at(parse, line, "mig: missing UUID");
+        return;
+    }
+    if (tokens[3].length >= SIM_TEXT || tokens[3].length < 5 ||
+        memcmp(tokens[3].start, "MIG-", 4) != 0) {
+        problem_at(parse, line, "mig: bad UUID '%s' (MIG-...)",
+                   token_text(&tokens[3], text, sizeof text));
+        return;
+    }
+    memset(&mig, 0, sizeof mig);
+    mig.gpu = gpu;
+    mig.gi = (unsigned int)gi;
+    mig.line = line;
+    token_text(&tokens[3], mig.uuid, sizeof mig.uuid);
+    for (k = 4; k < count; k++) {
+        if (tokens[k].length >= 5 && memcmp(tokens[k].start, "name=", 5) == 0) {
+            name_at = k;
+            break;
+        }
+    }
+    if (!find_key(tokens, 4, name_at, "total=", &found)) {
+        problem_at(parse, line, "mig: missing total=");
+        return;
+    }
+    if (!bytes_value(parse, line, "mig", "total=", &found, 0, &mig.total)) return;
+    if (name_at < count) {
+        const char *name = tokens[name_at].start + 5;
+        size_t length = strlen(name);
+        while (length > 0 && is_blank(name[length - 1])) length--;
+        if (length == 0) {
+            problem_at(parse, line, "mig: bad name= ''");
+            return;
+        }
+        if (length >= SIM_TEXT) {
+            problem_at(parse, line, "mig: name= longer than %d bytes", SIM_TEXT - 1);
+            return;
+        }
+        memcpy(mig.name, name, length);
+        mig.name[length] = '\0';
+    } else {
+        strcpy(mig.name, SIM_DEFAULT_MIG_NAME);
+    }
+    for (i = 0; i < state->mig_count; i++) {
+        if (state->migs[i].gpu != gpu) continue;
+        if (state->migs[i].gi == mig.gi) {
+            problem_at(parse, line, "mig: instance %u of GPU %u given twice", mig.gi, gpu);
+            return;
+        }
+        on_gpu++;
+    }
+    if (on_gpu >= SIM_MAX_GI_PER_GPU) {
+        problem_at(parse, line, "mig: GPU %u has more than %d instances", gpu, SIM_MAX_GI_PER_GPU);
+        return;
+    }
+    if (state->mig_count >= SIM_MAX_MIGS) {
+        problem_at(parse, line, "mig: more than %d instances", SIM_MAX_MIGS);
+        return;
+    }
+    state->migs[state->mig_count++] = mig;
+}
+
+/* The instance GI of GPU, or NULL. */
+static const sim_mig *find_mig(const sim_state *state, unsigned int gpu, int gi) {
+    unsigned int i;
+    for (i = 0; i < state->mig_count; i++) {
+        if (state->migs[i].gpu == gpu && (int)state->migs[i].gi == gi) return &state->migs[i];
+    }
+    return NULL;
 }
 
 static void parse_line(sim_state *state, sim_parse *parse, unsigned int line, char *text,
@@ -473,6 +600,10 @@ static void parse_line(sim_state *state, sim_parse *parse, unsigned int line, ch
         *ended = 1;
     } else if (strcmp(word, "nodriver") == 0) {
         state->nodriver = 1;
+    } else if (strcmp(word, "unprivileged") == 0) {
+        state->unprivileged = 1;
+    } else if (strcmp(word, "mig") == 0) {
+        parse_mig(state, parse, line, tokens, count);
     } else if (strcmp(word, "driver") == 0) {
         if (count < 2) problem_at(parse, line, "driver: missing VERSION");
         else if (tokens[1].length >= SIM_DRIVER_TEXT)
@@ -550,8 +681,23 @@ static void check_state(sim_state *state, sim_parse *parse) {
         }
     }
     for (i = 0; i < state->proc_count; i++) {
-        if (!state->gpus[state->procs[i].gpu].present)
-            problem_at(parse, state->procs[i].line, "proc: no GPU %u", state->procs[i].gpu);
+        const sim_proc *proc = &state->procs[i];
+        const sim_gpu *gpu = &state->gpus[proc->gpu];
+        if (!gpu->present)
+            problem_at(parse, proc->line, "proc: no GPU %u", proc->gpu);
+        else if (gpu->mig && proc->mig < 0)
+            problem_at(parse, proc->line, "proc: GPU %u is in MIG mode: which instance (mig=GI)?",
+                       proc->gpu);
+        else if (proc->mig >= 0 && !find_mig(state, proc->gpu, proc->mig))
+            problem_at(parse, proc->line, "proc: no MIG instance %d on GPU %u", proc->mig,
+                       proc->gpu);
+    }
+    for (i = 0; i < state->mig_count; i++) {
+        const sim_mig *mig = &state->migs[i];
+        if (!state->gpus[mig->gpu].present)
+            problem_at(parse, mig->line, "mig: no GPU %u", mig->gpu);
+        else if (!state->gpus[mig->gpu].mig)
+            problem_at(parse, mig->line, "mig: GPU %u is not in MIG mode (mig=on)", mig->gpu);
     }
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         if (state->lost[i] && !state->gpus[i].present)
@@ -671,15 +817,21 @@ static sim_parse sim_bad_parse;
 
 enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY };
 
-/* The whole file, in a buffer of its own. */
+/* The whole file, in a buffer of its own (sized by fstat, grown if the file grows). */
 static int read_text(const char *path, char **out, size_t *length) {
-    size_t capacity = 1 << 16, used = 0, got;
-    FILE *file = fopen(path, "r");
+    struct stat info;
+    size_t capacity, used = 0;
+    ssize_t got;
     char *text;
-    if (!file) return READ_MISSING;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return READ_MISSING;
+    capacity = fstat(fd, &info) == 0 && info.st_size > 0 ? (size_t)info.st_size + 4096 : 65536;
     text = malloc(capacity + 1);
-    while (text && (got = fread(text + used, 1, capacity - used, file)) > 0) {
-        used += got;
+    while (text) {
+        got = read(fd, text + used, capacity - used);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        used += (size_t)got;
         if (used == capacity) {
             char *larger = realloc(text, capacity * 2 + 1);
             if (!larger) {
@@ -691,7 +843,7 @@ static int read_text(const char *path, char **out, size_t *length) {
             capacity *= 2;
         }
     }
-    fclose(file);
+    close(fd);
     if (!text) return READ_NO_MEMORY;
     text[used] = '\0';
     *out = text;
@@ -728,6 +880,31 @@ static int same_text(const char *a, size_t a_length, const char *b, size_t b_len
     return a && b && a_length == b_length && memcmp(a, b, a_length) == 0;
 }
 
+static void release_state(sim_state *state);
+
+/* Whether the file holds exactly TEXT (LENGTH bytes). */
+static int file_matches(const char *path, const char *text, size_t length) {
+    char chunk[16384];
+    struct stat info;
+    size_t seen = 0;
+    ssize_t got;
+    int fd = open(path, O_RDONLY | O_CLOEXEC), same = 0;
+    if (fd < 0) return 0;
+    if (fstat(fd, &info) == 0 && (size_t)info.st_size == length) {
+        same = 1;
+        while (same) {
+            got = read(fd, chunk, sizeof chunk);
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) break;
+            if (seen + (size_t)got > length || memcmp(chunk, text + seen, (size_t)got) != 0) same = 0;
+            seen += (size_t)got;
+        }
+        same = same && seen == length;
+    }
+    close(fd);
+    return same;
+}
+
 /* Says a bad state once: a problem at once, an incomplete file only when it stays so. */
 static void say_problem(const char *path) {
     int incomplete = sim_bad_parse.problem_line == 0xFFFFFFFFu;
@@ -749,6 +926,20 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     if (!path || !*path) {
         *ret = NVML_ERROR_DRIVER_NOT_LOADED;
         return NULL;
+    }
+    /* The common case, a file unchanged since it was parsed: one read, compared as it comes
+     * (a read that equals a complete state is that state), nothing allocated. */
+    pthread_mutex_lock(&sim_lock);
+    use = sim_good && !sim_good->nodriver && strcmp(sim_good->path, path) == 0 ? sim_good : NULL;
+    if (use) use->refs++;
+    pthread_mutex_unlock(&sim_lock);
+    if (use) {
+        if (file_matches(path, use->text, use->length)) {
+            *ret = NVML_SUCCESS;
+            return use;
+        }
+        release_state(use);
+        use = NULL;
     }
     got = read_stable(path, &text, &length);
     if (got == READ_MISSING) {
@@ -841,6 +1032,7 @@ static void render_state(const sim_state *state, sim_out *out) {
     unsigned int i;
     put(out, "# jax_nbmem simulated GPU state\ndriver %s\n", state->driver);
     if (state->nodriver) put(out, "nodriver\n");
+    if (state->unprivileged) put(out, "unprivileged\n");
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         const sim_gpu *gpu = &state->gpus[i];
         if (!gpu->present) continue;
@@ -849,6 +1041,7 @@ static void render_state(const sim_state *state, sim_out *out) {
         if (gpu->free_given) put(out, " free=%llu", gpu->free);
         put(out, " reserved=%llu%s", gpu->reserved, gpu->raw ? " raw" : "");
         if (gpu->util_given) put(out, " util=%u", gpu->util);
+        if (gpu->mig) put(out, " mig=on");
         if (gpu->name_hex) {
             const unsigned char *c;
             put(out, " namehex=");
@@ -858,13 +1051,22 @@ static void render_state(const sim_state *state, sim_out *out) {
             put(out, " name=%s\n", gpu->name);
         }
     }
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        unsigned int gi;
+        for (gi = 0; gi < SIM_MAX_GI; gi++) {
+            const sim_mig *mig = find_mig(state, i, (int)gi);
+            if (mig) put(out, "mig %u %u %s total=%llu name=%s\n", i, gi, mig->uuid, mig->total,
+                         mig->name);
+        }
+    }
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         put(out, "proc %u %u used=", proc->gpu, proc->pid);
         if (proc->used == SIM_NOT_AVAILABLE) put(out, "na");
         else put(out, "%llu", proc->used);
-        put(out, " kind=%s%s\n", proc->graphics ? "graphics" : "compute",
-            proc->ends_with_exit ? " ends=exit" : "");
+        put(out, " kind=%s", proc->graphics ? "graphics" : "compute");
+        if (proc->mig >= 0) put(out, " mig=%d", proc->mig);
+        put(out, "%s\n", proc->ends_with_exit ? " ends=exit" : "");
     }
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         if (state->lost[i]) put(out, "lost %u\n", i);
@@ -972,11 +1174,20 @@ static sim_state *begin_call(nvmlReturn_t *ret) {
 }
 
 /* Loads the state and finds the device behind a handle, checking that it is still there. */
+static int is_handle(nvmlDevice_t device) {
+    const sim_device *first = &sim_mig_handles[0][0];
+    return (device >= sim_handles && device < sim_handles + SIM_MAX_GPUS) ||
+           (device >= first && device < first + SIM_MAX_GPUS * SIM_MAX_GI);
+}
+
+/* Loads the state and finds the GPU behind a handle (a MIG instance's: its GPU's), checking
+ * that it (and the instance) is still there. */
 static sim_gpu *begin_device_call(nvmlDevice_t device, sim_state **state, nvmlReturn_t *ret) {
     *state = begin_call(ret);
     if (!*state) return NULL;
-    if (device < sim_handles || device >= sim_handles + SIM_MAX_GPUS ||
-        !(*state)->gpus[device->index].present) {
+    if (!is_handle(device) || !(*state)->gpus[device->index].present ||
+        (device->mig >= 0 && (!(*state)->gpus[device->index].mig ||
+                              !find_mig(*state, device->index, device->mig)))) {
         *ret = NVML_ERROR_INVALID_ARGUMENT;
     } else if ((*state)->lost[device->index]) {
         *ret = NVML_ERROR_GPU_IS_LOST;
@@ -990,7 +1201,7 @@ static sim_gpu *begin_device_call(nvmlDevice_t device, sim_state **state, nvmlRe
 
 /* The device's used memory (v2 `used`): what its running processes hold, each once, their
  * CUDA contexts inside their figures, as R510+ drivers count it; `used=` pins it. */
-static unsigned long long device_used(const sim_state *state, unsigned int index) {
+static unsigned long long device_used(const sim_state *state, unsigned int index, int mig) {
     const sim_gpu *gpu = &state->gpus[index];
     unsigned long long used = 0;
     unsigned int i, j;
@@ -998,6 +1209,7 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
+        if (mig >= 0 && proc->mig != mig) continue;
         if (proc->ends_with_exit && !process_running(proc->pid)) continue;
         /* A process on both the compute and the graphics list holds its memory once. */
         for (j = 0; j < i; j++) {
@@ -1112,6 +1324,7 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t 
         ret = NVML_ERROR_GPU_IS_LOST;
     } else {
         sim_handles[index].index = index;
+        sim_handles[index].mig = -1;
         *device = &sim_handles[index];
     }
     release_state(state);
@@ -1138,7 +1351,9 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
     if ((ret = sim_enter(&state, CALL_UUID, (int)device->index)) != NVML_SUCCESS) return ret;
-    ret = copy_string(uuid, length, gpu->uuid);
+    ret = copy_string(uuid, length, device->mig >= 0
+                                        ? find_mig(state, device->index, device->mig)->uuid
+                                        : gpu->uuid);
     release_state(state);
     return ret;
 }
@@ -1149,9 +1364,17 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     sim_gpu *gpu = begin_device_call(device, &state, &ret);
     if (!gpu) return ret;
     if ((ret = sim_enter(&state, CALL_NAME, (int)device->index)) != NVML_SUCCESS) return ret;
-    ret = copy_string(name, length, gpu->name);
+    ret = copy_string(name, length, device->mig >= 0
+                                        ? find_mig(state, device->index, device->mig)->name
+                                        : gpu->name);
     release_state(state);
     return ret;
+}
+
+/* On a GPU in MIG mode, a user other than root may not ask the GPU itself (only its
+ * instances) for memory or processes, as real drivers refuse. */
+static int parent_refused(const sim_state *state, const sim_gpu *gpu, nvmlDevice_t device) {
+    return gpu->mig && device->mig < 0 && (state->unprivileged || geteuid() != 0);
 }
 
 /* Version 1 counts the driver's reserved memory as used, as drivers do. */
@@ -1163,12 +1386,20 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memo
     if ((ret = sim_enter(&state, CALL_MEMORY, (int)device->index)) != NVML_SUCCESS) return ret;
     if (!memory) {
         ret = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (parent_refused(state, gpu, device)) {
+        ret = NVML_ERROR_NO_PERMISSION;
+    } else if (device->mig >= 0) {
+        const sim_mig *mig = find_mig(state, device->index, device->mig);
+        unsigned long long used = device_used(state, device->index, device->mig);
+        memory->total = mig->total;
+        memory->used = used > mig->total ? mig->total : used;
+        memory->free = mig->total - memory->used;
     } else if (gpu->raw) {
         memory->total = gpu->total;
-        memory->used = device_used(state, device->index);
+        memory->used = device_used(state, device->index, -1);
         memory->free = gpu->free_given ? gpu->free : gpu->total - memory->used;
     } else {
-        unsigned long long used = device_used(state, device->index) + gpu->reserved;
+        unsigned long long used = device_used(state, device->index, -1) + gpu->reserved;
         if (used > gpu->total) used = gpu->total;
         memory->total = gpu->total;
         memory->used = used;
@@ -1189,14 +1420,23 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
         ret = NVML_ERROR_INVALID_ARGUMENT;
     } else if (memory->version != SIM_MEMORY_V2_VERSION) {
         ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    } else if (parent_refused(state, gpu, device)) {
+        ret = NVML_ERROR_NO_PERMISSION;
+    } else if (device->mig >= 0) {
+        const sim_mig *mig = find_mig(state, device->index, device->mig);
+        unsigned long long used = device_used(state, device->index, device->mig);
+        memory->total = mig->total;
+        memory->reserved = 0;
+        memory->used = used > mig->total ? mig->total : used;
+        memory->free = mig->total - memory->used;
     } else if (gpu->raw) {
         memory->total = gpu->total;
         memory->reserved = gpu->reserved;
-        memory->used = device_used(state, device->index);
+        memory->used = device_used(state, device->index, -1);
         memory->free = gpu->free_given ? gpu->free : gpu->total - memory->used - gpu->reserved;
     } else {
         unsigned long long reserved = gpu->reserved > gpu->total ? gpu->total : gpu->reserved;
-        unsigned long long used = device_used(state, device->index);
+        unsigned long long used = device_used(state, device->index, -1);
         if (used > gpu->total - reserved) used = gpu->total - reserved;
         memory->total = gpu->total;
         memory->reserved = reserved;
@@ -1225,9 +1465,14 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
         release_state(state);
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    if (parent_refused(state, &state->gpus[device->index], device)) {
+        release_state(state);
+        return NVML_ERROR_NO_PERMISSION;
+    }
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
+        if (device->mig >= 0 && proc->mig != device->mig) continue;
         if (proc->ends_with_exit && !process_running(proc->pid)) continue;
         found++;
     }
@@ -1241,6 +1486,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
     for (i = 0; i < state->proc_count && found < *count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
+        if (device->mig >= 0 && proc->mig != device->mig) continue;
         if (proc->ends_with_exit && !process_running(proc->pid)) continue;
         if (size == sizeof(nvmlProcessInfo_v1_t)) {
             nvmlProcessInfo_v1_t *info = (nvmlProcessInfo_v1_t *)infos + found;
@@ -1250,8 +1496,9 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
             nvmlProcessInfo_t *info = (nvmlProcessInfo_t *)infos + found;
             info->pid = proc->pid;
             info->usedGpuMemory = proc->used;
-            info->gpuInstanceId = 0xFFFFFFFFu;
-            info->computeInstanceId = 0xFFFFFFFFu;
+            /* In MIG mode each process runs in an instance (one compute instance, id 0). */
+            info->gpuInstanceId = proc->mig >= 0 ? (unsigned int)proc->mig : 0xFFFFFFFFu;
+            info->computeInstanceId = proc->mig >= 0 ? 0u : 0xFFFFFFFFu;
         }
         found++; /* one more may have started between the two loops: it is left out */
     }
@@ -1351,6 +1598,12 @@ typedef struct {
 static sim_gpu *begin_info(nvmlDevice_t device, sim_state **state, nvmlReturn_t *ret) {
     sim_gpu *gpu = begin_device_call(device, state, ret);
     if (!gpu) return NULL;
+    if (device->mig >= 0) { /* an instance has no sensors, clocks or PCI of its own */
+        release_state(*state);
+        *state = NULL;
+        *ret = NVML_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
     if ((*ret = sim_enter(state, CALL_INFO, (int)device->index)) != NVML_SUCCESS) return NULL;
     return gpu;
 }
@@ -1424,6 +1677,15 @@ static nvmlReturn_t handle_where(nvmlDevice_t *device, const char *uuid, const c
     if (!state) return ret;
     if (!device || (!uuid && !bus_id)) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
     ret = NVML_ERROR_NOT_FOUND;
+    for (i = 0; uuid && i < state->mig_count; i++) {
+        const sim_mig *mig = &state->migs[i];
+        if (strcmp(uuid, mig->uuid) != 0 || !state->gpus[mig->gpu].mig) continue;
+        if (state->lost[mig->gpu]) return end_info(state, NVML_ERROR_GPU_IS_LOST);
+        sim_mig_handles[mig->gpu][mig->gi].index = mig->gpu;
+        sim_mig_handles[mig->gpu][mig->gi].mig = (int)mig->gi;
+        *device = &sim_mig_handles[mig->gpu][mig->gi];
+        return end_info(state, NVML_SUCCESS);
+    }
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         nvmlPciInfo_t pci;
         if (!state->gpus[i].present) continue;
@@ -1435,6 +1697,7 @@ static nvmlReturn_t handle_where(nvmlDevice_t *device, const char *uuid, const c
                 ret = NVML_ERROR_GPU_IS_LOST;
             } else {
                 sim_handles[i].index = i;
+                sim_handles[i].mig = -1;
                 *device = &sim_handles[i];
                 ret = NVML_SUCCESS;
             }
@@ -1558,7 +1821,12 @@ API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned in
     return device_figure(device, count, figure_max_mig);
 }
 API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
-    return device_figure(device, is_mig, figure_zero);
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_device_call(device, &state, &ret)) return ret;
+    if (!is_mig) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *is_mig = device->mig >= 0;
+    return end_info(state, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *temp) {
@@ -1624,6 +1892,7 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilizat
     sim_state *state;
     sim_gpu *gpu = begin_info(device, &state, &ret);
     if (!gpu) return ret;
+    if (gpu->mig) return end_info(state, NVML_ERROR_NOT_SUPPORTED); /* as in MIG mode */
     if (!rates) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
     rates->gpu = gpu_util(gpu);
     rates->memory = gpu_util(gpu) / 2; /* memory bandwidth, not capacity */
@@ -1663,6 +1932,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     unsigned int i, found = 0, running;
     sim_gpu *gpu = begin_info(device, &state, &ret);
     if (!gpu) return ret;
+    if (gpu->mig) return end_info(state, NVML_ERROR_NOT_SUPPORTED);
     if (!count) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
     running = running_processes(state, device->index);
     clock_gettime(CLOCK_REALTIME, &now);
@@ -1823,15 +2093,16 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count,
     return end_info(state, NVML_SUCCESS);
 }
 
-/* MIG: the mode (disabled: current and pending 0), and the queries that need it on. */
+/* MIG: the mode, the instances of a GPU in MIG mode (in the order of their GPU instance ids)
+ * as devices of their own, and the way back from an instance to its GPU. */
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
                                       unsigned int *pending) {
     nvmlReturn_t ret;
     sim_state *state;
-    if (!begin_info(device, &state, &ret)) return ret;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
     if (!current || !pending) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
-    *current = 0;
-    *pending = 0;
+    *current = *pending = (unsigned int)gpu->mig;
     return end_info(state, NVML_SUCCESS);
 }
 
@@ -1839,27 +2110,63 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
                                                      nvmlDevice_t *mig) {
     nvmlReturn_t ret;
     sim_state *state;
-    (void)index;
-    if (!begin_info(device, &state, &ret)) return ret;
+    unsigned int gi, seen = 0;
+    sim_gpu *gpu = begin_info(device, &state, &ret);
+    if (!gpu) return ret;
     if (!mig) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
-    return end_info(state, NVML_ERROR_NOT_FOUND); /* no MIG device: MIG is off */
+    for (gi = 0; gpu->mig && gi < SIM_MAX_GI; gi++) {
+        if (!find_mig(state, device->index, (int)gi)) continue;
+        if (seen++ == index) {
+            sim_mig_handles[device->index][gi].index = device->index;
+            sim_mig_handles[device->index][gi].mig = (int)gi;
+            *mig = &sim_mig_handles[device->index][gi];
+            return end_info(state, NVML_SUCCESS);
+        }
+    }
+    return end_info(state, NVML_ERROR_NOT_FOUND);
+}
+
+/* Begins a call that only a MIG instance's handle answers (NOT_SUPPORTED on a GPU's). */
+static sim_gpu *begin_mig_call(nvmlDevice_t device, sim_state **state, nvmlReturn_t *ret) {
+    sim_gpu *gpu = begin_device_call(device, state, ret);
+    if (!gpu) return NULL;
+    if ((*ret = sim_enter(state, CALL_INFO, (int)device->index)) != NVML_SUCCESS) return NULL;
+    if (device->mig < 0) {
+        release_state(*state);
+        *state = NULL;
+        *ret = NVML_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
+    return gpu;
 }
 
 API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
                                                               nvmlDevice_t *device) {
     nvmlReturn_t ret;
     sim_state *state;
-    (void)device;
-    if (!begin_info(mig, &state, &ret)) return ret;
-    return end_info(state, NVML_ERROR_INVALID_ARGUMENT); /* not a MIG device's handle */
+    if (!begin_mig_call(mig, &state, &ret))
+        return ret == NVML_ERROR_NOT_SUPPORTED ? NVML_ERROR_INVALID_ARGUMENT : ret;
+    if (!device) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    sim_handles[mig->index].index = mig->index;
+    sim_handles[mig->index].mig = -1;
+    *device = &sim_handles[mig->index];
+    return end_info(state, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
-    (void)id;
-    return not_supported(device); /* not a MIG device */
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_mig_call(device, &state, &ret)) return ret;
+    if (!id) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *id = (unsigned int)device->mig;
+    return end_info(state, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
-    (void)id;
-    return not_supported(device);
+    nvmlReturn_t ret;
+    sim_state *state;
+    if (!begin_mig_call(device, &state, &ret)) return ret;
+    if (!id) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    *id = 0; /* one compute instance per GPU instance */
+    return end_info(state, NVML_SUCCESS);
 }

@@ -32,6 +32,8 @@ GIB = 1024**3
 # What an R510+ driver keeps back on an idle GPU, outside "used" (NVML's v2 `reserved`).
 DEFAULT_RESERVED_BYTES = 500 * 1024**2
 DEFAULT_NAME = "NVIDIA H200 (simulated)"
+DEFAULT_MIG_NAME = "NVIDIA H200 MIG (simulated)"
+_MAX_GI, _MAX_GI_PER_GPU, _MAX_MIGS = 32, 7, 64
 DEFAULT_DRIVER = "550.54.15"
 MAX_GPUS = 64
 _TEXT = 96  # NVML's name and UUID buffers
@@ -81,10 +83,11 @@ CALLS = ("init", "count", "name", "uuid", "memory", "processes", "driver", "info
 STATE_FORMAT = """\
 The state file, one fact per line (what `SimState.write()` writes; `#` starts a comment):
   driver VERSION
-  gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [util=PCT] [raw]
-      [name=NAME]
-  proc GPU PID used=BYTES|na [kind=compute|graphics] [ends=exit]
-  lost GPU | nodriver | slow CALL MS | fail CALL ERROR [GPU]
+  gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [util=PCT]
+      [mig=on] [raw] [name=NAME]
+  mig GPU GI UUID total=BYTES [name=NAME]
+  proc GPU PID used=BYTES|na [kind=compute|graphics] [mig=GI] [ends=exit]
+  lost GPU | nodriver | unprivileged | slow CALL MS | fail CALL ERROR [GPU]
   end
 Keys come in any order, but name= takes the rest of its line. GPU indices run 0, 1, 2 ...
 As an R510+ driver counts: a GPU's used memory is what its processes hold (a process's
@@ -92,8 +95,12 @@ figure includes its CUDA context) unless `used=` pins it, and 500 MiB is reserve
 driver unless `reserved=` says otherwise. `ends=exit`: the process is listed only while it
 runs. CALL: init, count, name, uuid, memory, processes, driver, info (the rest: utilization,
 temperature, PCI...) or any; ERROR: a code or a name (GPU_IS_LOST). `util=`: the GPU's
-utilization, which its temperature, power and clocks follow. Lines of any other kind are
-ignored (a later format's), and so are unknown keys.
+utilization, which its temperature, power and clocks follow. MIG: a GPU with `mig=on` is
+split into GPU instances (`mig` lines: GI is the instance's id, UUID its MIG-... UUID, each
+a device of its own to NVML); each of its processes runs in one (`mig=GI`). Users other than
+root get NO_PERMISSION for the memory and processes of a GPU in MIG mode, as from a real
+driver, and answers from its instances; `unprivileged` treats root so too. Lines of any other
+kind are ignored (a later format's), and so are unknown keys.
 Edit the file at any time, in place or by renaming a new one over it: every NVML call reads
 it again, and uses it only once it ends with the `end` line and reads the same twice in a
 row. A file with a problem (a bad line, a missing field, a gap in the indices) is reported,
@@ -120,6 +127,14 @@ class _Gpu:
     free: int | None = None
     raw: bool = False
     util: int | None = None
+    mig: bool = False
+
+
+@dataclass
+class _Mig:
+    uuid: str
+    total: int
+    name: str
 
 
 @dataclass
@@ -129,6 +144,7 @@ class _Process:
     used: int | None
     graphics: bool
     ends_with_process: bool = False
+    mig: int | None = None
 
 
 @dataclass
@@ -144,11 +160,13 @@ class SimState:
     path: Path
     driver: str = DEFAULT_DRIVER
     driver_loaded: bool = True
+    all_unprivileged: bool = False
     _gpus: dict[int, _Gpu] = field(default_factory=dict, init=False, repr=False)
     _processes: list[_Process] = field(default_factory=list, init=False, repr=False)
     _lost: set[int] = field(default_factory=set, init=False, repr=False)
     _slow: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _faults: list[tuple[str, int, int | None]] = field(default_factory=list, init=False, repr=False)
+    _migs: dict[tuple[int, int], _Mig] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -165,6 +183,7 @@ class SimState:
         free: int | None = None,
         raw: bool = False,
         util: int | None = None,
+        mig: bool = False,
     ) -> SimState:
         """Add (or replace) GPU ``index`` with ``total`` bytes.
 
@@ -175,7 +194,9 @@ class SimState:
         real GPU, unless given). ``raw=True`` reports ``total``, ``used`` and ``free`` exactly
         as given, even when they make no sense (used above total, 2**64 - 1), as a confused
         driver would. ``util`` is its utilization in percent (0 by default), which its
-        temperature, power and clocks follow.
+        temperature, power and clocks follow. ``mig=True``: the GPU is in MIG mode, split
+        into the instances :meth:`mig` adds; a user other than root may then not ask the GPU
+        itself for memory or processes (NO_PERMISSION), only its instances.
         """
         name = DEFAULT_NAME if name is None else name
         if isinstance(name, str) and ("\n" in name or re.search(r"\s#", name)):
@@ -184,7 +205,33 @@ class SimState:
             raise ValueError("a simulated GPU name in bytes must be 1 to 95 bytes without NUL")
         if uuid is None:
             uuid = "GPU-" + str(uuid_module.uuid5(uuid_module.NAMESPACE_OID, f"simgpu-{index}"))
-        self._gpus[index] = _Gpu(total, uuid, name, used, reserved, free, raw, util)
+        self._gpus[index] = _Gpu(total, uuid, name, used, reserved, free, raw, util, mig)
+        return self
+
+    def mig(
+        self,
+        gpu: int,
+        instance: int,
+        total: int,
+        uuid: str | None = None,
+        name: str | None = None,
+    ) -> SimState:
+        """Add (or replace) GPU instance ``instance`` (its id) of GPU ``gpu``, in MIG mode.
+
+        It is a device of its own to NVML: a ``MIG-...`` UUID (derived from the GPU and the id
+        unless given), ``total`` bytes, a name ("NVIDIA H200 MIG 1g.18gb", say), and the
+        processes :meth:`process` puts in it (``mig=instance``).
+        """
+        if uuid is None:
+            uuid = "MIG-" + str(
+                uuid_module.uuid5(uuid_module.NAMESPACE_OID, f"simgpu-{gpu}-mig-{instance}")
+            )
+        self._migs[(gpu, instance)] = _Mig(uuid, total, name or DEFAULT_MIG_NAME)
+        return self
+
+    def unprivileged(self, on: bool = True) -> SimState:
+        """Treat every caller as a user other than root (as when the tests run as root)."""
+        self.all_unprivileged = on
         return self
 
     def slow(self, call: str, seconds: float) -> SimState:
@@ -221,6 +268,7 @@ class SimState:
         graphics: bool = False,
         *,
         ends_with_process: bool = False,
+        mig: int | None = None,
     ) -> SimState:
         """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell).
 
@@ -228,8 +276,9 @@ class SimState:
         A process on both of a GPU's lists (compute and graphics) has the same figure on both.
         ``ends_with_process=True``: the GPU lists it only while a process ``pid`` exists, as
         a real driver forgets a process that exited (the demo's kernels are written so).
+        ``mig``: the GPU instance it runs in, on a GPU in MIG mode.
         """
-        self._processes.append(_Process(gpu, pid, used, graphics, ends_with_process))
+        self._processes.append(_Process(gpu, pid, used, graphics, ends_with_process, mig))
         return self
 
     def remove_process(self, pid: int) -> SimState:
@@ -348,11 +397,14 @@ class SimState:
         lines = ["# jax_nbmem simulated GPU state", f"driver {self.driver}"]
         if not self.driver_loaded:
             lines.append("nodriver")
+        if self.all_unprivileged:
+            lines.append("unprivileged")
         for index, gpu in sorted(self._gpus.items()):
             used = "" if gpu.used is None else f" used={gpu.used}"
             free = "" if gpu.free is None else f" free={gpu.free}"
             raw = " raw" if gpu.raw else ""
             raw += "" if gpu.util is None else f" util={gpu.util}"
+            raw += " mig=on" if gpu.mig else ""
             name = (
                 f" namehex={gpu.name.hex()}" if isinstance(gpu.name, bytes) else f" name={gpu.name}"
             )
@@ -360,9 +412,12 @@ class SimState:
                 f"gpu {index} {gpu.uuid} total={gpu.total}{used}{free} reserved={gpu.reserved}"
                 f"{raw}{name}"
             )
+        for (gpu_index, instance), mig in sorted(self._migs.items()):
+            lines.append(f"mig {gpu_index} {instance} {mig.uuid} total={mig.total} name={mig.name}")
         for proc in self._processes:
             used = "na" if proc.used is None else str(proc.used)
             kind = "graphics" if proc.graphics else "compute"
+            kind += "" if proc.mig is None else f" mig={proc.mig}"
             ends = " ends=exit" if proc.ends_with_process else ""
             lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}{ends}")
         lines.extend(f"lost {index}" for index in sorted(self._lost))
@@ -406,8 +461,10 @@ def _read_stable(path: Path) -> str:
 
 
 _TOKEN = re.compile(r"[^ \t\r\v\f]+")
+_COMMENT = re.compile(r"(?:^|(?<=[ \t\r\v\f]))#")
 _DIGITS = re.compile(r"[0-9]{1,20}")
 _INCOMPLETE = "no end line: the file is incomplete"
+_PROC_KEYS = frozenset(("used", "kind", "ends", "mig"))
 
 
 class _Problem(Exception):
@@ -442,6 +499,7 @@ class _Parser:
     def __init__(self, state: SimState) -> None:
         self.state = state
         self.gpu_lines: dict[int, int] = {}
+        self.mig_lines: dict[tuple[int, int], int] = {}
         self.proc_lines: list[int] = []
         self.lost_lines: dict[int, int] = {}
         self.fail_lines: list[int] = []
@@ -467,7 +525,7 @@ class _Parser:
         return self.state
 
     def _line(self, number: int, line: str, ended: bool) -> bool:
-        comment = re.search(r"(?:^|(?<=[ \t\r\v\f]))#", line)
+        comment = _COMMENT.search(line) if "#" in line else None
         if comment:
             line = line[: comment.start()]
         tokens = [(m.group(), m.start()) for m in _TOKEN.finditer(line)][:64]
@@ -482,6 +540,10 @@ class _Parser:
             return True
         if kind == "nodriver":
             state.driver_loaded = False
+        elif kind == "unprivileged":
+            state.all_unprivileged = True
+        elif kind == "mig":
+            self._mig(number, line, tokens)
         elif kind == "driver":
             if len(words) < 2:
                 raise _Problem(number, "driver: missing VERSION")
@@ -554,6 +616,9 @@ class _Parser:
         util = None if util_text is None else _u64(util_text)
         if util_text is not None and (util is None or util > 100):
             raise _Problem(number, f"gpu: bad util= '{_cut(util_text)}'")
+        mig = key("mig=")
+        if mig not in (None, "on", "off"):
+            raise _Problem(number, f"gpu: bad mig= '{_cut(mig)}'")
         raw = "raw" in options
         hex_name = key("namehex=")
         name: str | bytes
@@ -587,6 +652,7 @@ class _Parser:
             free,
             raw,
             util,
+            mig == "on",
         )
 
     def _proc(self, number: int, words: list[str]) -> None:
@@ -598,9 +664,9 @@ class _Parser:
             raise _Problem(number, f"proc: bad PID '{_cut(words[2])}'")
         keys: dict[str, str] = {}
         for word in words[3:]:
-            for name in ("used=", "kind=", "ends="):
-                if word.startswith(name):
-                    keys[name] = word[len(name) :]
+            name, equals, value = word.partition("=")
+            if equals and name in _PROC_KEYS:
+                keys[name + "="] = value
         if "used=" not in keys:
             raise _Problem(number, "proc: missing used=")
         used: int | None
@@ -616,8 +682,55 @@ class _Parser:
         ends = keys.get("ends=")
         if ends not in (None, "exit"):
             raise _Problem(number, f"proc: bad ends= '{_cut(ends)}'")
-        self.state.process(gpu, pid, used, kind == "graphics", ends_with_process=ends == "exit")
+        mig = None if "mig=" not in keys else _u64(keys["mig="])
+        if "mig=" in keys and (mig is None or mig >= _MAX_GI):
+            raise _Problem(number, f"proc: bad mig= '{_cut(keys['mig='])}'")
+        self.state.process(
+            gpu, pid, used, kind == "graphics", ends_with_process=ends == "exit", mig=mig
+        )
         self.proc_lines.append(number)
+
+    def _mig(self, number: int, line: str, tokens: list[tuple[str, int]]) -> None:
+        words = [word for word, _ in tokens]
+        gpu = self._gpu_number(number, "mig", "GPU", words, 1)
+        if len(words) < 3:
+            raise _Problem(number, "mig: missing GI")
+        instance = _u64(words[2])
+        if instance is None or instance >= _MAX_GI:
+            raise _Problem(number, f"mig: bad GI '{_cut(words[2])}'")
+        if len(words) < 4 or words[3].startswith("name="):
+            raise _Problem(number, "mig: missing UUID")
+        uuid = words[3]
+        size = len(uuid.encode("utf-8", "surrogateescape"))
+        if size >= _TEXT or size < 5 or not uuid.startswith("MIG-"):
+            raise _Problem(number, f"mig: bad UUID '{_cut(uuid)}' (MIG-...)")
+        name_at = next((i for i in range(4, len(words)) if words[i].startswith("name=")), None)
+        total_text = None
+        for word in words[4:name_at]:
+            if word.startswith("total="):
+                total_text = word[6:]
+        if total_text is None:
+            raise _Problem(number, "mig: missing total=")
+        total = _u64(total_text)
+        if total is None:
+            raise _Problem(number, f"mig: bad total= '{_cut(total_text)}'")
+        if name_at is None:
+            name = DEFAULT_MIG_NAME
+        else:
+            name = line[tokens[name_at][1] + 5 :].rstrip(" \t\r\v\f")
+            size = len(name.encode("utf-8", "surrogateescape"))
+            if size == 0:
+                raise _Problem(number, "mig: bad name= ''")
+            if size >= _TEXT:
+                raise _Problem(number, f"mig: name= longer than {_TEXT - 1} bytes")
+        if (gpu, instance) in self.mig_lines:
+            raise _Problem(number, f"mig: instance {instance} of GPU {gpu} given twice")
+        if sum(1 for g, _ in self.mig_lines if g == gpu) >= _MAX_GI_PER_GPU:
+            raise _Problem(number, f"mig: GPU {gpu} has more than {_MAX_GI_PER_GPU} instances")
+        if len(self.mig_lines) >= _MAX_MIGS:
+            raise _Problem(number, f"mig: more than {_MAX_MIGS} instances")
+        self.mig_lines[(gpu, instance)] = number
+        self.state._migs[(gpu, instance)] = _Mig(uuid, total, name)
 
     def _fail(self, number: int, words: list[str]) -> None:
         if len(words) < 2:
@@ -656,6 +769,17 @@ class _Parser:
         for proc, line in zip(state._processes, self.proc_lines, strict=True):
             if proc.gpu not in present:
                 problems.append(_Problem(line, f"proc: no GPU {proc.gpu}"))
+            elif state._gpus[proc.gpu].mig and proc.mig is None:
+                what = f"proc: GPU {proc.gpu} is in MIG mode: which instance (mig=GI)?"
+                problems.append(_Problem(line, what))
+            elif proc.mig is not None and (proc.gpu, proc.mig) not in state._migs:
+                what = f"proc: no MIG instance {proc.mig} on GPU {proc.gpu}"
+                problems.append(_Problem(line, what))
+        for (gpu, _), line in self.mig_lines.items():
+            if gpu not in present:
+                problems.append(_Problem(line, f"mig: no GPU {gpu}"))
+            elif not state._gpus[gpu].mig:
+                problems.append(_Problem(line, f"mig: GPU {gpu} is not in MIG mode (mig=on)"))
         for index, line in self.lost_lines.items():
             if index not in present:
                 problems.append(_Problem(line, f"lost: no GPU {index}"))

@@ -7,6 +7,7 @@ processes as ``jax-nbmem status --json`` does.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
 
-pytest.importorskip("nvitop")
-pytest.importorskip("gpustat")
+# Looked for, not imported: gpustat patches pynvml as it is imported, which would change the
+# NVML of every in-process test after this one.
+if importlib.util.find_spec("nvitop") is None or importlib.util.find_spec("gpustat") is None:
+    pytest.skip("nvitop and gpustat (the test extra) are not installed", allow_module_level=True)
 
 MIB = 1024**2
 RESERVED = 500 * MIB  # the stand-in's default, as an R510+ driver reserves

@@ -52,7 +52,7 @@ GOOD = [
     f"{HEAD}proc 0 7 ends=exit used=na kind=compute\nend\n",
     f"{HEAD}proc 0 7 kind=graphics used=5\nproc 0 7 used=5\nend\n",  # both lists, one figure
     f"{HEAD}proc 0 12 used=1 ends=exit\nend\n",  # no kind= (the C parser once dropped ends=)
-    f"{HEAD}mig 0 later-format\nvideo on\nend\n",
+    f"{HEAD}vgpu 0 later-format\nvideo on\nend\n",
     f"{HEAD}gpu 1 GPU-1 total=5 namehex=ff41\nlost 1\nend\n",
     f"{HEAD}slow any 5\nslow memory 7\nfail memory GPU_IS_LOST\nfail uuid 999 0\nend\n",
     f"{HEAD}fail processes NVML_ERROR_INSUFFICIENT_SIZE\nend\n",
@@ -60,6 +60,10 @@ GOOD = [
     f"{HEAD}nodriver\nend\n",
     "end\n",  # complete, without GPUs
     f"gpu 0 {UUID} util=40 total=5\nend\n",
+    # MIG: a GPU in MIG mode, its instances, their processes
+    f"gpu 0 {UUID} total=9000 mig=on\nmig 0 1 MIG-a total=1000 name=NVIDIA H200 MIG 1g.18gb\n"
+    "mig 0 2 MIG-b total=2000\nproc 0 7 mig=2 used=5 ends=exit\nunprivileged\nend\n",
+    f"gpu 0 {UUID} total=9000 mig=off\nend\n",
     f"gpu 0 {UUID} total=18446744073709551615 raw\nend\n",
 ]
 BAD = [
@@ -110,6 +114,32 @@ BAD = [
     (f"{HEAD}fail memory 15 4\nend\n", "line 2: fail: no GPU 4"),
     (f"{HEAD}fail memory 15 x\nend\n", "line 2: fail: bad GPU 'x'"),
     ("driver\nend\n", "line 1: driver: missing VERSION"),
+    (f"gpu 0 {UUID} total=9 mig=yes\nend\n", "line 1: gpu: bad mig= 'yes'"),
+    (f"{HEAD}mig 0 1 MIG-a total=5\nend\n", "line 2: mig: GPU 0 is not in MIG mode (mig=on)"),
+    (f"{HEAD}mig 1 1 MIG-a total=5\nend\n", "line 2: mig: no GPU 1"),
+    (f"{HEAD}mig 0 32 MIG-a total=5\nend\n", "line 2: mig: bad GI '32'"),
+    (f"{HEAD}mig 0 1 GPU-a total=5\nend\n", "line 2: mig: bad UUID 'GPU-a' (MIG-...)"),
+    (f"{HEAD}mig 0 1\nend\n", "line 2: mig: missing UUID"),
+    (f"{HEAD}mig 0 1 MIG-a\nend\n", "line 2: mig: missing total="),
+    (
+        f"gpu 0 {UUID} total=9 mig=on\nmig 0 1 MIG-a total=5\nmig 0 1 MIG-b total=5\nend\n",
+        "line 3: mig: instance 1 of GPU 0 given twice",
+    ),
+    (
+        f"gpu 0 {UUID} total=9 mig=on\n"
+        + "".join(f"mig 0 {gi} MIG-{gi} total=1\n" for gi in range(8))
+        + "end\n",
+        "line 9: mig: GPU 0 has more than 7 instances",
+    ),
+    (
+        f"gpu 0 {UUID} total=9 mig=on\nproc 0 5 used=1\nend\n",
+        "line 2: proc: GPU 0 is in MIG mode: which instance (mig=GI)?",
+    ),
+    (
+        f"gpu 0 {UUID} total=9 mig=on\nmig 0 1 MIG-a total=5\nproc 0 5 used=1 mig=3\nend\n",
+        "line 3: proc: no MIG instance 3 on GPU 0",
+    ),
+    (f"{HEAD}proc 0 5 used=1 mig=x\nend\n", "line 2: proc: bad mig= 'x'"),
     (f"driver {'9' * 80}\nend\n", "line 1: driver: VERSION longer than 79 bytes"),
     # the first problem wins: a line's own before the checks of the whole, else the lowest line
     (
@@ -143,7 +173,9 @@ def test_what_the_writer_writes_both_read_back_unchanged(c_reader, tmp_path):
     )
     state.process(0, 13, GIB, ends_with_process=True).process(0, 11, 5 * GIB, graphics=True)
     state.lose(1).slow("processes", 0.25).slow("any", 0.001).fail("memory", "UNKNOWN", 1)
-    state.fail("init", 9).no_driver()
+    state.fail("init", 9).no_driver().unprivileged()
+    state.gpu(3, 80 * GIB, mig=True).mig(3, 2, 40 * GIB, name="NVIDIA H200 MIG 3g.71gb")
+    state.mig(3, 1, 20 * GIB).process(3, 14, GIB, mig=2, ends_with_process=True)
     text = state.render()
     assert c_reader(text) == (True, text) == python_reader(text)
 
