@@ -84,7 +84,8 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
     Raises ``RuntimeError`` when no C compiler is found or compiling fails.
     """
     flags = (*_BASE_FLAGS, "-DSIM_OLD_DRIVER") if old_driver else _BASE_FLAGS
-    source = _SOURCE.read_bytes()
+    # nvml_stub.c includes the other parts: a change to any of them is a new build.
+    source = b"".join(part.read_bytes() for part in sorted(_SOURCE.parent.glob("nvml_*.c")))
     digest = hashlib.sha256(source + "\0".join(flags).encode()).hexdigest()[:16]
     flavor = "old-driver" if old_driver else "current"
     lib_dir = Path(dest_dir) / f"simgpu-{flavor}-{digest}"

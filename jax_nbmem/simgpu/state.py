@@ -1,7 +1,7 @@
 """The simulated GPU's state file: what it may say, how it is read, and how it is written.
 
 One format, two readers that follow the same rules: this module (:meth:`SimState.read`, for
-the writers that change one thing and keep the rest) and the C stand-in (``nvml_stub.c``),
+the writers that change one thing and keep the rest) and the C stand-in (``nvml_state.c``),
 which the tests feed the same lines and compare (``jaxNbmemSimCheck``). :data:`STATE_FORMAT`
 documents it; ``python -m jax_nbmem.simgpu --help`` shows that text.
 """
@@ -494,7 +494,7 @@ def _cut(text: str) -> str:
 
 
 class _Parser:
-    """The rules of STATE_FORMAT, line by line, as ``parse_state`` in nvml_stub.c applies them."""
+    """The rules of STATE_FORMAT, line by line, as ``parse_state`` in nvml_state.c applies them."""
 
     def __init__(self, state: SimState) -> None:
         self.state = state
