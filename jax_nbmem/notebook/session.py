@@ -16,6 +16,7 @@ from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
 from jax_nbmem.allocator.report import format_applied, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
 from jax_nbmem.notebook.beacon import beacon_writer, share_dir
+from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
 from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
 from jax_nbmem.record.ledger import CellRecord, Ledger
 from jax_nbmem.record.sampler import Sampler, SamplerSource
@@ -83,7 +84,8 @@ class KernelSession:
             self.sampler.start()
             self.watcher.start()
         if self.beacon is not None:
-            self.beacon.start()
+            self.beacon.start()  # removed at exit; when the kernel's parent dies, too:
+            at_hard_exit(self.beacon.discard)
 
     def status(self) -> StatusReport:
         """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
@@ -363,6 +365,7 @@ class KernelSession:
         self._release_claim()
         self._cell_listeners.clear()
         if self.beacon is not None:
+            forget_hard_exit(self.beacon.discard)
             self.beacon.close()
         self.watcher.stop()
         if self.sampler is not None:
