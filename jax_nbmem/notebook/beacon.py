@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.tenants.attribution import own_kernel_id
+from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, BeaconWriter, beacon_dirs
 from jax_nbmem.tenants.servers import current_user
 
@@ -42,11 +42,34 @@ def _constant_facts() -> dict[str, Any]:
         "pid": os.getpid(),
         "started_at": started_at,
         "user": current_user(),
-        "kernel_id": own_kernel_id(sys.argv),
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
         "jax_nbmem": version("jax_nbmem"),
     }
+
+
+_kernel_id: str | None = None
+
+
+def _own_kernel_id() -> str | None:
+    """This kernel's id, from what stays put while it runs; None while not known.
+
+    ipykernel's app holds the connection file it was started with; the interpreter's own
+    arguments (``sys.orig_argv``) name it too. ``sys.argv`` comes last: IPython swaps it while
+    startup files and ``exec_files`` run. Only a found id is kept: a miss is asked again.
+    """
+    global _kernel_id
+    if _kernel_id is None:
+        found = None
+        app = getattr(sys.modules.get("ipykernel.kernelapp"), "IPKernelApp", None)
+        try:
+            if app is not None and app.initialized():  # instance() would make one
+                found = kernel_id_of(getattr(app.instance(), "connection_file", None))
+        except Exception:  # an odd ipykernel: the command line still tells
+            found = None
+        orig = getattr(sys, "orig_argv", None) or []
+        _kernel_id = found or own_kernel_id(orig[1:]) or own_kernel_id(sys.argv)
+    return _kernel_id
 
 
 def _notebook(session: Any) -> str | None:
@@ -76,6 +99,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
             }
     return {
         **_constant_facts(),
+        "kernel_id": _own_kernel_id(),
         "notebook": _notebook(session),
         "mode_requested": str(control.requested) if control.requested is not None else None,
         # Why `%jaxalloc auto` chose that mode, in one line (None when the user chose it).

@@ -273,6 +273,11 @@ def _kernel_id(connection_file: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def kernel_id_of(connection_file: str | None) -> str | None:
+    """The kernel id a connection file's name says (``kernel-<id>.json``), else None."""
+    return _kernel_id(connection_file)
+
+
 def own_kernel_id(argv: Sequence[str]) -> str | None:
     """This process's kernel id, when it is a Jupyter kernel started with its connection file."""
     return _kernel_id(_connection_file(argv)) if _runs_ipykernel(["python", *argv]) else None
