@@ -109,6 +109,7 @@ class Tenant:
     """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell.
 
     ``source`` says where the verdict came from: ``beacon`` (the kernel said so itself),
+    ``session`` (this very kernel, from its own session: only in its own status),
     ``environment`` (its environment at start and its memory maps), ``memory size`` (its
     insides cannot be read — another user's — and its size matches a preallocated pool), or
     ``unknown``. ``mode`` is its allocator mode as that source knows it; ``jax`` its JAX
