@@ -287,7 +287,7 @@ def oom_diagnosis(
                     if tenant.source == "memory size"
                     else ", preallocated"
                 )
-            if tenant.source == "beacon" and tenant.mode:
+            if tenant.source in ("beacon", "session") and tenant.mode:
                 notes += f", mode {tenant.mode}"
             if tenant.kind == "unknown" and tenant.reason:
                 notes += f", not identified: {tenant.reason}"

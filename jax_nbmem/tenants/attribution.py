@@ -112,6 +112,7 @@ class Tenant:
     """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell.
 
     ``source`` says where the verdict came from: ``beacon`` (the kernel said so itself),
+    ``session`` (this very kernel, from its own session: only in its own status),
     ``environment`` (its environment at start and its memory maps), ``memory size`` (its
     insides cannot be read — another user's — and its size matches a preallocated pool), or
     ``unknown``. ``mode`` is its allocator mode as that source knows it (``on (starting)``: its
@@ -287,6 +288,11 @@ def _kernel_id(connection_file: str | None) -> str | None:
     """The kernel id in Jupyter's ``kernel-<id>.json`` file name, if it is named so."""
     match = _KERNEL_ID.search(connection_file) if connection_file else None
     return match.group(1) if match else None
+
+
+def kernel_id_of(connection_file: str | None) -> str | None:
+    """The kernel id a connection file's name says (``kernel-<id>.json``), else None."""
+    return _kernel_id(connection_file)
 
 
 def own_kernel_id(argv: Sequence[str]) -> str | None:

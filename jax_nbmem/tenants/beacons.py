@@ -151,24 +151,43 @@ class BeaconWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        # Writing and removing exclude each other, and nothing is written once removed: at
+        # exit the thread still runs (a daemon) while later exit handlers take their time.
+        self._lock = threading.Lock()
+        self._discarded = False
 
     def start(self) -> None:
         """Start the thread (a running one is reused) and remove the file at exit."""
         if self._thread is not None and self._thread.is_alive():
             return
+        self._discarded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-beacon", daemon=True)
         self._thread.start()
-        atexit.register(self._remove)
+        atexit.register(self.discard)
 
     def close(self) -> None:
         """Stop the thread and remove the beacon; a second call is a no-op."""
-        self._stop.set()
+        self.discard()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
-        self._remove()
-        atexit.unregister(self._remove)
+        atexit.unregister(self.discard)
+
+    def discard(self) -> None:
+        """Remove the beacon now and write it no more (until `start`); for any exit, any thread.
+
+        It waits for a write under way (at most a second: a hung shared directory must not
+        hold up the process's exit), never for the thread.
+        """
+        self._stop.set()
+        locked = self._lock.acquire(timeout=1.0)
+        try:
+            self._discarded = True
+            self._remove()
+        finally:
+            if locked:
+                self._lock.release()
 
     def write_now(self) -> bool:
         """Write the beacon if its facts changed; whether it was written anywhere."""
@@ -178,19 +197,20 @@ class BeaconWriter:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.debug("jax_nbmem: beacon facts failed", exc_info=True)
             return False
-        if facts == self._last:
-            return False
-        content, errors = {**facts, "written_at": time.time()}, []
-        for path in self.paths:
-            try:
-                _write_atomically(path, content)
-            except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
-                errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
-        self.last_error = "; ".join(errors) or None
-        if len(errors) == len(self.paths):
-            return False
-        self._last = facts
-        return True
+        with self._lock:
+            if self._discarded or facts == self._last:
+                return False
+            content, errors = {**facts, "written_at": time.time()}, []
+            for path in self.paths:
+                try:
+                    _write_atomically(path, content)
+                except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
+                    errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
+            self.last_error = "; ".join(errors) or None
+            if len(errors) == len(self.paths):
+                return False
+            self._last = facts
+            return True
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -79,6 +80,7 @@ def collect(
     share_dir: str | None = None,
     sessions=None,
     own_name: str = OWN_NAME,
+    own=None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -88,6 +90,9 @@ def collect(
     ``sessions`` (kernel id → `ServerKernel`) stands for asking the running Jupyter servers,
     e.g. a server's own kernels as the server extension knows them. ``own_name`` is how the
     warnings name this process ("this kernel"; "this IPython session" in a terminal).
+    ``own`` (a `Beacon` built from the kernel's session, not read from a file) is what this
+    process knows of itself: its row says that (``source: session``, no idleness: it is
+    running the cell that asks). No beacon file is ever believed about this process.
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -102,6 +107,9 @@ def collect(
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
     beacons = read_beacons(beacon_dirs(share_dir), pids={p.pid for p in processes})
+    beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
+    if own is not None:
+        beacons[own_pid] = own
     tenants = attribute(
         processes,
         gpus,
@@ -111,6 +119,8 @@ def collect(
         beacons=beacons,
         sessions=sessions,
     )
+    if own is not None:
+        tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
     notes = [visible.note] if visible.note else []
 
     fraction = None
@@ -175,6 +185,11 @@ def collect(
     return report
 
 
+def _from_session(tenant):
+    """This process's row, judged by its session's own account (see ``collect``'s ``own``)."""
+    return replace(tenant, source="session", idle_s=None, idle_source=None)
+
+
 def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     kind = process["kind"]
     label = {"self": own_name, "kernel": "kernel", "process": "process"}.get(kind, kind)
@@ -188,7 +203,7 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    if source == "beacon" and process.get("mode"):
+    if source in ("beacon", "session") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):
         parts.append(f"(mode at its start: {process['mode_at_start']})")
