@@ -40,8 +40,9 @@ def _session():
 def status():
     """GPUs, who holds their memory, and warnings, as a dict (also readable as attributes).
 
-    Keys: ``nvml`` (``available``, ``reason``), ``gpus``, ``processes`` (``pid``, ``gpu``,
-    ``used_bytes``, ``kind``, ``notebook``, ``preallocated``, ...), ``warnings`` (``kind``,
+    Keys: ``nvml`` (``available``, ``reason``), ``gpus`` (``used_bytes`` as nvidia-smi shows
+    it, the driver's ``reserved_bytes`` apart, ``free_bytes``, ...), ``processes`` (``pid``,
+    ``gpu``, ``used_bytes``, ``kind``, ``notebook``, ``preallocated``, ...), ``warnings`` (``kind``,
     ``gpu``, ``pid``, ``message``); with the extension loaded also ``allocator``. Works without
     a GPU (then ``nvml.available`` is False and ``reason`` says why). Never starts JAX.
     """

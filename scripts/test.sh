@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh machine: install the package with its test extras,
-# Debian's chromium for the browser tests and prometheus (with promtool) for the metrics
-# tests, then pytest (its "no tests ran" exit 5 fails too).
+# Debian's chromium for the browser tests, prometheus (with promtool) for the metrics tests,
+# node and configurable-http-proxy for the hub tests, then pytest (its "no tests ran" exit 5
+# fails too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 bash .ci/browser-deps.sh
 bash .ci/prometheus-deps.sh
+bash .ci/hub-deps.sh
 exec python -m pytest "$@"

@@ -43,6 +43,16 @@ def test_there_are_notebooks():
     assert any(p.name == "quickstart.ipynb" for p in NOTEBOOKS)
 
 
+def test_the_notebooks_name_jaxs_memory_as_the_panel_does():
+    """JAX's bytes in use and its pool: XLA's "bytes reserved" is always 0 on a GPU."""
+    for path in NOTEBOOKS:
+        notebook = nbformat.read(path, as_version=4)
+        prose = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+        assert "reserved" not in prose.lower(), path.name
+    quickstart = nbformat.read(NOTEBOOKS[[p.name for p in NOTEBOOKS].index("quickstart.ipynb")], 4)
+    assert any("JAX's bytes in use and its pool" in c.source for c in quickstart.cells)
+
+
 def errors_of(cell) -> list:
     return [o for o in cell.get("outputs", []) if o.output_type == "error"]
 

@@ -53,8 +53,10 @@ class BackendStart:
     """What JAX's backend started with, as far as we can tell.
 
     ``variables`` is the environment when it started; ``exact`` is False when it can only be
-    bounded (the backend started before the extension loaded, or a cell changed the variables
-    in the same cell that started JAX).
+    bounded (the backend started before the extension loaded, or the variables were changed
+    by hand, not by jax_nbmem, in the same cell that started JAX). ``seen`` says when those
+    variables were read: ``"now"`` (after the backend had started) or ``"before"`` (the last
+    time jax_nbmem saw the backend down: a cell's start, or its own change of them).
     """
 
     platforms: tuple[str, ...]
@@ -62,6 +64,7 @@ class BackendStart:
     effective: Effective
     cell: int | None
     exact: bool
+    seen: str = "now"
 
     @property
     def without_gpu(self) -> bool:
@@ -213,6 +216,9 @@ class AllocatorControl:
                 self._environ[name] = value
                 self._ours[name] = value
         self.requested, self.requested_from = mode, source
+        # The backend is down (checked above) and these are the variables now: what it starts
+        # with, unless something else changes them before it does.
+        self._at_cell_start = self._snapshot()
         return ApplyResult(mode, False, changes, tuple(unset), replaced)
 
     def variables(self) -> tuple[Variable, ...]:
@@ -223,7 +229,11 @@ class AllocatorControl:
         )
 
     def observe_cell_start(self, cell: int | None) -> None:
-        """Remember the variables before a cell runs, while the backend is still down."""
+        """Remember the variables before a cell runs, while the backend is still down.
+
+        `apply` remembers them again after it changes them (the backend still down then), so
+        a cell that sets a mode and then starts JAX is recorded with the mode it set.
+        """
         if self.backend is None and not self._probe():
             self._at_cell_start, self._cell = self._snapshot(), cell
 
@@ -236,20 +246,24 @@ class AllocatorControl:
         if before is None:
             self._record_start(self._variables(now), cell=cell, exact=False)
         else:
-            # Unchanged during the cell → these are exactly the values jaxlib read.
+            # Unchanged since we last saw the backend down → exactly the values jaxlib read.
             self._record_start(
                 self._variables(before),
                 cell=self._cell if cell is None else cell,
                 exact=before == now,
+                seen="before",
             )
 
-    def _record_start(self, variables: dict[str, str], *, cell: int | None, exact: bool) -> None:
+    def _record_start(
+        self, variables: dict[str, str], *, cell: int | None, exact: bool, seen: str = "now"
+    ) -> None:
         self.backend = BackendStart(
             platforms=self._platforms(),
             variables=dict(variables),
             effective=effective(variables, self.jaxlib),
             cell=cell,
             exact=exact,
+            seen=seen,
         )
 
     def pending(self) -> Effective:

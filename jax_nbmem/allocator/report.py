@@ -36,7 +36,12 @@ def _started_line(report: AllocatorReport) -> str:
     when = f"in cell [{start.cell}]" if start.cell is not None else "before jax_nbmem loaded"
     line = f"started {when} on {platforms} with: {start.effective.mode_name} — "
     line += start.effective.describe()
-    if not start.exact:
+    if not start.exact and start.seen == "before":
+        line += (
+            " (read from the variables as they were before; they were changed in the cell "
+            "that started it, so JAX may have read others)"
+        )
+    elif not start.exact:
         line += " (read from the variables as they are now; they may have changed since)"
     if start.without_gpu:
         line += "\n               no GPU backend: allocator settings do not apply to the CPU"

@@ -3,6 +3,8 @@
 jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
                    [--defer-to-servers] [--web.config.file FILE] [--insecure]
+jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
+jax-nbmem shutdown PID [--hub-url URL] [--share-dir DIR] [--dry-run] [--log FILE] [--json]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
 
@@ -86,6 +90,94 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_status(report))
+    return 0
+
+
+def _shutdown(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.hubapi import HubError, hub_from_environment
+    from jax_nbmem.cli.stop import StopError, find, stop
+
+    try:
+        hub = hub_from_environment(args.hub_url)
+        kernel = find(args.pid, args.share_dir)
+        stopped = stop(kernel, hub, dry_run=args.dry_run, log_path=args.log)
+    except (HubError, StopError) as error:
+        print(f"jax-nbmem shutdown: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({
+            "pid": kernel.pid, "kernel_id": kernel.kernel_id, "user": kernel.user,
+            "hub_user": kernel.hub_user, "notebook": kernel.notebook, "how": stopped.how,
+            "server": stopped.server, "done": not args.dry_run,
+            "gpu_bytes": kernel.gpu_bytes, "freed_bytes": stopped.freed,
+            "free_bytes_after": stopped.free_after, "message": stopped.message,
+        }, indent=2))  # fmt: skip
+    else:
+        print(stopped.message)
+    return 0
+
+
+def _cull(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.culler import Culler
+    from jax_nbmem.cli.hubapi import HubError, hub_from_environment
+    from jax_nbmem.cli.stop import admin_log_path
+    from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
+    from jax_nbmem.tenants.culling import CullPolicy
+
+    share_dir = args.share_dir or os.environ.get(ENV_SHARE_DIR)
+    if not share_dir or not os.path.isdir(share_dir):
+        print(
+            f"jax-nbmem cull: needs the shared beacon directory of every user's kernels "
+            f"(--share-dir or ${ENV_SHARE_DIR}); {share_dir or 'none given'} is no folder",
+            file=sys.stderr,
+        )
+        return 2
+    if args.idle <= 0 or args.warn < 0 or args.every <= 0:
+        print("jax-nbmem cull: --idle and --every must be > 0, --warn >= 0", file=sys.stderr)
+        return 2
+    if args.share is not None and not 0 < args.share <= 1:
+        print("jax-nbmem cull: --share must be in (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        hub = hub_from_environment(args.hub_url)
+    except HubError as error:
+        if not args.dry_run:  # a dry run asks no server: it needs no token
+            print(f"jax-nbmem cull: {error}", file=sys.stderr)
+            return 2
+        hub = None
+    if hub is None and not args.dry_run:
+        print(
+            "jax-nbmem cull: without a hub (--hub-url and $JUPYTERHUB_API_TOKEN, as JupyterHub "
+            "gives its services) it can only --dry-run",
+            file=sys.stderr,
+        )
+        return 2
+    policy = CullPolicy(
+        idle_s=args.idle, warn_s=args.warn, share=args.share, exempt=frozenset(args.exempt)
+    )
+    registry = None
+    if args.listen:
+        try:
+            import prometheus_client
+
+            registry = prometheus_client.CollectorRegistry()
+            host, _, port = args.listen.rpartition(":")
+            prometheus_client.start_http_server(int(port), host or "127.0.0.1", registry)
+        except (ImportError, ValueError, OSError) as error:
+            print(f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    culler = Culler(
+        policy, share_dir, hub, dry_run=args.dry_run,
+        log_path=args.log or admin_log_path(), registry=registry,
+    )  # fmt: skip
+    if args.once:
+        culler.round()
+        return 0
+    try:
+        culler.serve(args.every)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -188,6 +280,70 @@ def _parser() -> argparse.ArgumentParser:
         help="listen off loopback without TLS or basic auth (anyone who reaches it reads it)",
     )
     exporter.set_defaults(run=_exporter)
+
+    shutdown = commands.add_parser(
+        "shutdown",
+        help="stop a kernel: your own, or as an administrator another user's",
+        description="Stop the Jupyter kernel PID through its server (its id from its beacon "
+        "or command line), else by signal, and say what came free. Your own kernels; as root, "
+        "or with a hub API token ($JUPYTERHUB_API_TOKEN, scopes read:servers and "
+        "access:servers) and --hub-url, another user's, which is logged.",
+    )
+    shutdown.add_argument("pid", type=int, metavar="PID", help="the kernel's process ID")
+    shutdown.add_argument(
+        "--hub-url",
+        metavar="URL",
+        help="the hub's public address, e.g. http://127.0.0.1:8000 (default: "
+        "$JAX_NBMEM_HUB_URL); its API is $JUPYTERHUB_API_URL or URL/hub/api",
+    )
+    shutdown.add_argument(
+        "--share-dir",
+        metavar="DIR",
+        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+    )
+    shutdown.add_argument("--dry-run", action="store_true", help="say what it would do, only")
+    shutdown.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="the administrators' log (default: $JAX_NBMEM_ADMIN_LOG, else "
+        "/var/log/jax_nbmem/admin.log for root)",
+    )
+    shutdown.add_argument("--json", action="store_true", help="print one JSON object")
+    shutdown.set_defaults(run=_shutdown)
+
+    cull = commands.add_parser(
+        "cull",
+        help="GPU-aware idle culling of kernels (a JupyterHub service; off unless run)",
+        description="Warn, then shut down through its server, each kernel idle for more than "
+        "--idle seconds that holds a preallocated pool (or more than --share of a GPU) on a "
+        "GPU with less free than a default JAX start needs. Never a busy kernel, never an "
+        "--exempt user's.",
+    )
+    cull.add_argument("--idle", type=float, default=3600.0, help="idle limit, s (default 3600)")
+    cull.add_argument(
+        "--warn", type=float, default=600.0, help="seconds from the warning to the stop (600)"
+    )
+    cull.add_argument("--every", type=float, default=60.0, help="seconds between rounds (60)")
+    cull.add_argument(
+        "--share", type=float, default=None, metavar="F",
+        help="also kernels holding more than F (0-1) of a GPU without a pool",
+    )  # fmt: skip
+    cull.add_argument(
+        "--exempt", action="append", default=[], metavar="USER",
+        help="a user (hub or Unix name) never culled; repeat for more",
+    )  # fmt: skip
+    cull.add_argument("--dry-run", action="store_true", help="only say what it would do")
+    cull.add_argument("--once", action="store_true", help="one round, then exit")
+    cull.add_argument("--hub-url", metavar="URL", help="the hub's public address")
+    cull.add_argument(
+        "--share-dir", metavar="DIR", help="the shared beacon directory ($JAX_NBMEM_SHARE_DIR)"
+    )
+    cull.add_argument("--log", type=Path, metavar="FILE", help="the administrators' log")
+    cull.add_argument(
+        "--listen", metavar="HOST:PORT", help="serve jax_nbmem_culled_kernels_total at /metrics"
+    )
+    cull.set_defaults(run=_cull)
 
     kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")
     kernel_commands = kernel.add_subparsers(dest="kernel_command", required=True)

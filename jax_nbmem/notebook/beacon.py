@@ -11,16 +11,17 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import time
 from functools import lru_cache
 from typing import Any
 
 import psutil
 
-from jax_nbmem.tenants.attribution import own_kernel_id
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, BeaconWriter, beacon_dirs
+from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
+from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
 from jax_nbmem.tenants.servers import current_user
 
-__all__ = ["beacon_facts", "beacon_writer", "share_dir"]
+__all__ = ["beacon_facts", "beacon_writer", "own_beacon", "share_dir"]
 
 
 @lru_cache(maxsize=1)
@@ -42,21 +43,57 @@ def _constant_facts() -> dict[str, Any]:
         "pid": os.getpid(),
         "started_at": started_at,
         "user": current_user(),
-        "kernel_id": own_kernel_id(sys.argv),
+        "hub_user": os.environ.get("JUPYTERHUB_USER") or None,
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
         "jax_nbmem": version("jax_nbmem"),
     }
 
 
+_kernel_id: str | None = None
+
+
+def _own_kernel_id() -> str | None:
+    """This kernel's id, from what stays put while it runs; None while not known.
+
+    ipykernel's app holds the connection file it was started with; the interpreter's own
+    arguments (``sys.orig_argv``) name it too. ``sys.argv`` comes last: IPython swaps it while
+    startup files and ``exec_files`` run. Only a found id is kept: a miss is asked again.
+    """
+    global _kernel_id
+    if _kernel_id is None:
+        found = None
+        app = getattr(sys.modules.get("ipykernel.kernelapp"), "IPKernelApp", None)
+        try:
+            if app is not None and app.initialized():  # instance() would make one
+                found = kernel_id_of(getattr(app.instance(), "connection_file", None))
+        except Exception:  # an odd ipykernel: the command line still tells
+            found = None
+        orig = getattr(sys, "orig_argv", None) or []
+        _kernel_id = found or own_kernel_id(orig[1:]) or own_kernel_id(sys.argv)
+    return _kernel_id
+
+
+def _vscode_notebook(session: Any) -> str | None:
+    """The notebook VS Code says this kernel runs (``__vsc_ipynb_file__``), else None."""
+    value = (getattr(session, "user_namespace", None) or {}).get("__vsc_ipynb_file__")
+    return value if isinstance(value, str) and value else None
+
+
 def _notebook(session: Any) -> str | None:
-    """The notebook as its Jupyter server names it (from the last status), else at start."""
+    """This kernel's notebook, only as sources about this very kernel tell it, asked anew.
+
+    Its Jupyter server's session (the last status: found by this kernel's id, so it follows
+    renames), VS Code's ``__vsc_ipynb_file__``, then ``$JPY_SESSION_NAME`` (its name at the
+    kernel's start). Never a beacon, not even its own read back: a name taken once would be
+    kept for good, and a file that claims this PID need not be this kernel's.
+    """
     report = session.watcher.latest()
     if report is not None:
-        own = next((t for t in report.tenants() if t.kind == "self" and t.notebook), None)
-        if own is not None:
+        own = next((t for t in report.tenants() if t.kind == "self"), None)
+        if own is not None and own.source == "session" and own.notebook:
             return own.notebook
-    return os.environ.get("JPY_SESSION_NAME") or None
+    return _vscode_notebook(session) or os.environ.get("JPY_SESSION_NAME") or None
 
 
 def beacon_facts(session: Any) -> dict[str, Any]:
@@ -76,6 +113,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
             }
     return {
         **_constant_facts(),
+        "kernel_id": _own_kernel_id(),
         "notebook": _notebook(session),
         "mode_requested": str(control.requested) if control.requested is not None else None,
         # Why `%jaxalloc auto` chose that mode, in one line (None when the user chose it).
@@ -87,6 +125,42 @@ def beacon_facts(session: Any) -> dict[str, Any]:
         "cell_running": session.ledger.cell_running,
         "last_cell_finished_at": session.ledger.last_finished_at,
     }
+
+
+def own_beacon(session: Any) -> Beacon:
+    """What this kernel's session knows of it, in a beacon's shape, for its own status row.
+
+    From memory, as the beacon's facts, never from its file; after ``control.report()`` so a
+    start of JAX in the running cell counts. No idleness (the kernel is running the cell that
+    asks), and a notebook only from VS Code (the server's session and ``$JPY_SESSION_NAME``
+    come with the process's inspection). Before JAX starts, its mode is the one it will start
+    with (the variables as they are now).
+    """
+    control = session.control
+    report = control.report()
+    facts = beacon_facts(session)
+    requested = facts["mode_requested"]
+    if report.backend is None:
+        requested = report.pending.mode_name
+    return Beacon(
+        pid=facts["pid"],
+        started_at=facts["started_at"] or 0.0,
+        user=facts["user"],
+        kernel_id=facts["kernel_id"],
+        notebook=_vscode_notebook(session),
+        mode_requested=requested,
+        mode_in_effect=facts["mode_in_effect"],
+        pool_fraction=facts["pool_fraction"],
+        gpus=facts["gpus"],
+        cell_running=False,
+        last_cell_finished_at=None,
+        written_at=time.time(),
+        jax=facts["jax"],
+        jaxlib=facts["jaxlib"],
+        jax_nbmem=facts["jax_nbmem"],
+        variables=facts["variables"],
+        mode_reason=facts["mode_reason"],
+    )
 
 
 def share_dir(session: Any) -> str:

@@ -1,7 +1,7 @@
 """The live memory panel of ``%jaxmem``: a widget that follows the sampler, or a fallback.
 
-The panel reads only snapshots: the sampler's history, the ledger's records, and (on the main
-thread) the allocator report and the session's banner lines. It never calls NVML or JAX.
+The panel reads only snapshots: the sampler's history, the ledger's records, the allocator
+report and the session's banner lines (the status watcher's last report). It never calls NVML.
 
 Three ways to show it (``c.JaxNbMem.panel``):
 
@@ -9,8 +9,9 @@ Three ways to show it (``c.JaxNbMem.panel``):
   (:mod:`jax_nbmem.notebook.panel_view`) whose synced state is the current figure, so every
   view of it (a second ``%jaxmem``, a page reload) draws the same picture. The sampler's
   callback only marks the panel dirty; a small daemon thread pushes at most one update every
-  0.25 s, and only the parts that changed. That thread sets traits and nothing else:
-  ``display()`` or ``print()`` from a thread would land in whatever cell runs at that moment.
+  0.25 s, and only the parts that changed. That thread sets traits (and makes the shut-down
+  buttons, widgets opened over their comms) and nothing else: ``display()`` or ``print()``
+  from a thread would land in whatever cell runs at that moment.
   Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
   that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
   frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
@@ -22,9 +23,12 @@ Three ways to show it (``c.JaxNbMem.panel``):
 * ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
   update would print the table again after every command, printed once, when asked.
 
-After a cell the panel only re-reads a few facts of the session (the mode, the banner lines,
-both in memory) and is marked dirty; the figure is rebuilt on the update thread, from the
-last cells' records only, so the cost after a cell does not grow with the notebook.
+After a cell the panel is only marked dirty: the update thread re-reads a few facts of the
+session (the mode, the banner lines, both in memory) and rebuilds the figure from the last
+cells' records only, so the cost after a cell does not grow with the notebook. The banner (its
+warnings, the kernels they name, their shut-down buttons) also follows the status watcher's
+reports while no cell runs: each new report is read on the update thread, within the same
+rate limits as the header's updates.
 
 ``auto`` picks ``widget`` in a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab: anywidget
 turns on Colab's widget manager) and ``text`` in a terminal. Each session has one live panel:
@@ -266,6 +270,7 @@ class _LivePanel:
         self._unsubscribe: Any = None
         self._mode: str | None = None
         self._banner_lines: list[str] = []
+        self._report_read: Any = None  # the watcher's report the banner lines were read from
         self.gpu_index = _first_gpu(self.sampler)
         self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
         self.updates = 0
@@ -338,15 +343,9 @@ class _LivePanel:
         self.update()
 
     def cell_finished(self) -> None:
-        """A cell ended (on its path): mark the panel, leave the work to the update thread.
-
-        The shutdown buttons are widgets and change on the main thread, so the thread only
-        says when they should (their kernels changed); this checks that flag.
-        """
+        """A cell ended (on its path): mark the panel, leave the work to the update thread."""
         self._session_changed = True
         self._dirty.set()
-        if self.actions.wanted() != self.actions.shown():
-            self.actions.refresh()
 
     def refresh_after_cell(self) -> None:
         """Bring the figure up to date now, on the main thread (see ``_refresh_snapshot``)."""
@@ -355,8 +354,18 @@ class _LivePanel:
         self.update()
 
     def _read_session(self) -> None:
+        self._report_read = self._watcher_report()  # first: a newer one is read next time
         self._mode = _mode_text(self._session)
         self._banner_lines = _session_banner(self._session)
+
+    def _watcher_report(self) -> Any:
+        """The status watcher's last report (cheap, any thread), or None."""
+        watcher = getattr(self._session, "watcher", None)
+        try:
+            return watcher.latest() if watcher is not None else None
+        except Exception:
+            log.debug("jax_nbmem: the watcher's report is unavailable", exc_info=True)
+            return None
 
     def _on_sample(self, sample: Any) -> None:
         self._dirty.set()  # the sampler's thread: nothing more here
@@ -373,18 +382,23 @@ class _LivePanel:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._dirty.wait(_IDLE_CHECK_S):
-                continue
+            woken = self._dirty.wait(_IDLE_CHECK_S)
             if self.pause.value:
-                self._dirty.clear()
-                self._render_banner(self.sampler.latest(), paused=True)
+                if woken:
+                    self._dirty.clear()
+                    self._render_banner(self.sampler.latest(), paused=True)
+                continue
+            # A new look at who is on the GPU: its warnings reach the banner with no cell run.
+            news = self._watcher_report() is not self._report_read
+            if not woken and not news:
                 continue
             started, cpu = time.monotonic(), time.thread_time()
             self._dirty.clear()
             try:
-                if self._session_changed:  # a cell ended: its mode, warnings may have changed
+                if self._session_changed or news:  # a cell ended, or the watcher reported
                     self._session_changed = False
                     self._read_session()
+                    self.actions.refresh()  # its own lock: a click may redraw it meanwhile
                 self.update()
             except Exception:
                 log.debug("jax_nbmem: panel update failed", exc_info=True)

@@ -3,13 +3,15 @@
 One row per ``blocking-preallocation`` warning: a button naming the PID and notebook; a click
 asks for confirmation (Confirm / Cancel); Confirm hands over to the session, which refuses what
 must be refused (other users' processes, non-kernels) and says so. Clicks arrive on the kernel's
-main thread; nothing here raises into it.
+main thread, and the panel's update thread redraws the buttons when the warnings change (a lock
+keeps the two apart); nothing here raises into either.
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import threading
 from typing import Any
 
 from jax_nbmem.text import printable
@@ -22,7 +24,7 @@ _ACTIONABLE = ("blocking-preallocation",)
 
 
 class ShutdownActions:
-    """A box of shutdown buttons, rebuilt from the session's warnings on the main thread."""
+    """A box of shutdown buttons, rebuilt from the session's warnings (any thread)."""
 
     def __init__(self, session: Any, on_change: Any = None) -> None:
         import ipywidgets as widgets
@@ -32,6 +34,8 @@ class ShutdownActions:
         self._on_change = on_change  # called after a shutdown, to re-read the warnings
         self._pids: tuple[int, ...] = ()
         self._pending: int | None = None
+        # Held while the buttons change; never while calling out (a shutdown, on_change).
+        self._lock = threading.RLock()
         self.result = widgets.HTML()
         self.rows = widgets.VBox()
         self.widget = widgets.VBox([self.rows, self.result])
@@ -51,13 +55,14 @@ class ShutdownActions:
         return self._pids
 
     def refresh(self) -> None:
-        """Show one button per kernel the warnings say blocks the GPU (main thread only)."""
+        """Show one button per kernel the warnings say blocks the GPU (any thread)."""
         pids = self.wanted()
-        if pids != self._pids:
-            self._pids = pids
-            if self._pending not in pids:
-                self._pending = None
-            self._draw()
+        with self._lock:
+            if pids != self._pids:
+                self._pids = pids
+                if self._pending not in pids:
+                    self._pending = None
+                self._draw()
 
     def _label(self, pid: int) -> str:
         notebook = None
@@ -71,6 +76,7 @@ class ShutdownActions:
         return f"Shut down PID {pid}{name}"
 
     def _draw(self) -> None:
+        """Rebuild the rows (the caller holds the lock)."""
         widgets, rows = self._widgets, []
         for pid in self._pids:
             if pid == self._pending:
@@ -93,9 +99,10 @@ class ShutdownActions:
         self.rows.children = rows
 
     def _ask(self, pid: int | None) -> None:
-        self._pending = pid
-        self.result.value = ""
-        self._draw()
+        with self._lock:
+            self._pending = pid
+            self.result.value = ""
+            self._draw()
 
     def _confirmed(self, pid: int) -> None:
         try:
@@ -105,10 +112,12 @@ class ShutdownActions:
             message, done = f"Could not shut down PID {pid}: {type(exc).__name__}: {exc}", False
         colour = "#0f5132" if done else "#842029"
         text = html.escape(printable(message))
-        self.result.value = f"<span style='color:{colour}'>{text}</span>"
-        self._pending = None
+        with self._lock:
+            self.result.value = f"<span style='color:{colour}'>{text}</span>"
+            self._pending = None
+            if done:
+                self._pids = tuple(p for p in self._pids if p != pid)
         if done:
-            self._pids = tuple(p for p in self._pids if p != pid)
             try:
                 # The click runs on the main thread: a fresh look now, so the banner stops
                 # naming a kernel that is gone without waiting for the next cell.
@@ -117,4 +126,5 @@ class ShutdownActions:
                     self._on_change()
             except Exception:
                 log.debug("jax_nbmem: panel refresh after shutdown failed", exc_info=True)
-        self._draw()
+        with self._lock:
+            self._draw()

@@ -15,7 +15,8 @@ from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, Apply
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
 from jax_nbmem.allocator.report import format_applied, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
-from jax_nbmem.notebook.beacon import beacon_writer, share_dir
+from jax_nbmem.notebook.beacon import beacon_writer, own_beacon, share_dir
+from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
 from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
 from jax_nbmem.record.ledger import CellRecord, Ledger
 from jax_nbmem.record.sampler import Sampler, SamplerSource
@@ -83,7 +84,8 @@ class KernelSession:
             self.sampler.start()
             self.watcher.start()
         if self.beacon is not None:
-            self.beacon.start()
+            self.beacon.start()  # removed at exit; when the kernel's parent dies, too:
+            at_hard_exit(self.beacon.discard)
 
     def status(self) -> StatusReport:
         """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
@@ -92,7 +94,16 @@ class KernelSession:
             in_kernel=True,
             share_dir=share_dir(self),
             own_name=self.own_name,
+            own=self._own_account(),
         )
+
+    def _own_account(self):
+        """This kernel as its session knows it, for its own status row (None if that fails)."""
+        try:
+            return own_beacon(self)
+        except Exception:  # the row is then judged from outside, as any process's
+            log.debug("jax_nbmem: this kernel's own account failed", exc_info=True)
+            return None
 
     @property
     def own_name(self) -> str:
@@ -363,6 +374,7 @@ class KernelSession:
         self._release_claim()
         self._cell_listeners.clear()
         if self.beacon is not None:
+            forget_hard_exit(self.beacon.discard)
             self.beacon.close()
         self.watcher.stop()
         if self.sampler is not None:

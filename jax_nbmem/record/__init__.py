@@ -1,6 +1,7 @@
 """Core: what happened over time — the background sampler, its bounded history, the cell ledger.
 
-`sampler` reads memory on a daemon thread, `history` keeps those samples at bounded size with
-their peaks, `ledger` turns them into one record per cell. May import `gpu` and `units`; no
+`sampler` reads memory on a daemon thread (what it reads: `readings`), `history` keeps those
+samples at bounded size with their peaks, `peaks` folds a stretch of them into extremes,
+`ledger` turns them into one record per cell. May import `gpu` and `units`; no
 IPython, widgets or faces.
 """

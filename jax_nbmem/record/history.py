@@ -25,7 +25,8 @@ class GpuSample:
     JAX's allocator counters for the JAX device on this GPU, known only once the backend is up.
     ``jax_reserved`` is what JAX's allocator holds from the GPU: its pool (``pool_bytes``; the
     limit for cuda_async, which reports no pool). ``problem`` is NVML's one-line reason when
-    this GPU could not be read.
+    this GPU could not be read. ``reserved_bytes`` is the driver's own reserved memory, apart
+    from ``used_bytes`` (``None`` where NVML's v1 call counts it in ``used_bytes``).
     """
 
     index: int
@@ -41,6 +42,7 @@ class GpuSample:
     jax_reserved: int | None
     jax_limit: int | None
     problem: str | None = None
+    reserved_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,4 +201,5 @@ def _merge_gpu(old: GpuSample, new: GpuSample) -> GpuSample:
         jax_reserved=keep_extreme(max, old.jax_reserved, new.jax_reserved),
         jax_limit=keep_extreme(max, old.jax_limit, new.jax_limit),
         problem=new.problem or old.problem,
+        reserved_bytes=keep_extreme(max, old.reserved_bytes, new.reserved_bytes),
     )

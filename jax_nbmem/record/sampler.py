@@ -9,21 +9,32 @@ time in proportion to the number of arrays and is read at most every ``live_arra
 
 The sampler never raises out of its thread: a failed reading leaves its value ``None``, and
 the error is kept as text in :attr:`Sampler.last_error`.
+
+What it reads and how a reading becomes a GPU's sample is in :mod:`jax_nbmem.record.readings`;
+the extremes a cell's record keeps, in :mod:`jax_nbmem.record.peaks`. Their names are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from jax_nbmem.gpu import jaxstats
-from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory, keep_extreme
+from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
+from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
+from jax_nbmem.record.readings import (
+    ProcessSplit,
+    QuickReading,
+    SamplerSource,
+    gpu_samples,
+    jax_gpus,
+    moved_much,
+    split_by_gpu,
+)
 
 __all__ = [
     "GpuPeaks",
@@ -41,161 +52,10 @@ __all__ = [
 # The set of GPUs this kernel uses changes only if the user edits CUDA_VISIBLE_DEVICES before
 # starting JAX; re-reading it every few seconds (and at every sample_now) is plenty.
 _GPU_SET_REFRESH_S = 10.0
-_JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 # Walking jax.live_arrays() may take at most this share of one core.
 _LIVE_ARRAY_BUDGET = 0.005
 # Cells that end in quick succession share one after-cell reading at most this often.
 _MIN_AFTER_GAP_S = 0.05
-
-
-def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
-    from jax_nbmem.gpu import nvml
-
-    return nvml.memory(indices)
-
-
-def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
-    from jax_nbmem.gpu import nvml
-
-    return nvml.process_lists(indices)
-
-
-def _visible_gpu_indices() -> Sequence[int] | None:
-    from jax_nbmem.gpu import nvml, visible
-
-    every_gpu = nvml.gpus()
-    if not every_gpu:
-        return None  # NVML sees nothing right now: not "no GPUs are ours"
-    return tuple(visible.visible_gpus(every_gpu, os.environ).indices)
-
-
-@dataclass(frozen=True)
-class SamplerSource:
-    """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
-
-    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when
-    first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
-    numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
-    NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
-    a list failed) or flat process records.
-    """
-
-    memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
-    processes: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_processes
-    gpu_indices: Callable[[], Sequence[int] | None] = _visible_gpu_indices
-    backend_initialized: Callable[[], bool] = jaxstats.backend_initialized
-    device_stats: Callable[[], Sequence[Any]] = jaxstats.device_stats
-    live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
-    host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
-    pid: int = field(default_factory=os.getpid)
-    # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock and
-    # GPU devices only. None: device_stats itself (a fake source's, in tests), or JAX's own.
-    quick_device_stats: Callable[[], Sequence[Any]] | None = None
-
-    def __post_init__(self) -> None:
-        if self.quick_device_stats is None:
-            quick = self.device_stats
-            if quick is jaxstats.device_stats:
-                quick = jaxstats.gpu_stats_now
-            object.__setattr__(self, "quick_device_stats", quick)
-
-
-@dataclass(frozen=True)
-class GpuPeaks:
-    """Extremes of one GPU's series over the samples a tracker saw; ``None`` if never known."""
-
-    index: int
-    max_self_bytes: int | None
-    max_used_bytes: int | None
-    max_jax_in_use: int | None
-    max_jax_peak: int | None
-    min_free_bytes: int | None
-
-
-@dataclass(frozen=True)
-class Peaks:
-    """What a :class:`PeakTracker` saw between its opening and :meth:`PeakTracker.close`."""
-
-    samples: int
-    gpus: tuple[GpuPeaks, ...]
-    max_rss_bytes: int | None
-    max_live_array_bytes: int | None
-
-    def gpu(self, index: int) -> GpuPeaks | None:
-        """Return the extremes for NVML GPU *index*, or ``None`` if no sample had it."""
-        return next((g for g in self.gpus if g.index == index), None)
-
-    @classmethod
-    def of(cls, samples: Iterable[Sample]) -> Peaks:
-        """The extremes of ``samples``, folded at once (no tracker, no lock)."""
-        folding = _Extremes()
-        for sample in samples:
-            folding.add(sample)
-        return folding.result()
-
-
-class _Extremes:
-    """Maxima (and the minimum of free memory) folded one sample at a time."""
-
-    __slots__ = ("gpus", "samples", "max_rss", "max_live")
-
-    def __init__(self) -> None:
-        self.gpus: dict[int, GpuPeaks] = {}
-        self.samples = 0
-        self.max_rss: int | None = None
-        self.max_live: int | None = None
-
-    def add(self, sample: Sample) -> None:
-        self.samples += 1
-        for gpu in sample.gpus:
-            old = self.gpus.get(gpu.index) or GpuPeaks(gpu.index, *[None] * 5)
-            self.gpus[gpu.index] = GpuPeaks(
-                index=gpu.index,
-                max_self_bytes=keep_extreme(max, old.max_self_bytes, gpu.self_bytes),
-                max_used_bytes=keep_extreme(max, old.max_used_bytes, gpu.used_bytes),
-                max_jax_in_use=keep_extreme(max, old.max_jax_in_use, gpu.jax_in_use),
-                max_jax_peak=keep_extreme(max, old.max_jax_peak, gpu.jax_peak),
-                min_free_bytes=keep_extreme(min, old.min_free_bytes, gpu.free_bytes),
-            )
-        if sample.host is not None:
-            self.max_rss = keep_extreme(max, self.max_rss, sample.host.rss_bytes)
-            self.max_live = keep_extreme(max, self.max_live, sample.host.live_array_bytes)
-
-    def result(self) -> Peaks:
-        return Peaks(
-            samples=self.samples,
-            gpus=tuple(self.gpus[i] for i in sorted(self.gpus)),
-            max_rss_bytes=self.max_rss,
-            max_live_array_bytes=self.max_live,
-        )
-
-
-class PeakTracker:
-    """Accumulates maxima (and the minimum of free memory) over every sample while open.
-
-    Obtained from :meth:`Sampler.track`. Sees both the thread's samples and
-    :meth:`Sampler.sample_now`'s. :meth:`close` stops it; closing twice gives the same result.
-    """
-
-    def __init__(self, detach: Callable[[PeakTracker], None]):
-        self._detach = detach
-        self._lock = threading.Lock()
-        self._extremes = _Extremes()
-        self._result: Peaks | None = None
-
-    def observe(self, sample: Sample) -> None:
-        """Fold *sample* into the extremes (the sampler calls this; ignored once closed)."""
-        with self._lock:
-            if self._result is None:
-                self._extremes.add(sample)
-
-    def close(self) -> Peaks:
-        """Stop tracking and return what was seen."""
-        self._detach(self)
-        with self._lock:
-            if self._result is None:
-                self._result = self._extremes.result()
-            return self._result
 
 
 class Sampler:
@@ -253,7 +113,7 @@ class Sampler:
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
-        self._split: dict[int, _ProcessSplit] | None = None
+        self._split: dict[int, ProcessSplit] | None = None
         self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
         self._process_read_at = -math.inf
@@ -412,7 +272,7 @@ class Sampler:
         except Exception as exc:
             self._remember(exc)
             return None
-        stats = tuple(_jax_gpus(found)) if found else ()
+        stats = tuple(jax_gpus(found)) if found else ()
         return QuickReading(self._clock(), self._monotonic(), True, stats)
 
     def request_after(self, callback: Callable[[Sample, float], Any]) -> None:
@@ -520,20 +380,20 @@ class Sampler:
         due = self._process_due
         if self._busy:  # a cell runs: the list is due a busy interval after the last one
             due = min(due, self._process_read_at + self.busy_process_interval)
-        if _moved_much(used, self._used_at_process_read):
+        if moved_much(used, self._used_at_process_read):
             # Someone's bytes changed since the list: who holds what is stale. Read it again
             # soon (no more often than while a cell runs), so a jump of this kernel's memory
             # is not drawn, for a second, as another process's.
             due = min(due, self._process_read_at + self.busy_process_interval)
         if (force and moved) or now + slack >= due:
             listing = self._read(source.processes, None, indices)
-            split = _split_by_gpu(listing, source.pid)
+            split = split_by_gpu(listing, source.pid)
             with self._lock:
                 self._split, self._used_at_process_read = split, used
                 self._process_read_at = now
                 self._process_due = now + self.process_interval
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
-        gpu_stats = _jax_gpus(stats)
+        gpu_stats = jax_gpus(stats)
         if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
             # JAX's allocator counts its bytes itself: no need to walk every live array.
             self._live_bytes = None
@@ -544,22 +404,9 @@ class Sampler:
             # Walking the arrays costs time per array: read them less often the more there
             # are, so that it never takes more than its budget of a core.
             self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
-        # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
-        order = list(indices) if indices is not None else sorted(g.index for g in memory)
-        stats_by_index = dict(zip(order, gpu_stats, strict=False))
-        split = self._split
-        listed_used = self._used_at_process_read or {}
-        gpus = []
-        for reading in memory:
-            stale = _moved_much(
-                {reading.index: reading.used_bytes}, {reading.index: listed_used.get(reading.index)}
-            )
-            try:
-                gpus.append(
-                    _gpu_sample(reading, stats_by_index.get(reading.index), split, stale=stale)
-                )
-            except Exception as exc:  # a malformed reading loses its GPU, not the sample
-                self._remember(exc)
+        gpus = gpu_samples(
+            memory, indices, gpu_stats, self._split, self._used_at_process_read, self._remember
+        )
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
 
@@ -596,163 +443,6 @@ class Sampler:
                 deadline = _next_deadline(deadline, now, self.interval)
             self._wake.wait(max(0.0, deadline - now))
             self._wake.clear()
-
-
-class QuickReading(NamedTuple):
-    """What a cell hook reads itself (see :meth:`Sampler.quick_reading`).
-
-    ``jax`` holds JAX's GPU devices' counters (anything with ``id``, ``bytes_in_use`` and
-    ``peak_bytes_in_use``), in device order; empty before the backend starts or on the CPU.
-    A named tuple: made twice per cell, where a frozen dataclass costs several times more.
-    """
-
-    t: float
-    mono: float
-    jax_up: bool
-    jax: tuple[Any, ...]
-
-    def jax_in_use(self) -> int | None:
-        """Bytes JAX's arrays use over its GPU devices; None when any device cannot say."""
-        values = [getattr(d, "bytes_in_use", None) for d in self.jax]
-        return None if not values or None in values else sum(values)
-
-
-@dataclass(frozen=True)
-class _ProcessSplit:
-    """One GPU's process list, split once into this process's bytes and everyone else's.
-
-    ``mine`` is None when our PID is listed without bytes; ``listed`` says whether it is
-    listed at all; ``others`` is None when another process's bytes are unknown. A GPU whose
-    list could not be read has ``readable`` False (and its ``problem``): nothing is known.
-    """
-
-    listed: bool
-    mine: int | None
-    others: int | None
-    readable: bool = True
-    problem: str | None = None
-
-
-_UNLISTED = -1  # the split that stands for every GPU a flat process list does not name
-
-
-def _split_by_gpu(listing: Any, pid: int) -> dict[int, _ProcessSplit] | None:
-    """Per GPU, our bytes and the others' from one process-list reading; None if unread.
-
-    ``listing`` is what ``SamplerSource.processes`` returned: flat process records (``pid``,
-    ``gpu``, ``used_bytes``), or per-GPU lists (``gpu``, ``processes`` — None when that GPU's
-    list failed).
-    """
-    if listing is None:
-        return None
-    entries: dict[int, list[Any] | None] = {}
-    problems: dict[int, str | None] = {}
-    flat = True
-    for item in listing:
-        if hasattr(item, "processes"):
-            flat = False
-            entries[item.gpu] = None if item.processes is None else list(item.processes)
-            problems[item.gpu] = getattr(item, "problem", None)
-        else:
-            found = entries.setdefault(item.gpu, [])
-            if found is not None:
-                found.append(item)
-    split: dict[int, _ProcessSplit] = {}
-    for gpu, processes in entries.items():
-        if processes is None:
-            split[gpu] = _ProcessSplit(False, None, None, readable=False, problem=problems[gpu])
-            continue
-        mine = [p.used_bytes for p in processes if p.pid == pid]
-        theirs = [p.used_bytes for p in processes if p.pid != pid]
-        split[gpu] = _ProcessSplit(
-            listed=bool(mine),
-            mine=None if not mine or None in mine else sum(mine),
-            others=None if None in theirs else sum(theirs),
-            problem=problems.get(gpu),
-        )
-    if flat:  # a flat list names only GPUs with processes: the others have none
-        split[_UNLISTED] = _ProcessSplit(listed=False, mine=None, others=0)
-    return split
-
-
-def _jax_gpus(stats: Sequence[Any]) -> list[Any]:
-    """JAX's GPU devices among ``stats``, in device-id order."""
-    return sorted(
-        (s for s in stats if getattr(s, "platform", None) in _JAX_GPU_PLATFORMS),
-        key=lambda s: getattr(s, "id", None) or 0,
-    )
-
-
-def _held(stats: Any) -> int | None:
-    """What JAX's allocator holds (its pool): ``pool_bytes``, else ``bytes_limit``.
-
-    Never ``bytes_reserved``, which XLA leaves at 0 on GPUs.
-    """
-    if stats is None:
-        return None
-    pool = getattr(stats, "pool_bytes", None)
-    return pool if pool is not None else getattr(stats, "bytes_limit", None)
-
-
-# How far a GPU's used bytes may move before its process list is taken as out of date.
-_STALE_LIST_BYTES = 64 * 1024**2
-
-
-def _moved_much(used: dict[int, int | None], at_list: dict[int, int | None] | None) -> bool:
-    """Whether some GPU's used bytes moved by more than ``_STALE_LIST_BYTES`` since the list."""
-    if at_list is None:
-        return False
-    for index, now in used.items():
-        then = at_list.get(index)
-        if now is not None and then is not None and abs(now - then) > _STALE_LIST_BYTES:
-            return True
-    return False
-
-
-def _gpu_sample(
-    reading: Any, stats: Any, split: dict[int, _ProcessSplit] | None, stale: bool = False
-) -> GpuSample:
-    """One GPU's sample from its memory reading, JAX's counters and the process list's split.
-
-    *stale*: the GPU's used bytes moved since the process list was read, so the split cannot
-    say whose bytes moved; others are unknown (a gap, not a guess) until the next list.
-    """
-    used = reading.used_bytes
-    self_bytes: int | None = None
-    others: int | None = None
-    mine = split.get(reading.index, split.get(_UNLISTED)) if split is not None else None
-    if mine is not None and mine.readable:
-        if mine.listed:
-            self_bytes = mine.mine
-        elif stats is None and used is not None:
-            self_bytes = 0  # JAX does not use this GPU and NVML does not list us: nothing
-        # Otherwise our pid is missing from a GPU that JAX holds (e.g. NVML sees another PID
-        # namespace in a container): unknown, not 0.
-        if stale:
-            others = None
-        elif used is not None and self_bytes is not None:
-            others = max(0, used - self_bytes)
-        else:
-            others = mine.others
-    # No split: the GPU's process list could not be read, so who holds what is unknown.
-    return GpuSample(
-        index=reading.index,
-        uuid=reading.uuid,
-        name=reading.name,
-        total_bytes=reading.total_bytes,
-        used_bytes=used,
-        free_bytes=reading.free_bytes,
-        self_bytes=self_bytes,
-        others_bytes=others,
-        jax_in_use=getattr(stats, "bytes_in_use", None),
-        jax_peak=getattr(stats, "peak_bytes_in_use", None),
-        jax_reserved=_held(stats),
-        jax_limit=getattr(stats, "bytes_limit", None),
-        problem="; ".join(
-            filter(None, [getattr(reading, "problem", None), mine.problem if mine else None])
-        )
-        or None,
-    )
 
 
 def _next_deadline(previous: float, now: float, interval: float) -> float:

@@ -165,6 +165,7 @@ class ServerMonitor:
             execution_state=kernel.get("execution_state"),
             last_activity=kernel.get("last_activity"),
             path=path,
+            pid=kernel.get("pid"),
         )
 
     # ---- for the routes (any thread) ---------------------------------------------------

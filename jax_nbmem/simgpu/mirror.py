@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState
+from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
 __all__ = [
     "CONTEXT_BYTES",
@@ -139,6 +139,7 @@ class Mirror:
         self.written: int | None = None
         self._high_water = 0
         self._pool: int | None = None  # a preallocated pool's size, fixed when it was taken
+        self._said: str | None = None  # the state file's problem, said once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
 
@@ -152,21 +153,36 @@ class Mirror:
         """Stop the thread and take this process off the simulated GPU."""
         self._stop.set()
         if self.written is not None:
-            with contextlib.suppress(Exception):
-                SimState.read(self.state_path).remove_process(self.pid).write()
+            with contextlib.suppress(Exception), SimState.update(self.state_path) as state:
+                state.remove_process(self.pid)
             self.written = None
 
     def step(self) -> None:
-        """One look: write the entry if what the process would hold changed."""
+        """One look: write the entry if what the process would hold changed.
+
+        Under the state file's lock (:meth:`SimState.update`), so that the mirrors of several
+        kernels, and the tenant, never lose each other's lines. A state file with a problem
+        (edited by hand) is said once on stderr and left as it is until it is good again.
+        """
         if not _backend_started():
             return
         if self.mode is None:
             self.mode = started_mode(os.environ)  # as JAX read them, give or take a moment
         live = _live_array_bytes()
         self._high_water = max(self._high_water, live)
-        state = SimState.read(self.state_path)
+        try:
+            with SimState.update(self.state_path) as state:
+                self._hold(state, live)
+        except StateError as error:
+            if str(error) != self._said:
+                self._said = str(error)
+                print(f"jax_nbmem simulated GPU: the mirror waits: {error}", file=sys.stderr)
+            return
+        self._said = None
+
+    def _hold(self, state: SimState, live: int) -> None:
         total = state.total_bytes(self.gpu)
-        if total is None:
+        if total is None or self.mode is None:
             return
         free = state.free_bytes(self.gpu, leaving_out=self.pid)
         if preallocates(self.mode):
@@ -175,9 +191,9 @@ class Mirror:
             held = self._pool
         else:
             held = held_bytes(self.mode, total, live, self._high_water, free)
-        if held != self.written:
+        if held != self.written or state.process_bytes(self.pid) != held:
             state.remove_process(self.pid)
-            state.process(self.gpu, self.pid, held, ends_with_process=True).write()
+            state.process(self.gpu, self.pid, held, ends_with_process=True)
             self.written = held
 
     def _run(self) -> None:

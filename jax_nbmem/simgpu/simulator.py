@@ -30,30 +30,46 @@ import tempfile
 import time
 import uuid as uuid_module
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from jax_nbmem.simgpu.state import (
+    CALLS,
+    DEFAULT_RESERVED_BYTES,
+    GIB,
+    NVML_ERRORS,
+    STATE_FORMAT,
+    SimState,
+    StateError,
+)
+
 __all__ = [
-    "GIB",
     "CALLS",
+    "DEFAULT_RESERVED_BYTES",
+    "GIB",
     "LIBRARY_NAME",
     "NVML_ERRORS",
     "STATE_ENV_VAR",
     "SimState",
+    "StateError",
     "build",
     "demo_state",
     "env_for_subprocess",
     "preload",
 ]
 
-GIB = 1024**3
-DRIVER_BYTES = 500 * 1024**2  # what the stub counts as used besides its processes
+DRIVER_BYTES = DEFAULT_RESERVED_BYTES  # deprecated name: the default reserved memory
 LIBRARY_NAME = "libnvidia-ml.so.1"
 STATE_ENV_VAR = "JAX_NBMEM_SIMGPU_STATE"
 
 _SOURCE = Path(__file__).with_name("nvml_stub.c")
-_BASE_FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-Wl,-soname,{LIBRARY_NAME}")
-_DEFAULT_NAME = "NVIDIA H200 (simulated)"
+_BASE_FLAGS = (
+    "-O2",
+    "-shared",
+    "-fPIC",
+    "-pthread",
+    "-fvisibility=hidden",
+    f"-Wl,-soname,{LIBRARY_NAME}",
+)
 
 
 def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
@@ -68,7 +84,8 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
     Raises ``RuntimeError`` when no C compiler is found or compiling fails.
     """
     flags = (*_BASE_FLAGS, "-DSIM_OLD_DRIVER") if old_driver else _BASE_FLAGS
-    source = _SOURCE.read_bytes()
+    # nvml_stub.c includes the other parts: a change to any of them is a new build.
+    source = b"".join(part.read_bytes() for part in sorted(_SOURCE.parent.glob("nvml_*.c")))
     digest = hashlib.sha256(source + "\0".join(flags).encode()).hexdigest()[:16]
     flavor = "old-driver" if old_driver else "current"
     lib_dir = Path(dest_dir) / f"simgpu-{flavor}-{digest}"
@@ -79,6 +96,7 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
     if compiler is None:
         raise RuntimeError("no C compiler (gcc or cc) found to build the simulated GPU library")
     lib_dir.mkdir(parents=True, exist_ok=True)
+    lib_dir.chmod(0o755)  # whatever the umask: every user's processes load the one library
     fd, partial = tempfile.mkstemp(dir=lib_dir, prefix=".build-", suffix=".so")
     os.close(fd)
     try:
@@ -90,6 +108,7 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
         )
         if done.returncode != 0:
             raise RuntimeError(f"building the simulated GPU library failed:\n{done.stderr}")
+        os.chmod(partial, 0o755)  # as libnvidia-ml.so.1 is: readable by all
         os.replace(partial, lib_path)
     finally:
         if os.path.exists(partial):
@@ -123,287 +142,6 @@ def env_for_subprocess(
     return env
 
 
-# NVML's error codes (nvml.h) that the simulation can be told to return.
-NVML_ERRORS = {
-    "UNINITIALIZED": 1,
-    "INVALID_ARGUMENT": 2,
-    "NOT_SUPPORTED": 3,
-    "NO_PERMISSION": 4,
-    "INSUFFICIENT_SIZE": 7,
-    "DRIVER_NOT_LOADED": 9,
-    "GPU_IS_LOST": 15,
-    "UNKNOWN": 999,
-}
-# The calls a fault or a delay can target (see nvml_stub.c); "any" is every one of them.
-CALLS = ("init", "count", "name", "uuid", "memory", "processes", "driver", "any")
-
-
-@dataclass
-class _Gpu:
-    total: int
-    uuid: str
-    name: str | bytes
-    used: int | None
-    reserved: int
-    free: int | None = None
-    raw: bool = False
-
-
-@dataclass
-class _Process:
-    gpu: int
-    pid: int
-    used: int | None
-    graphics: bool
-    ends_with_process: bool = False
-
-
-@dataclass
-class SimState:
-    """What the simulated GPUs report; edit it, then ``write()`` it for readers to see.
-
-    Methods return the state itself, so calls chain. ``write()`` replaces the file atomically:
-    a reader in another process sees the old state or the new one, never a mix.
-    """
-
-    path: Path
-    driver: str = "550.54.15"
-    driver_loaded: bool = True
-    _gpus: dict[int, _Gpu] = field(default_factory=dict, init=False, repr=False)
-    _processes: list[_Process] = field(default_factory=list, init=False, repr=False)
-    _lost: set[int] = field(default_factory=set, init=False, repr=False)
-    _slow: dict[str, int] = field(default_factory=dict, init=False, repr=False)
-    _faults: list[tuple[str, int, int | None]] = field(default_factory=list, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
-
-    def gpu(
-        self,
-        index: int,
-        total: int,
-        uuid: str | None = None,
-        name: str | bytes | None = None,
-        used: int | None = None,
-        reserved: int = 0,
-        *,
-        free: int | None = None,
-        raw: bool = False,
-    ) -> SimState:
-        """Add (or replace) GPU ``index`` with ``total`` bytes.
-
-        ``uuid`` defaults to one derived from the index; ``name`` to a simulated H200 (bytes
-        are passed as they are, so a name need not be valid UTF-8). ``used`` pins the device's
-        used bytes; by default it is the sum of its processes plus 500 MiB for the driver
-        (:data:`DRIVER_BYTES`).
-        ``reserved`` is memory the driver keeps back (NVML's v2 memory info). ``raw=True``
-        reports ``total``, ``used`` and ``free`` exactly as given, even when they make no
-        sense (used above total, 2**64 - 1), as a confused driver would.
-        """
-        name = _DEFAULT_NAME if name is None else name
-        if isinstance(name, str) and ("\n" in name or " #" in name):
-            raise ValueError(f"a simulated GPU name cannot hold a newline or ' #': {name!r}")
-        if isinstance(name, bytes) and (len(name) >= 96 or b"\0" in name):
-            raise ValueError("a simulated GPU name in bytes must be < 96 bytes without NUL")
-        if uuid is None:
-            uuid = "GPU-" + str(uuid_module.uuid5(uuid_module.NAMESPACE_OID, f"simgpu-{index}"))
-        self._gpus[index] = _Gpu(total, uuid, name, used, reserved, free, raw)
-        return self
-
-    def slow(self, call: str, seconds: float) -> SimState:
-        """Make every ``call`` (see :data:`CALLS`) take ``seconds`` before it answers."""
-        if call not in CALLS:
-            raise ValueError(f"unknown NVML call {call!r}; one of {', '.join(CALLS)}")
-        self._slow[call] = max(0, round(seconds * 1000))
-        return self
-
-    def fail(self, call: str, error: str | int, gpu: int | None = None) -> SimState:
-        """Make ``call`` return NVML error ``error`` (a name of :data:`NVML_ERRORS` or a code).
-
-        Only on ``gpu`` when given, else on every GPU. ``fail("processes",
-        "INSUFFICIENT_SIZE")`` keeps saying the buffer is too small, as when processes come
-        and go between NVML's two calls.
-        """
-        if call not in CALLS:
-            raise ValueError(f"unknown NVML call {call!r}; one of {', '.join(CALLS)}")
-        code = NVML_ERRORS[error] if isinstance(error, str) else int(error)
-        self._faults.append((call, code, gpu))
-        return self
-
-    def heal(self) -> SimState:
-        """Take back every :meth:`slow` and :meth:`fail`."""
-        self._slow.clear()
-        self._faults.clear()
-        return self
-
-    def process(
-        self,
-        gpu: int,
-        pid: int,
-        used: int | None,
-        graphics: bool = False,
-        *,
-        ends_with_process: bool = False,
-    ) -> SimState:
-        """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell).
-
-        ``ends_with_process=True``: the GPU lists it only while a process ``pid`` exists, as
-        a real driver forgets a process that exited (the demo's kernels are written so).
-        """
-        self._processes.append(_Process(gpu, pid, used, graphics, ends_with_process))
-        return self
-
-    def remove_process(self, pid: int) -> SimState:
-        """Take process ``pid`` off every GPU."""
-        self._processes = [proc for proc in self._processes if proc.pid != pid]
-        return self
-
-    def lose(self, gpu: int) -> SimState:
-        """Make GPU ``gpu`` "fall off the bus": NVML calls on it fail with GPU_IS_LOST."""
-        self._lost.add(gpu)
-        return self
-
-    def recover(self, gpu: int) -> SimState:
-        """Bring a lost GPU back."""
-        self._lost.discard(gpu)
-        return self
-
-    def no_driver(self, missing: bool = True) -> SimState:
-        """Pretend the kernel driver is not loaded (or, with ``missing=False``, is back)."""
-        self.driver_loaded = not missing
-        return self
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> SimState:
-        """The state a file holds (what :meth:`write` wrote); an empty state if it is missing.
-
-        For writers that change one thing and keep the rest, as the kernels' mirrors do
-        (:mod:`jax_nbmem.simgpu.mirror`).
-        """
-        state = cls(Path(path))
-        try:
-            text = state.path.read_text()
-        except FileNotFoundError:
-            return state
-        for line in text.splitlines():
-            words = line.split()
-            if not words or words[0].startswith("#"):
-                continue
-            kind = words[0]
-            if kind == "driver" and len(words) > 1:
-                state.driver = words[1]
-            elif kind == "nodriver":
-                state.driver_loaded = False
-            elif kind == "gpu":
-                state._read_gpu(line)
-            elif kind == "proc":
-                fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
-                used = None if fields.get("used") == "na" else int(fields["used"])
-                state.process(
-                    int(words[1]),
-                    int(words[2]),
-                    used,
-                    fields.get("kind") == "graphics",
-                    ends_with_process=fields.get("ends") == "exit",
-                )
-            elif kind == "lost":
-                state.lose(int(words[1]))
-            elif kind == "slow":
-                state._slow[words[1]] = int(words[2])
-            elif kind == "fail":
-                state._faults.append(
-                    (words[1], int(words[2]), int(words[3]) if len(words) > 3 else None)
-                )
-        return state
-
-    def _read_gpu(self, line: str) -> None:
-        head, _, name = line.partition(" name=")
-        words = head.split()
-        fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
-        if "namehex" in fields:
-            gpu_name: str | bytes = bytes.fromhex(fields["namehex"])
-        else:
-            gpu_name = name
-        self._gpus[int(words[1])] = _Gpu(
-            total=int(fields["total"]),
-            uuid=words[2],
-            name=gpu_name,
-            used=int(fields["used"]) if "used" in fields else None,
-            reserved=int(fields.get("reserved", 0)),
-            free=int(fields["free"]) if "free" in fields else None,
-            raw="raw" in words[3:],
-        )
-
-    def process_bytes(self, pid: int) -> int | None:
-        """What process ``pid`` holds over all GPUs; None when it is on none (or unknown)."""
-        held = [proc.used for proc in self._processes if proc.pid == pid]
-        return sum(held) if held and None not in held else None
-
-    def free_bytes(self, gpu: int, leaving_out: int | None = None) -> int | None:
-        """What GPU ``gpu`` reports free, as the stub computes it, without process ``leaving_out``.
-
-        None when the state has no such GPU or pins numbers that say nothing (``raw``).
-        """
-        found = self._gpus.get(gpu)
-        if found is None or found.raw:
-            return None
-        if found.free is not None:
-            return found.free
-        if found.used is not None:
-            used = found.used
-        else:
-            held = [p.used or 0 for p in self._processes if p.gpu == gpu and p.pid != leaving_out]
-            used = DRIVER_BYTES + sum(held)
-        return max(0, found.total - found.reserved - used)
-
-    def total_bytes(self, gpu: int) -> int | None:
-        """GPU ``gpu``'s total memory, or None when the state has no such GPU."""
-        found = self._gpus.get(gpu)
-        return None if found is None else found.total
-
-    def render(self) -> str:
-        """Return the state file's text."""
-        lines = ["# jax_nbmem simulated GPU state", f"driver {self.driver}"]
-        if not self.driver_loaded:
-            lines.append("nodriver")
-        for index, gpu in sorted(self._gpus.items()):
-            used = "" if gpu.used is None else f" used={gpu.used}"
-            free = "" if gpu.free is None else f" free={gpu.free}"
-            raw = " raw" if gpu.raw else ""
-            name = (
-                f" namehex={gpu.name.hex()}" if isinstance(gpu.name, bytes) else f" name={gpu.name}"
-            )
-            lines.append(
-                f"gpu {index} {gpu.uuid} total={gpu.total}{used}{free} reserved={gpu.reserved}"
-                f"{raw}{name}"
-            )
-        for proc in self._processes:
-            used = "na" if proc.used is None else str(proc.used)
-            kind = "graphics" if proc.graphics else "compute"
-            ends = " ends=exit" if proc.ends_with_process else ""
-            lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}{ends}")
-        lines.extend(f"lost {index}" for index in sorted(self._lost))
-        lines.extend(f"slow {call} {ms}" for call, ms in sorted(self._slow.items()))
-        for call, code, gpu in self._faults:
-            lines.append(f"fail {call} {code}" + ("" if gpu is None else f" {gpu}"))
-        return "\n".join(lines) + "\n"
-
-    def write(self) -> Path:
-        """Write the state file atomically (temporary file, then rename) and return its path."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "w") as out:
-                # Every user's processes see the one GPU, as with /dev/nvidia*.
-                os.fchmod(out.fileno(), 0o644)
-                out.write(self.render())
-            os.replace(partial, self.path)
-        except BaseException:
-            os.unlink(partial)
-            raise
-        return self.path
-
-
 def demo_state(path: str | os.PathLike[str]) -> SimState:
     """Return (unwritten) a one-GPU state for the demo: a simulated 150 GB H200, no processes."""
     return SimState(Path(path)).gpu(0, total=150_000_000_000)
@@ -419,21 +157,6 @@ try:
     del _jax_nbmem_mirror
 except Exception as _error:  # a demo aid never stops a kernel from starting
     print(f"jax_nbmem simulated GPU: the mirror did not start ({_error})")
-"""
-
-
-STATE_FORMAT = """\
-The state file, one fact per line (what `SimState.write()` writes; `#` starts a comment):
-  driver VERSION
-  gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [raw] [name=NAME]
-  proc GPU PID used=BYTES|na [kind=compute|graphics] [ends=exit]
-  lost GPU | nodriver | slow CALL MS | fail CALL ERROR [GPU]
-A GPU's used memory is its processes' plus 500 MiB for the driver unless `used=` pins it.
-`ends=exit`: the process is listed only while it runs. CALL: init, count, name, uuid,
-memory, processes, driver or any. Edit the file at any time: every NVML call reads it again.
-Example, a neighbour holding 60 GiB of an 80 GiB GPU (or use the `tenant` command):
-  gpu 0 GPU-00000000-0000-0000-0000-000000000000 total=85899345920 name=NVIDIA H200 (simulated)
-  proc 0 12345 used=64424509440
 """
 
 
@@ -517,7 +240,10 @@ def start_tenant(
         )  # fmt: skip
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        held = SimState.read(state_path).process_bytes(process.pid)
+        try:
+            held = SimState.read(state_path).process_bytes(process.pid)
+        except StateError:  # being edited by hand: look again
+            held = None
         if held:
             return process.pid, held
         if process.poll() is not None:
@@ -525,6 +251,20 @@ def start_tenant(
         time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"the neighbour kernel did not take its pool; its log: {log_path}")
+
+
+def _check(path: Path) -> int:
+    """``check FILE``: what the stand-in would make of it (its reader and this one agree)."""
+    if not path.exists():
+        print(f"{path}: no such file (NVML would say the driver is not loaded)", file=sys.stderr)
+        return 1
+    try:
+        state = SimState.read(path)
+    except StateError as error:
+        print(f"{error}; the last good state stays in use", file=sys.stderr)
+        return 1
+    print(f"{path}: good: {state.summary()}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -543,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--old-driver", action="store_true", help="leave out newer functions")
     state_cmd = commands.add_parser("demo-state", help="write a one-GPU state file")
     state_cmd.add_argument("file")
+    check_cmd = commands.add_parser(
+        "check", help="say whether the simulated GPU would use a state file, or which line is bad"
+    )
+    check_cmd.add_argument("file")
     shell_cmd = commands.add_parser(
         "shell-env",
         help="build into DIR, write DIR/gpu.state (demo) if missing, print `export` lines",
@@ -589,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {pid}"
         )
         return 0
+    if args.command == "check":
+        return _check(Path(args.file))
     if args.command == "build":
         try:
             print(build(args.dir, old_driver=args.old_driver).parent)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
-from jax_nbmem.tenants.servers import current_user
+from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -107,8 +107,8 @@ def _label(tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME) -> s
     # size it is all there is to go by.
     if tenant.cmdline and (tenant.kind == "process" or tenant.source == "memory size"):
         details.append(f"`{tenant.cmdline}`")
-    if tenant.user and tenant.user != current_user():
-        details.append(f"user {tenant.user}")
+    if is_someone_else(tenant.user, tenant.hub_user):
+        details.append(owner_text(tenant.user, tenant.hub_user))
     text = f"{noun or 'unidentified process'} PID {tenant.pid}"
     text += f" ({', '.join(details)})" if details else ""
     return text[0].upper() + text[1:] if start else text
@@ -129,11 +129,18 @@ def _idle_clause(tenant: Tenant) -> str:
 
 def _fix(tenant: Tenant) -> str:
     restart = "restart it with `%jaxalloc off` in its first cell"
-    me = current_user()
-    if tenant.user and me and tenant.user != me:
+    if is_someone_else(tenant.user, tenant.hub_user):
+        if may_stop_others():
+            return (
+                f"As an administrator, stop it with `jax-nbmem shutdown {tenant.pid}` (through "
+                "its Jupyter server when it is a kernel), or ask its owner to "
+                f"{restart}."
+            )
+        owner = tenant.hub_user or tenant.user
         return (
-            f"Ask its owner ({tenant.user}) to shut it down or to {restart}, or ask an "
-            "administrator (`%jaxmem shutdown` stops only your own kernels)."
+            f"Ask its owner ({owner}) to shut it down or to {restart}, or ask an "
+            f"administrator to run `jax-nbmem shutdown {tenant.pid}` (`%jaxmem shutdown` "
+            "stops only your own kernels)."
         )
     if tenant.kind == "kernel":
         return f"Shut it down (`%jaxmem shutdown {tenant.pid}`) or {restart}."
@@ -147,7 +154,14 @@ def _why_preallocated(tenant: Tenant) -> str:
     """How we know that its memory is a preallocated pool, as its source tells."""
     if tenant.source == "beacon":
         mode = f" in mode '{tenant.mode}'" if tenant.mode else ""
-        return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
+        if (tenant.jax or {}).get("pool_bytes"):
+            return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
+        # Its beacon tells the mode but no pool (none yet for that GPU, or JAX started since
+        # it was written): the size NVML shows is that mode's pool.
+        return (
+            f"its JAX runs{mode}, as the kernel itself reports, and NVML shows it holding the "
+            "pool that mode preallocates"
+        )
     if tenant.source == "memory size":
         return (
             "probably JAX preallocation: its size matches the pool JAX takes by default "
@@ -273,7 +287,7 @@ def oom_diagnosis(
                     if tenant.source == "memory size"
                     else ", preallocated"
                 )
-            if tenant.source == "beacon" and tenant.mode:
+            if tenant.source in ("beacon", "session") and tenant.mode:
                 notes += f", mode {tenant.mode}"
             if tenant.kind == "unknown" and tenant.reason:
                 notes += f", not identified: {tenant.reason}"

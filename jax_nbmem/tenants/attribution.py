@@ -8,6 +8,7 @@ From these records come the warnings: whose preallocation blocks whom, and what 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -19,7 +20,8 @@ import psutil
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
-from jax_nbmem.tenants.servers import ServerKernel, kernel_sessions
+from jax_nbmem.tenants.owners import hub_user_of
+from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class ProcessInfo:
     gpu_device_open: bool | None = None
     mode_at_start: str | None = None
     notebook_shown: str | None = None
+    hub_user: str | None = None  # $JUPYTERHUB_USER in its environment (None: unread or none)
 
 
 @dataclass(frozen=True)
@@ -109,11 +112,13 @@ class Tenant:
     """One process's memory on one GPU, attributed. ``preallocated`` None means cannot tell.
 
     ``source`` says where the verdict came from: ``beacon`` (the kernel said so itself),
+    ``session`` (this very kernel, from its own session: only in its own status),
     ``environment`` (its environment at start and its memory maps), ``memory size`` (its
     insides cannot be read — another user's — and its size matches a preallocated pool), or
-    ``unknown``. ``mode`` is its allocator mode as that source knows it; ``jax`` its JAX
-    counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``, ``bytes_limit``,
-    ``peak_bytes_in_use``);
+    ``unknown``. ``mode`` is its allocator mode as that source knows it (``on (starting)``: its
+    beacon, up to a second behind, says not started, but NVML shows that mode's pool); ``jax``
+    its JAX counters on this GPU from its beacon (``bytes_in_use``, ``pool_bytes``,
+    ``bytes_limit``, ``peak_bytes_in_use``);
     ``idle_source`` is ``beacon`` (since its last finished cell) or ``server`` (its Jupyter
     server's last activity: approximate, widget traffic counts as activity).
     """
@@ -140,6 +145,7 @@ class Tenant:
     jax: dict | None = None
     idle_source: str | None = None
     mode_reason: str | None = None
+    hub_user: str | None = None  # its JupyterHub user name (beacon, else environment)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -147,7 +153,9 @@ class Tenant:
 
 
 def shown_notebook(path: str | None, user: str | None) -> str | None:
-    """A notebook's path as people read it: under its owner's home, ``~/...``; else as is.
+    """A notebook's path as people read it: under its owner's home, ``~/...`` or ``~alice/...``.
+
+    The reader's own home is ``~/``, another user's ``~name/``; a path elsewhere stays as is.
 
     A Jupyter server shows paths relative to its root (usually that home), which wins when
     it is known; this is for paths from a kernel's own environment or beacon.
@@ -159,7 +167,8 @@ def shown_notebook(path: str | None, user: str | None) -> str | None:
     except (KeyError, RuntimeError):
         return path
     if home and home != "/" and path.startswith(home.rstrip("/") + "/"):
-        return "~/" + path[len(home.rstrip("/")) + 1 :]
+        whose = user if user and user != current_user() else ""
+        return f"~{whose}/" + path[len(home.rstrip("/")) + 1 :]
     return path
 
 
@@ -173,9 +182,11 @@ def inspect_process(
     """Find out what ``pid`` is; never raises.
 
     ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.tenants.servers.ServerKernel`
-    (anything with ``.get``); a server's notebook path wins over ``JPY_SESSION_NAME``, which
-    keeps the name the notebook had when its kernel started. ``own_environ`` stands for our own
-    environment, which ``%jaxalloc`` may have changed since the process started.
+    (anything with ``.get``; with ``.for_pid`` too, a PID its server names as a kernel is that
+    kernel whatever its command line says); a server's notebook path wins over
+    ``JPY_SESSION_NAME``, which keeps the name the notebook had when its kernel started.
+    ``own_environ`` stands for our own environment, which ``%jaxalloc`` may have changed since
+    the process started.
     """
     if not 0 < pid <= PID_MAX:
         return ProcessInfo(
@@ -212,6 +223,11 @@ def inspect_process(
     session: ServerKernel | None = None
     if kernel_id is not None and server_sessions is not None:
         session = server_sessions.get(kernel_id)
+    by_pid = getattr(server_sessions, "for_pid", None)
+    if session is None and by_pid is not None and (session := by_pid(pid)) is not None:
+        # Its server says this PID is one of its kernels, whatever its command line shows.
+        kernel_id = session.kernel_id
+        kind = "kernel" if kind == "process" else kind
     notebook = session.notebook if session is not None else None
     if notebook is None and environ is not None:
         notebook = environ.get("JPY_SESSION_NAME") or None
@@ -238,6 +254,7 @@ def inspect_process(
         server_url=session.server_url if session is not None else None,
         gpu_device_open=None if maps is None else _GPU_DEVICE_MARKER in maps,
         mode_at_start=mode_at_start,
+        hub_user=hub_user_of(environ),
     )
 
 
@@ -271,6 +288,11 @@ def _kernel_id(connection_file: str | None) -> str | None:
     """The kernel id in Jupyter's ``kernel-<id>.json`` file name, if it is named so."""
     match = _KERNEL_ID.search(connection_file) if connection_file else None
     return match.group(1) if match else None
+
+
+def kernel_id_of(connection_file: str | None) -> str | None:
+    """The kernel id a connection file's name says (``kernel-<id>.json``), else None."""
+    return _kernel_id(connection_file)
 
 
 def own_kernel_id(argv: Sequence[str]) -> str | None:
@@ -320,6 +342,8 @@ def pool_sizes(fraction: float, total_bytes: int) -> list[float]:
     busy therefore holds one of the smaller sizes (followed down to a quarter of its share).
     """
     first = fraction * total_bytes
+    if not math.isfinite(first) or first <= 0:
+        return []  # no pool (0), or a fraction no GPU can hold (an infinite one loops forever)
     smallest = max(_SMALLEST_POOL_SHARE * first, _SMALLEST_POOL_BYTES)
     sizes, size = [first], first * RETRY_FACTOR
     while size >= smallest:
@@ -375,8 +399,8 @@ def attribute(
 ) -> list[Tenant]:
     """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
 
-    A process with a trusted beacon (``beacons``, default :func:`read_beacons`) is judged by
-    what it says of itself: its mode in effect, its pool, its idleness.
+    A process with a trusted beacon (``beacons``, default: :func:`read_beacons` of these PIDs)
+    is judged by what it says of itself: its mode in effect, its pool, its idleness.
 
     ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
     → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
@@ -398,7 +422,7 @@ def attribute(
     uuids = {gpu.index: gpu.uuid for gpu in gpus}
     if beacons is None:
         try:
-            beacons = read_beacons()
+            beacons = read_beacons(pids=[process.pid for process in processes])
         except Exception:  # never fatal: without beacons, judge as before
             beacons = {}
     infos: dict[int, ProcessInfo] = {}
@@ -423,6 +447,9 @@ def attribute(
         beacon = beacons.get(process.pid) if foreign is None else None
         if beacon is not None:
             verdict = _from_beacon(beacon, process.used_bytes, total, uuids.get(process.gpu))
+            if verdict["idle_s"] is None and info.idle_s is not None:
+                # No cell has finished there yet: its server's last activity is all there is.
+                verdict.update(idle_s=info.idle_s, idle_source="server")
         else:
             verdict = _from_outside(info, process.used_bytes, total)
         fields.update(verdict)
@@ -436,8 +463,16 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
     """The verdict on a process from what it said of itself (see :class:`Tenant`)."""
     counters = dict(beacon.gpus.get(uuid) or {}) if uuid else {}
     fraction = beacon.pool_fraction
-    if fraction == 0.0 or beacon.mode_in_effect is None:
-        preallocated: bool | None = False  # no pool in its mode, or no backend yet
+    mode = beacon.mode
+    if fraction == 0.0:
+        preallocated: bool | None = False  # no pool in its mode
+    elif beacon.mode_in_effect is None:
+        # Its backend had not started when it last wrote; a beacon is rewritten up to a second
+        # after JAX starts. A footprint the size of the pool its pending mode takes is that
+        # pool, taken since: NVML is newer than the beacon.
+        preallocated = None if fraction is None else _matches_a_pool(used, total, fraction)
+        if preallocated:
+            mode = f"{beacon.mode_requested or 'on'} (starting)"
     elif counters.get("pool_bytes") is not None:
         preallocated = counters["pool_bytes"] > 0
     elif fraction is None:
@@ -446,7 +481,7 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
         preallocated = _matches_a_pool(used, total, fraction)
     verdict = {
         "source": "beacon",
-        "mode": beacon.mode,
+        "mode": mode,
         "preallocated": preallocated,
         "jax": counters or None,
         "idle_s": beacon.idle_s(),
@@ -455,6 +490,8 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
     }
     if beacon.notebook:
         verdict["notebook"] = beacon.notebook
+    if beacon.hub_user:
+        verdict["hub_user"] = beacon.hub_user
     return verdict
 
 

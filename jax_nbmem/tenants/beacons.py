@@ -13,8 +13,12 @@ write. A beacon holds no secret: no token, no environment, no cell source (mode 
 variables only), and is world-readable (0644).
 
 A reader trusts a beacon only when it can check it: the PID is alive with the start time the
-beacon states, and the file's owner is that process's owner (nobody can speak for another's
-process). Symlinks, oversized, malformed or foreign-schema files are skipped, never fatal.
+beacon states, its file bears that PID's name, and the file's owner is that process's owner
+(nobody can speak for another's process). Anyone can write anything in a shared directory, so
+whatever else is there must neither crash, slow nor mislead a reader: a status opens only the
+beacons of the PIDs it looks at, by name, and never lists the directory; symlinks, FIFOs,
+directories, oversized files and malformed content of any shape (nesting too deep to parse,
+numbers beyond a float, wrong types, text that is not UTF-8) are skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import stat
 import tempfile
@@ -36,11 +41,13 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 __all__ = [
     "ENV_SHARE_DIR",
+    "MAX_PIDS",
     "SCHEMA",
     "Beacon",
     "BeaconWriter",
     "beacon_dirs",
     "read_beacons",
+    "read_small_file",
 ]
 
 log = logging.getLogger("jax_nbmem")
@@ -52,6 +59,9 @@ _SUFFIX = ".json"
 _MAX_BYTES = 64 * 1024
 # A beacon's start time and the process's may differ by the rounding of /proc's clock ticks.
 _START_SLACK_S = 1.0
+_MAX_KEY_CHARS = 256
+# More processes than any GPU node runs: what one look at the beacons reads at most.
+MAX_PIDS = 1024
 _WRITE_EVERY_S = 1.0
 
 
@@ -82,6 +92,7 @@ class Beacon:
     variables: Mapping[str, str] = field(default_factory=dict)
     path: str | None = None
     mode_reason: str | None = None  # why `auto` chose its mode
+    hub_user: str | None = None  # its JupyterHub user name ($JUPYTERHUB_USER), if any
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -140,24 +151,43 @@ class BeaconWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        # Writing and removing exclude each other, and nothing is written once removed: at
+        # exit the thread still runs (a daemon) while later exit handlers take their time.
+        self._lock = threading.Lock()
+        self._discarded = False
 
     def start(self) -> None:
         """Start the thread (a running one is reused) and remove the file at exit."""
         if self._thread is not None and self._thread.is_alive():
             return
+        self._discarded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-beacon", daemon=True)
         self._thread.start()
-        atexit.register(self._remove)
+        atexit.register(self.discard)
 
     def close(self) -> None:
         """Stop the thread and remove the beacon; a second call is a no-op."""
-        self._stop.set()
+        self.discard()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
-        self._remove()
-        atexit.unregister(self._remove)
+        atexit.unregister(self.discard)
+
+    def discard(self) -> None:
+        """Remove the beacon now and write it no more (until `start`); for any exit, any thread.
+
+        It waits for a write under way (at most a second: a hung shared directory must not
+        hold up the process's exit), never for the thread.
+        """
+        self._stop.set()
+        locked = self._lock.acquire(timeout=1.0)
+        try:
+            self._discarded = True
+            self._remove()
+        finally:
+            if locked:
+                self._lock.release()
 
     def write_now(self) -> bool:
         """Write the beacon if its facts changed; whether it was written anywhere."""
@@ -167,19 +197,20 @@ class BeaconWriter:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.debug("jax_nbmem: beacon facts failed", exc_info=True)
             return False
-        if facts == self._last:
-            return False
-        content, errors = {**facts, "written_at": time.time()}, []
-        for path in self.paths:
-            try:
-                _write_atomically(path, content)
-            except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
-                errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
-        self.last_error = "; ".join(errors) or None
-        if len(errors) == len(self.paths):
-            return False
-        self._last = facts
-        return True
+        with self._lock:
+            if self._discarded or facts == self._last:
+                return False
+            content, errors = {**facts, "written_at": time.time()}, []
+            for path in self.paths:
+                try:
+                    _write_atomically(path, content)
+                except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
+                    errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
+            self.last_error = "; ".join(errors) or None
+            if len(errors) == len(self.paths):
+                return False
+            self._last = facts
+            return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -212,21 +243,27 @@ def _write_atomically(path: str, content: dict) -> None:
         raise
 
 
-def read_beacons(dirs: Iterable[str] | None = None) -> dict[int, Beacon]:
+def read_beacons(
+    dirs: Iterable[str] | None = None, pids: Iterable[int] | None = None
+) -> dict[int, Beacon]:
     """The beacons in ``dirs`` (default: :func:`beacon_dirs`) that can be trusted, by PID.
 
-    Never raises: a file that cannot be read or trusted is left out.
+    With ``pids`` (e.g. the processes NVML lists), only those PIDs' beacons are opened, by
+    name (``jax_nbmem-beacon-<PID>.json``): the directories are not even listed, so nothing
+    anyone else leaves there costs a status anything (at most ``MAX_PIDS`` PIDs are asked
+    for). Without, each directory is listed and only the beacons of live PIDs are opened.
+    Either way a file is read only if it is a regular file of at most 64 KiB, and its parsed
+    form is reused while its inode, size and modification time stay the same.
+
+    Never raises: a file that cannot be read, parsed or trusted is left out.
     """
     found: dict[int, Beacon] = {}
+    wanted = None if pids is None else _pid_list(pids)
     for directory in beacon_dirs() if dirs is None else dirs:
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
+        if not isinstance(directory, str) or not directory:
             continue
-        for entry in entries:
-            if not (entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX)):
-                continue
-            beacon = _read_one(entry.path)
+        for pid in _listed_pids(directory) if wanted is None else wanted:
+            beacon = _read_one(os.path.join(directory, f"{_PREFIX}{pid}{_SUFFIX}"), pid)
             if beacon is not None and (
                 beacon.pid not in found or beacon.written_at > found[beacon.pid].written_at
             ):
@@ -234,62 +271,156 @@ def read_beacons(dirs: Iterable[str] | None = None) -> dict[int, Beacon]:
     return found
 
 
-def _read_one(path: str) -> Beacon | None:
+def _pid_list(pids: Iterable[int]) -> list[int]:
+    """The distinct, plausible PIDs among ``pids``, at most ``MAX_PIDS`` of them."""
+    chosen: dict[int, None] = {}
+    for pid in pids:
+        if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31:
+            chosen[pid] = None
+            if len(chosen) >= MAX_PIDS:
+                break
+    return list(chosen)
+
+
+def _listed_pids(directory: str) -> list[int]:
+    """PIDs of live processes that have a beacon's name in ``directory`` (listing only)."""
+    try:
+        names = os.listdir(directory)
+    except (OSError, ValueError):  # missing, not a directory, or a NUL in its name
+        return []
+    pids = []
+    for name in names:
+        digits = name[len(_PREFIX) : -len(_SUFFIX)]
+        if not (name.startswith(_PREFIX) and name.endswith(_SUFFIX)) or not _is_pid(digits):
+            continue
+        pid = int(digits)
+        if psutil.pid_exists(pid):  # a name for a dead PID is not opened
+            pids.append(pid)
+            if len(pids) >= MAX_PIDS:
+                break
+    return pids
+
+
+def _is_pid(digits: str) -> bool:
+    # As the writer spells it: ASCII digits, no sign, no leading zero, within a PID's range.
+    return (
+        0 < len(digits) <= 10
+        and digits.isascii()
+        and digits.isdigit()
+        and digits[0] != "0"
+        and int(digits) < 2**31
+    )
+
+
+# Parsed beacons by path, with the (device, inode, size, mtime, ctime, owner) they were parsed
+# from. A rewrite is a new file (written aside, then renamed), at most once a second: parsed
+# again. The file is read each time all the same (one read of at most 64 KiB): what is saved
+# is the parse.
+_parsed: dict[str, tuple[tuple, Beacon | None]] = {}
+_PARSED_MAX = 4096
+
+
+def read_small_file(path: str, max_bytes: int = _MAX_BYTES) -> tuple[bytes, os.stat_result] | None:
+    """The bytes of the regular file at ``path`` and its ``fstat``, or None; never blocks.
+
+    For files anyone may have put there: a symlink, a FIFO (opened without blocking, never
+    read), a directory, a device, a socket or a file over ``max_bytes`` gives None.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError:  # a symlink (ELOOP), gone, or not ours to read
+    except (OSError, ValueError):  # a symlink (ELOOP), gone, not ours to read, a NUL in it
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
             return None
-        data = os.read(fd, _MAX_BYTES + 1)
+        data = os.read(fd, max_bytes + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    try:
-        content = json.loads(data)
-        beacon = _beacon_from(content, path)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    return (data, info) if len(data) <= max_bytes else None  # None: it grew while read
+
+
+def _read_one(path: str, pid: int) -> Beacon | None:
+    """The beacon at ``path`` if it is well formed, speaks for ``pid`` and can be trusted."""
+    found = read_small_file(path)
+    if found is None:
         return None
-    if beacon is None or not _vouched_for(beacon, info.st_uid):
+    data, info = found
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+           info.st_uid)  # fmt: skip
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == key:
+        beacon = cached[1]
+    else:
+        beacon = _parse(data, path)
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()
+        _parsed[path] = (key, beacon)
+    if beacon is None or beacon.pid != pid or not _vouched_for(beacon, info.st_uid):
         return None
     return beacon
+
+
+def _parse(data: bytes, path: str) -> Beacon | None:
+    """The beacon in ``data``, or None for anything malformed, whatever its shape."""
+    try:
+        # Any user can write any bytes here: nesting too deep for the parser (RecursionError),
+        # numbers too big for a float (OverflowError), bytes that are no text (ValueError)...
+        # whatever the failure, the file is simply no beacon.
+        return _beacon_from(json.loads(data), path)
+    except Exception:
+        log.debug("jax_nbmem: malformed beacon %s", path, exc_info=True)
+        return None
 
 
 def _beacon_from(content: Any, path: str) -> Beacon | None:
     if not isinstance(content, dict) or content.get("schema") != SCHEMA:
         return None
-    pid, started_at = content["pid"], content["started_at"]
-    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(started_at, float | int):
+    pid, started_at = content.get("pid"), _number(content.get("started_at"))
+    if not isinstance(pid, int) or isinstance(pid, bool) or started_at is None:
         return None
     gpus = content.get("gpus") or {}
     if not isinstance(gpus, dict):
         return None
-    fraction = content.get("pool_fraction")
+    variables = content.get("variables") or {}
+    fraction = _number(content.get("pool_fraction"))
+    finished = _number(content.get("last_cell_finished_at"))
+    if finished is not None and not 0 < finished <= time.time() + 60:
+        finished = None  # before 1970 or in the future: no time it can know
     return Beacon(
         pid=pid,
-        started_at=float(started_at),
+        started_at=started_at,
         user=_text(content.get("user")),
         kernel_id=_text(content.get("kernel_id")),
         notebook=_text(content.get("notebook")),
         mode_requested=_text(content.get("mode_requested")),
         mode_in_effect=_text(content.get("mode_in_effect")),
-        pool_fraction=float(fraction) if isinstance(fraction, float | int) else None,
+        # A share of the GPU: a pool larger than the GPU is no pool anyone can model.
+        pool_fraction=fraction if fraction is not None and 0 <= fraction <= 1 else None,
         gpus={
-            str(uuid): {key: _count(value) for key, value in counters.items()}
+            uuid: {
+                key: _count(value)
+                for key, value in counters.items()
+                if _text(key, _MAX_KEY_CHARS) is not None
+            }
             for uuid, counters in gpus.items()
-            if isinstance(counters, dict)
+            if isinstance(counters, dict) and _text(uuid, _MAX_KEY_CHARS) is not None
         },
-        cell_running=bool(content.get("cell_running")),
-        last_cell_finished_at=_number(content.get("last_cell_finished_at")),
+        cell_running=content.get("cell_running") is True,
+        last_cell_finished_at=finished,
         written_at=_number(content.get("written_at")) or 0.0,
         jax=_text(content.get("jax")),
         jaxlib=_text(content.get("jaxlib")),
         jax_nbmem=_text(content.get("jax_nbmem")),
-        variables={str(k): str(v) for k, v in (content.get("variables") or {}).items()},
+        variables={
+            key: value
+            for key, value in (variables.items() if isinstance(variables, dict) else ())
+            if _text(key, _MAX_KEY_CHARS) is not None and _text(value) is not None
+        },
         mode_reason=_text(content.get("mode_reason")),
+        hub_user=_text(content.get("hub_user")),
         path=path,
     )
 
@@ -305,15 +436,33 @@ def _vouched_for(beacon: Beacon, owner_uid: int) -> bool:
         return False
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and len(value) <= 4096 else None
+def _text(value: Any, limit: int = 4096) -> str | None:
+    """``value`` if it is text of at most ``limit`` characters that can be printed as UTF-8.
+
+    A lone surrogate (a JSON escape such as D800 hex) parses, but printing it raises: not text.
+    """
+    if not isinstance(value, str) or len(value) > limit:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, float | int) and not isinstance(value, bool) else None
+    """A finite number as a float (not a bool, not NaN or infinite, not beyond a float)."""
+    if not isinstance(value, float | int) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _count(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """A byte count: a non-negative integer that fits in 63 bits (what gauges and JAX hold)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
     return None

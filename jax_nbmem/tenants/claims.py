@@ -7,9 +7,11 @@ in the beacon directories: its GPUs' UUIDs and the bytes it will take, for at mo
 (``jax_nbmem-claims.lock``, ``flock``) that every kernel takes around "read the claims, read
 NVML, choose, write my claim". The next kernel then subtracts what others claimed.
 
-A claim counts only while its process runs (its PID and start time match) and until it
-expires, and not once NVML lists that process holding about that much: then the bytes are
-in NVML's free memory already. Never raises: without a directory or a lock, a kernel decides
+A claim counts only while its process runs (its PID and start time match), when its file
+belongs to that process's owner (no user claims for another's process), and until it
+expires, and not once NVML lists that process holding about that much: then the bytes are in
+NVML's free memory already. A FIFO, a symlink or malformed content of any shape in a claim's
+name is no claim. Never raises: without a directory or a lock, a kernel decides
 from NVML alone, and says nothing more than it knows.
 """
 
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from jax_nbmem.tenants.beacons import read_small_file
+
 __all__ = ["CLAIM_TTL_S", "Claim", "ClaimBook", "claim_book"]
 
 log = logging.getLogger("jax_nbmem")
@@ -35,6 +39,7 @@ CLAIM_TTL_S = 30.0
 _LOCK_NAME = "jax_nbmem-claims.lock"
 _PREFIX = "jax_nbmem-claim-"
 _LOCK_WAIT_S = 5.0
+_MAX_BYTES = 16 * 1024  # a claim names a few GPUs
 
 
 @dataclass(frozen=True)
@@ -121,18 +126,25 @@ def _safe_key(key: str) -> str:
 
 
 def _read(path: str) -> Claim | None:
+    # Anyone can write into a shared directory: a FIFO of a claim's name must not hang the
+    # decision (nor a 5,000-deep array crash it), nor a claim speak for another's process.
+    found = read_small_file(path, _MAX_BYTES)
+    if found is None:
+        return None
+    data, info = found
     try:
-        with open(path, encoding="utf-8") as source:
-            content = json.load(source)
-        return Claim(
+        content = json.loads(data)
+        claim = Claim(
             pid=int(content["pid"]),
             started_at=float(content["started_at"]),
             bytes_by_gpu={str(k): int(v) for k, v in dict(content["bytes_by_gpu"]).items()},
             expires_at=float(content["expires_at"]),
             key=str(content.get("key") or content["pid"]),
         )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # half-written by someone, or not ours: not a claim
+        owner = psutil.Process(claim.pid).uids().real
+    except Exception:  # half-written, malformed whatever its shape, or its process gone
+        return None
+    return claim if owner == info.st_uid else None
 
 
 def _write_atomically(path: str, content: dict) -> None:

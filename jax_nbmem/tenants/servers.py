@@ -189,7 +189,8 @@ class ServerKernel:
     """One kernel as its Jupyter server sees it; ``notebook`` is None unless it serves one.
 
     ``notebook`` is the notebook's full path; ``path`` the path as the server shows it
-    (relative to its root directory).
+    (relative to its root directory). ``pid`` is its process where the server itself says so
+    (its provisioner: the server extension's own view); None from the HTTP API, which does not.
     """
 
     kernel_id: str
@@ -198,6 +199,7 @@ class ServerKernel:
     execution_state: str | None
     last_activity: float | None  # seconds since the epoch; None when the server did not say
     path: str | None = None
+    pid: int | None = None
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since the kernel's last activity; 0 while busy; None when unknown."""
@@ -214,10 +216,23 @@ class SessionIndex:
 
     kernels: Mapping[str, ServerKernel]
     unreachable: tuple[str, ...] = ()
+    _by_pid: Mapping[int, ServerKernel] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_pid = {k.pid: k for k in self.kernels.values() if k.pid is not None}
+        object.__setattr__(self, "_by_pid", by_pid)
 
     def get(self, kernel_id: str | None) -> ServerKernel | None:
         """The kernel's session, or None when no server answered for it."""
         return self.kernels.get(kernel_id) if kernel_id else None
+
+    def for_pid(self, pid: int) -> ServerKernel | None:
+        """The kernel whose process is ``pid``, where its server said its PID; else None.
+
+        A kernel's command line names its id only when it is ipykernel given its connection
+        file; its server knows it whatever runs it (another language, a wrapper script).
+        """
+        return self._by_pid.get(pid)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
+
+import psutil
 
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
@@ -18,6 +21,8 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.culling import notice_warning, read_notice
+from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -49,6 +54,13 @@ class StatusReport(dict):
         printer.text(format_status(self, self._own_name))
 
 
+def _own_start() -> float | None:
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
+
+
 def _own_jax_bytes() -> tuple[int | None, int | None]:
     """Bytes this process's arrays use and its allocator's pool holds, summed over GPUs."""
     stats = [s for s in jaxstats.device_stats() if s.bytes_in_use is not None]
@@ -68,6 +80,7 @@ def collect(
     share_dir: str | None = None,
     sessions=None,
     own_name: str = OWN_NAME,
+    own=None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -77,6 +90,9 @@ def collect(
     ``sessions`` (kernel id → `ServerKernel`) stands for asking the running Jupyter servers,
     e.g. a server's own kernels as the server extension knows them. ``own_name`` is how the
     warnings name this process ("this kernel"; "this IPython session" in a terminal).
+    ``own`` (a `Beacon` built from the kernel's session, not read from a file) is what this
+    process knows of itself: its row says that (``source: session``, no idleness: it is
+    running the cell that asks). No beacon file is ever believed about this process.
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -90,7 +106,10 @@ def collect(
     state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
-    beacons = read_beacons(beacon_dirs(share_dir))
+    beacons = read_beacons(beacon_dirs(share_dir), pids={p.pid for p in processes})
+    beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
+    if own is not None:
+        beacons[own_pid] = own
     tenants = attribute(
         processes,
         gpus,
@@ -100,6 +119,8 @@ def collect(
         beacons=beacons,
         sessions=sessions,
     )
+    if own is not None:
+        tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
     notes = [visible.note] if visible.note else []
 
     fraction = None
@@ -131,9 +152,10 @@ def collect(
                 "name": g.name,
                 "total_bytes": g.total_bytes,
                 "used_bytes": g.used_bytes,
+                "reserved_bytes": g.reserved_bytes,
                 "free_bytes": g.free_bytes,
                 "ours": g.index in ours,
-                "problem": "; ".join(filter(None, [g.problem, list_problems.get(g.index)])) or None,
+                "problem": nvml.gpu_problem(g.problem, list_problems.get(g.index)),
             }
             for g in gpus
         ],
@@ -142,6 +164,12 @@ def collect(
         notes=notes,
         pid=own_pid,
     )
+    if in_kernel:  # the node's GPU culler may have warned this kernel
+        notice = read_notice(beacon_dirs(share_dir), own_pid, _own_start())
+        own_gpu = next((t.gpu for t in tenants if t.pid == own_pid), None)
+        pending = notice_warning(notice, own_pid, own_gpu)
+        if pending is not None:
+            report["warnings"].insert(0, pending)
     report._tenants = tenants
     report._gpu_memory = gpus
     report._own_name = own_name
@@ -157,6 +185,11 @@ def collect(
     return report
 
 
+def _from_session(tenant):
+    """This process's row, judged by its session's own account (see ``collect``'s ``own``)."""
+    return replace(tenant, source="session", idle_s=None, idle_source=None)
+
+
 def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     kind = process["kind"]
     label = {"self": own_name, "kernel": "kernel", "process": "process"}.get(kind, kind)
@@ -165,10 +198,12 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append(process.get("notebook_shown") or process["notebook"])
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
+    if is_someone_else(process.get("user"), process.get("hub_user")):
+        parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    if source == "beacon" and process.get("mode"):
+    if source in ("beacon", "session") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):
         parts.append(f"(mode at its start: {process['mode_at_start']})")
@@ -203,14 +238,18 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
                 f"Host memory of this process (no GPU view): RSS {format_bytes(host['rss_bytes'])}"
                 f", JAX live arrays {format_bytes(host.get('live_array_bytes'))}"
             )
-    elif nvml_state.get("reason"):
+    elif nvml_state.get("reason") and not any(
+        nvml_state["reason"] in (gpu.get("problem") or "") for gpu in report["gpus"]
+    ):  # a problem of one GPU is said under that GPU
         lines.append(f"NVML: {nvml_state['reason']}")
     for gpu in report["gpus"]:
         mark = "" if gpu["ours"] else "  (not visible to this process)"
+        reserved = gpu.get("reserved_bytes")
+        reserved_text = f", {format_bytes(reserved)} reserved by the driver" if reserved else ""
         lines.append(
             f"GPU {gpu['index']}: {gpu['name'] or 'name unknown'} — "
             f"{format_bytes(gpu['used_bytes'])} used of {format_bytes(gpu['total_bytes'])}, "
-            f"{format_bytes(gpu['free_bytes'])} free{mark}"
+            f"{format_bytes(gpu['free_bytes'])} free{reserved_text}{mark}"
         )
         if gpu.get("problem"):
             lines.append(f"  {gpu['problem']}")

@@ -110,7 +110,8 @@ class DeviceRoom:
     ``reason``). ``limit`` is ``"pool"`` when JAX's pool is what limits it (its ``bytes_limit``
     less ``bytes_in_use``), ``"device"`` when the GPU's free memory is (or the host's available
     memory, for a CPU device). The other fields are the readings it came from (``None`` where
-    unread): JAX's counters, NVML's free and total and this process's bytes on the GPU.
+    unread): JAX's counters, NVML's free and total and this process's bytes on the GPU, and
+    the memory the GPU's driver reserves for itself (``None`` where NVML does not tell it).
     """
 
     device: str
@@ -128,6 +129,7 @@ class DeviceRoom:
     total_bytes: int | None = None
     self_bytes: int | None = None
     preallocated: bool | None = None
+    reserved_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-friendly."""
@@ -303,6 +305,7 @@ def room_of(
         total_bytes=getattr(gpu, "total_bytes", None),
         self_bytes=self_bytes,
         preallocated=preallocated,
+        reserved_bytes=getattr(gpu, "reserved_bytes", None),
     )
 
 
@@ -364,6 +367,7 @@ class _GpuReading:
     free_bytes: int | None
     total_bytes: int | None
     self_bytes: int | None
+    reserved_bytes: int | None = None
 
 
 def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
@@ -388,8 +392,9 @@ def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
         reading = memory.get(index)
         if reading is not None:
             found[device] = _GpuReading(
-                index, reading.free_bytes, reading.total_bytes, mine.get(index)
-            )
+                index, reading.free_bytes, reading.total_bytes, mine.get(index),
+                reading.reserved_bytes,
+            )  # fmt: skip
     return found
 
 

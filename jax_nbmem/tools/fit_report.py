@@ -299,7 +299,9 @@ def _cheapest_change(
             )
     others = None
     if room.total_bytes is not None and room.self_bytes is not None:
-        others = max(0, room.total_bytes - room.free_bytes - room.self_bytes)
+        # What the driver reserves for itself is no process's to give back.
+        held_by_all = room.total_bytes - room.free_bytes - (room.reserved_bytes or 0)
+        others = max(0, held_by_all - room.self_bytes)
     if others:
         return (
             f"other processes hold {format_bytes(others)} of GPU {room.gpu_index}; "

@@ -8,6 +8,7 @@ gone and back, threads) run in this process with the stub preloaded.
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import json
 import os
 import subprocess
@@ -20,7 +21,8 @@ from jax_nbmem.gpu import nvml
 from jax_nbmem.simgpu import GIB
 
 MIB = 1024**2
-BASE_USED = 500 * MIB  # what the simulated driver itself holds on every GPU
+# R510+ drivers (the simulated one's default): a GPU's used memory is its processes', nothing more.
+BASE_USED = 0
 
 REPORT = """
 import dataclasses, json, logging, sys
@@ -68,9 +70,9 @@ def test_one_gpu_with_a_process(sim_state, simgpu_env):
     assert gpu["index"] == 0 and gpu["uuid"].startswith("GPU-")
     assert gpu["name"] == "NVIDIA H200 (simulated)"
     assert gpu["total_bytes"] == 80 * GIB
-    assert gpu["used_bytes"] == GIB + 4 * GIB + BASE_USED  # reserved counts as used
+    assert gpu["used_bytes"] == 4 * GIB + BASE_USED  # as nvidia-smi shows it: reserved apart
     assert gpu["reserved_bytes"] == GIB
-    assert gpu["used_bytes"] + gpu["free_bytes"] == gpu["total_bytes"]
+    assert gpu["used_bytes"] + gpu["reserved_bytes"] + gpu["free_bytes"] == gpu["total_bytes"]
     assert gpu["problem"] is None
     assert seen["procs"] == [{"pid": 4242, "gpu": 0, "used_bytes": 4 * GIB}]
     assert "LOG" not in log
@@ -113,7 +115,7 @@ def test_old_driver_falls_back_without_raising(sim_state, simgpu_old_driver_lib)
     [gpu] = seen["gpus"]
     assert seen["first"] == seen["gpus"]
     assert gpu["reserved_bytes"] is None  # the old call cannot tell reserved from used
-    assert gpu["used_bytes"] == GIB + 2 * GIB + BASE_USED
+    assert gpu["used_bytes"] == GIB + 2 * GIB
     assert gpu["used_bytes"] + gpu["free_bytes"] == 80 * GIB
     assert log.count("v2 memory") == 1
     assert log.count("compute process list _v3") == 1
@@ -275,6 +277,67 @@ def test_importing_loads_nothing_until_asked():
     assert seen == {"before": [], "after": ["pynvml"]}
 
 
+# --- other tools in the process: they replace pynvml's functions ------------------------------
+
+
+def _replace_memory_call(monkeypatch) -> None:
+    """Replace pynvml's memory call with a one-argument wrapper, as gpustat does on import."""
+    import pynvml
+
+    original = pynvml.nvmlDeviceGetMemoryInfo
+
+    @functools.wraps(original)
+    def nvmlDeviceGetMemoryInfo(handle):
+        return original(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo)
+
+
+def test_memory_is_read_when_another_tool_replaced_the_call(simgpu_in_process, monkeypatch):
+    simgpu_in_process.gpu(0, total=80 * GIB, reserved=GIB).process(0, 4242, 4 * GIB).write()
+    _replace_memory_call(monkeypatch)
+    [gpu] = nvml.gpus()
+    assert gpu.problem is None and nvml.status() == nvml.NvmlStatus(True, None)
+    assert (gpu.used_bytes, gpu.reserved_bytes) == (4 * GIB + BASE_USED, GIB)
+    assert gpu.free_bytes == 80 * GIB - GIB - 4 * GIB - BASE_USED
+    assert [p.pid for p in nvml.processes()] == [4242]
+
+
+def test_a_pynvml_that_cannot_ask_for_v2_falls_back_to_v1_and_says_so_once(
+    simgpu_in_process, monkeypatch, caplog
+):
+    import pynvml
+
+    simgpu_in_process.gpu(0, total=80 * GIB, reserved=GIB).process(0, 4242, 4 * GIB).write()
+    _replace_memory_call(monkeypatch)
+    monkeypatch.delattr(pynvml, "c_nvmlMemory_v2_t")  # no way left to the v2 call
+    with caplog.at_level("INFO", logger=nvml.__name__):
+        readings = [nvml.gpus() for _ in range(3)]
+    assert readings[0] == readings[1] == readings[2]
+    [gpu] = readings[0]
+    assert gpu.problem is None and gpu.reserved_bytes is None
+    assert gpu.used_bytes == GIB + 4 * GIB + BASE_USED  # v1 counts reserved as used
+    assert gpu.used_bytes + gpu.free_bytes == gpu.total_bytes
+    said = [r.getMessage() for r in caplog.records if "v1" in r.getMessage()]
+    assert len(said) == 1 and "replaced" in said[0]
+
+
+def test_importing_gpustat_loses_no_reading(sim_state, simgpu_env):
+    pytest.importorskip("gpustat")
+    sim_state.gpu(0, total=80 * GIB, reserved=GIB).process(0, 4242, 4 * GIB).write()
+    seen, _ = run_nvml(
+        "import gpustat, pynvml\n"
+        "replaced = pynvml.nvmlDeviceGetMemoryInfo.__code__.co_argcount == 1\n"
+        "report(replaced=replaced, status=nvml.status(), gpus=nvml.gpus(), procs=nvml.processes())",
+        simgpu_env,
+    )
+    assert seen["replaced"] is True  # this gpustat still replaces the call
+    assert seen["status"] == {"available": True, "reason": None}
+    [gpu] = seen["gpus"]
+    assert (gpu["used_bytes"], gpu["reserved_bytes"]) == (4 * GIB + BASE_USED, GIB)
+    assert seen["procs"] == [{"pid": 4242, "gpu": 0, "used_bytes": 4 * GIB}]
+
+
 # --- faults a real driver shows: failed lists, impossible numbers, bad names, slowness ------
 
 
@@ -292,6 +355,27 @@ def test_a_process_list_nvml_cannot_give_is_unknown_not_empty(sim_state, simgpu_
     assert fine == {"gpu": 1, "processes": [{"pid": 4343, "gpu": 1, "used_bytes": GIB}],
                     "problem": None}  # fmt: skip
     assert seen["flat"] == [{"pid": 4343, "gpu": 1, "used_bytes": GIB}]
+
+
+def test_a_list_that_changed_size_between_the_two_calls_is_asked_again(
+    simgpu_in_process, monkeypatch
+):
+    import pynvml
+
+    simgpu_in_process.gpu(0, total=80 * GIB).process(0, 4242, 4 * GIB).write()
+    assert nvml.processes() == [nvml.GpuProcess(4242, 0, 4 * GIB)]
+    original, calls = pynvml.nvmlDeviceGetComputeRunningProcesses_v3, []
+
+    def grew_once(handle):  # a process started between NVML's count and its copy
+        calls.append(handle)
+        if len(calls) == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return original(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v3", grew_once)
+    [listing] = nvml.process_lists()
+    assert listing == nvml.GpuProcesses(0, (nvml.GpuProcess(4242, 0, 4 * GIB),))
+    assert len(calls) == 2 and nvml.status() == nvml.NvmlStatus(True, None)
 
 
 def test_impossible_numbers_are_dropped_and_said(sim_state, simgpu_env):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -53,7 +54,10 @@ def test_a_hung_nvml_does_not_hold_up_cells_and_status_says_it_is_slow(sim_state
     assert all(o.error is None for o in out), [o.text for o in out]
     # Three cells, hooks included, while NVML answers once every 3 s: no cell waited for it.
     assert _last_json(out[5]) < 1.0
-    assert "NVML is slow: reading memory took 3.0 s" in out[6].stdout
+    slow = re.search(r"NVML is slow: reading memory took (\d+\.\d) s", out[6].stdout)
+    assert slow, out[6].stdout
+    # The call sleeps 3 s; a loaded machine may add a little, never take less.
+    assert 3.0 <= float(slow.group(1)) < 6.0, slow.group(0)
 
 
 def test_an_interrupt_inside_a_hook_shows_no_traceback_of_ours(sim_state, simgpu_env):

@@ -141,7 +141,51 @@ def test_a_change_inside_the_cell_that_starts_jax_is_reported_as_inexact():
             "%jaxalloc",
         ]
     )
-    assert "may have changed since" in out[2].stdout
+    assert "they were changed in the cell that started it, so JAX may have read others" in (
+        out[2].stdout
+    )
+
+
+# This process's beacon once it says JAX started (the beacon thread writes within a second).
+BEACON_SAYS = (
+    "import json, os, time\n"
+    "name = f'jax_nbmem-beacon-{os.getpid()}.json'\n"
+    "path = os.path.join(os.environ['JUPYTER_RUNTIME_DIR'], name)\n"
+    "for _ in range(300):\n"
+    "    facts = json.load(open(path)) if os.path.exists(path) else {}\n"
+    "    if facts.get('mode_in_effect'): break\n"
+    "    time.sleep(0.1)\n"
+    "print(json.dumps({k: facts.get(k) for k in ('mode_in_effect', 'variables')}))"
+)
+
+
+def test_a_mode_set_in_the_cell_that_starts_jax_is_what_jax_started_with():
+    # The extension loaded earlier (as a kernelspec or config loads it), then one cell that
+    # chooses the mode and starts JAX: the variables changed during that cell, by jax_nbmem,
+    # before the backend started.
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxalloc off\nimport jax.numpy as jnp\njnp.ones(1)",
+            "%jaxalloc",
+            BEACON_SAYS,
+        ]
+    )
+    assert all(o.error is None for o in out), [o.error_text for o in out]
+    report = out[2].stdout
+    assert "started in cell [2] on cpu with: off" in report
+    assert "may have" not in report and "only a new kernel" not in report
+    assert json.loads(out[3].stdout.strip().splitlines()[-1]) == {
+        "mode_in_effect": "off",
+        "variables": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    }
+    # Loaded in that same cell too: still exact.
+    out = run_cells(
+        ["%load_ext jax_nbmem\n%jaxalloc fraction 0.3\nimport jax.numpy as jnp\njnp.ones(1)",
+         "%jaxalloc"]
+    )  # fmt: skip
+    assert "started in cell [1] on cpu with: fraction 0.3" in out[1].stdout
+    assert "may have" not in out[1].stdout
 
 
 def test_extension_loaded_after_jax_started_says_so():

@@ -6,10 +6,14 @@ messages on IOPub) and what the kernel holds (the plot widget's synced parts).
 
 import json
 import queue
+import subprocess
+import sys
+import time
 
 import pytest
 
 from jax_nbmem.simgpu import GIB
+from tests.ipython_session import clean_environ
 from tests.kernels import execute, running_kernel
 
 pytestmark = pytest.mark.kernel
@@ -156,3 +160,84 @@ def test_fallbacks_refresh_after_each_cell(gpu_kernel, kind):
             and refreshed is None
         ), "no refresh of the panel after the cell"
     assert "x = sum(range(1000))" in refreshed["text/plain"]  # the new cell's row
+
+
+# A neighbour as NVML and /proc see it: a process whose JAX runs in its default mode (so its
+# 60 GiB are its preallocated pool), naming a notebook; it waits until it is killed.
+NEIGHBOUR = "import jax, sys, time; print('ready', flush=True); time.sleep(600)"
+PREALLOCATED = 60 * GIB + (300 << 20)  # 75% of 80 GiB plus its CUDA context
+
+
+def follow_state(client, synced, done, timeout=45):
+    """Read IOPub, with no cell run, until ``done(synced)`` holds; returns ``synced``.
+
+    ``synced`` maps each widget's id to its state as a frontend would hold it: the comm
+    messages (openings and updates) sent since, merged in order.
+    """
+    deadline = time.monotonic() + timeout
+    while not done(synced):
+        try:
+            msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"not within {timeout}s; last seen: {synced}") from None
+        assert msg["msg_type"] != "execute_input", "a cell ran: the test must not run one"
+        if msg["msg_type"] in ("comm_open", "comm_msg"):
+            content = msg["content"]
+            state = content.get("data", {}).get("state", {})
+            synced.setdefault(content["comm_id"], {}).update(state)
+    return synced
+
+
+def test_the_banner_follows_the_watcher_while_no_cell_runs(sim_state, simgpu_env):
+    """The warnings, their names and their buttons follow the GPU while the kernel is idle."""
+    sim_state.gpu(0, total=80 * GIB).write()
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR],
+        env={**simgpu_env, **clean_environ(), "JPY_SESSION_NAME": "/home/ada/neighbour.ipynb"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert neighbour.stdout.readline().strip() == "ready"
+        with running_kernel(env=simgpu_env) as (_, client):
+            ids, _ = execute(
+                client,
+                "%config JaxNbMem.status_interval = 0.5\n"
+                + SHOW_PANEL_CELL
+                + "_live = _jaxmem_session._panel_state.live\n"
+                "print('IDS', _live.banner.model_id, _live.actions.rows.model_id)",
+            )
+            banner_id, rows_id = ids[ids.index("IDS") :].split()[1:3]
+
+            def banner(synced):
+                return synced.get(banner_id, {}).get("value", "")
+
+            def buttons(synced):
+                rows = synced.get(rows_id, {}).get("children", [])
+                ids = [row.removeprefix("IPY_MODEL_") for row in rows]
+                return [synced.get(i, {}).get("description") for i in ids]
+
+            # A neighbour appears while no cell runs: the banner names it, with its button.
+            sim_state.gpu(0, total=80 * GIB).process(0, neighbour.pid, PREALLOCATED).write()
+            named = f"PID {neighbour.pid} (notebook /home/ada/neighbour.ipynb"
+            button = f"Shut down PID {neighbour.pid} (neighbour.ipynb)"
+            synced = follow_state(client, {}, lambda s: named in banner(s) and buttons(s))
+            assert "blocking-preallocation" in banner(synced)
+            synced = follow_state(client, synced, lambda s: buttons(s) == [button])
+
+            # It goes: the warning and its button go too, still without a cell.
+            neighbour.kill()
+            neighbour.wait()
+            sim_state.gpu(0, total=80 * GIB).write()
+            follow_state(
+                client,
+                synced,
+                lambda s: (
+                    "Live: sampling" in banner(s)
+                    and "blocking" not in banner(s)
+                    and buttons(s) == []
+                ),
+            )
+    finally:
+        neighbour.kill()
+        neighbour.wait()

@@ -17,13 +17,21 @@ pytest_plugins = ("tests.jupyterlab",)
 
 def run_in_kernel(server, kernel_id: str, code: str) -> None:
     """Run *code* in one of the server's kernels, through its connection file."""
-    client = BlockingKernelClient(
-        connection_file=str(server.log_path.parent / "runtime" / f"kernel-{kernel_id}.json")
-    )
-    client.load_connection_file()
-    client.start_channels()
+    connection = str(server.log_path.parent / "runtime" / f"kernel-{kernel_id}.json")
+    deadline = time.monotonic() + 90
+    while True:  # a kernel still importing misses heartbeats, and clients call it dead
+        client = BlockingKernelClient(connection_file=connection)
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=30)
+            break
+        except RuntimeError:
+            client.stop_channels()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
     try:
-        client.wait_for_ready(timeout=60)
         reply = client.execute_interactive(code, timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:

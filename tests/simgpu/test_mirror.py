@@ -170,3 +170,29 @@ def test_a_neighbour_that_preallocated_is_named_as_blocking(demo_env, monkeypatc
             assert "hog.ipynb" in blocking[0]["message"]
     finally:
         os.kill(neighbour, signal.SIGTERM)
+
+
+def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, monkeypatch, capsys):
+    from jax_nbmem.simgpu import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "_backend_started", lambda: True)
+    monkeypatch.setattr(mirror_module, "_live_array_bytes", lambda: 0)
+    for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                 "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)  # JAX's default: 75% preallocated
+    path = tmp_path / "gpu.state"
+    SimState(path).gpu(0, total=80 * GIB).write()
+    bad = path.read_text().replace("end\n", "proc 0 abc used=5\nend\n")
+    path.write_text(bad)  # edited by hand, with a mistake
+    mirror = mirror_module.Mirror(path)
+    mirror.step()
+    mirror.step()
+    assert path.read_text() == bad  # left as it is
+    said = capsys.readouterr().err
+    assert said.count("the mirror waits") == 1 and "line 4: proc: bad PID 'abc'" in said
+    SimState(path).gpu(0, total=80 * GIB).write()  # fixed
+    mirror.step()
+    assert SimState.read(path).process_bytes(os.getpid()) == CONTEXT_BYTES + 60 * GIB
+    stamp = path.stat().st_mtime_ns
+    mirror.step()  # nothing changed: nothing written
+    assert path.stat().st_mtime_ns == stamp

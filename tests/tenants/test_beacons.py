@@ -160,7 +160,8 @@ def test_odd_values_inside_a_beacon_are_dropped_not_believed(tmp_path):
         last_cell_finished_at="yesterday",
         pool_fraction="0.75",
     )
-    _write_file(tmp_path / "jax_nbmem-beacon-odd.json", {**odd, "written_at": time.time()})
+    path = tmp_path / f"jax_nbmem-beacon-{os.getpid()}.json"
+    _write_file(path, {**odd, "written_at": time.time()})
     (beacon,) = read_beacons([str(tmp_path)]).values()
     assert beacon.notebook is None and beacon.pool_fraction is None
     assert beacon.gpus == {UUID: {"bytes_in_use": None, "pool_bytes": None, "bytes_limit": None}}
@@ -231,10 +232,11 @@ def test_a_beacon_outranks_the_start_environment_and_carries_mode_pool_and_idlen
 
 
 def test_another_users_kernel_the_size_of_a_pool_is_probably_preallocation(monkeypatch):
-    from jax_nbmem.tenants import attribution
+    from jax_nbmem.tenants import advice, attribution
 
     pid = os.getppid()  # a live PID, here standing for another user's kernel
     monkeypatch.setattr(attribution, "inspect_process", lambda p, **_: _foreign_kernel(p))
+    monkeypatch.setattr(advice, "may_stop_others", lambda: False)  # seen as a user, not root
     for used in (PREALLOCATED, int(0.75 * 0.9 * TOTAL) + (300 << 20)):  # default, then late
         gpu = _gpu(TOTAL - used - GIB)
         (tenant,) = attribute([GpuProcess(pid, 0, used)], [gpu], own_pid=1, beacons={})

@@ -101,3 +101,104 @@ def test_what_jax_holds_is_its_pool_never_bytes_reserved():
     assert bfc.held_bytes == 10 * GIB
     async_pool = DeviceStats(0, "gpu", "H200", GIB, GIB, 0, 100 * GIB, None)
     assert async_pool.held_bytes == 100 * GIB  # cuda_async reports no pool: its limit
+
+
+# --- A beacon written just before JAX started (issue 24, item 9) -------------------------------
+
+
+def _pending_beacon(tmp_path, pid: int, **changes):
+    """What a kernel in JAX's default mode writes before its backend starts, read back."""
+    import json
+    import time
+
+    import psutil
+
+    from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
+
+    facts = {
+        "schema": SCHEMA, "pid": pid, "started_at": psutil.Process(pid).create_time(),
+        "notebook": "/home/ada/train.ipynb", "mode_requested": None, "mode_in_effect": None,
+        "pool_fraction": 0.75, "gpus": {}, "cell_running": True,
+        "last_cell_finished_at": None, "written_at": time.time(), **changes,
+    }  # fmt: skip
+    (tmp_path / f"jax_nbmem-beacon-{pid}.json").write_text(json.dumps(facts))
+    beacons = read_beacons([str(tmp_path)], pids=[pid])
+    assert beacons[pid].mode.startswith("not started ("), beacons
+    return beacons
+
+
+def test_a_pending_default_mode_with_a_pool_sized_footprint_is_a_preallocation(tmp_path):
+    import os
+
+    from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+    from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
+    from jax_nbmem.tenants.attribution import attribute
+
+    pid = os.getppid()  # a live process of ours, standing for a kernel whose JAX just started
+    beacons = _pending_beacon(tmp_path, pid)
+    used = int(0.75 * TOTAL) + CONTEXT
+    gpu = GpuMemory(0, "GPU-9", "H200", TOTAL, used + GIB, TOTAL - used - GIB)
+
+    def judged(used_bytes: int, pending=beacons):
+        (tenant,) = attribute(
+            [GpuProcess(pid, 0, used_bytes)], [gpu], own_pid=-1, environ={}, beacons=pending,
+            sessions={}, check_device_files=False,
+        )  # fmt: skip
+        return tenant
+
+    tenant = judged(used)
+    assert (tenant.source, tenant.preallocated, tenant.mode) == ("beacon", True, "on (starting)")
+    (warning,) = warnings_for([tenant], [gpu], own_backend_started=True)
+    assert warning.kind == "blocking-preallocation" and warning.pid == pid
+    assert "train.ipynb" in warning.message and "mode 'on (starting)'" in warning.message
+    assert "NVML shows it holding the pool that mode preallocates" in warning.message
+    assert "preallocated its memory" in oom_diagnosis([tenant], [gpu])
+    # A late start's smaller pool (0.9x) is one too; the CUDA context alone is no pool yet.
+    assert judged(int(0.75 * 0.9 * TOTAL) + CONTEXT).preallocated is True
+    context_only = judged(CONTEXT)
+    assert context_only.preallocated is False
+    assert context_only.mode == "not started (on when it starts)"
+    # A pending `off` takes no pool whatever the size; a pending mode not modelled cannot tell.
+    off = _pending_beacon(tmp_path, pid, mode_requested="off", pool_fraction=0.0)
+    assert judged(used, off).preallocated is False
+    unknown = _pending_beacon(tmp_path, pid, mode_requested="address", pool_fraction=None)
+    assert judged(used, unknown).preallocated is None
+
+
+@pytest.mark.kernel
+def test_a_kernel_whose_beacon_is_a_second_behind_its_jax_start_is_seen_preallocated(
+    simgpu_env, sim_state
+):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from jax_nbmem.tenants.beacons import read_beacons
+    from tests.kernels import execute, running_kernel
+    from tests.waiting import wait_for
+
+    runtime = [os.environ["JUPYTER_RUNTIME_DIR"]]
+    env = {**simgpu_env, "JPY_SESSION_NAME": "/home/ada/train.ipynb"}
+    with running_kernel(env=env) as (manager, client):
+        out, error = execute(client, "%load_ext jax_nbmem")  # JAX's default mode, not started
+        assert error is None, out
+        pid = manager.provisioner.process.pid
+        wait_for("its beacon", lambda: pid in read_beacons(runtime, pids=[pid]), 20)
+        assert read_beacons(runtime, pids=[pid])[pid].mode_in_effect is None
+        # NVML already shows the pool that its first allocation takes: what another kernel's
+        # status sees in the second before the beacon is rewritten.
+        used = int(0.75 * 80 * GIB) + CONTEXT
+        sim_state.gpu(0, total=80 * GIB).process(0, pid, used).write()
+        done = subprocess.run(
+            [sys.executable, "-m", "jax_nbmem.cli", "status", "--json"],
+            capture_output=True, text=True, env=simgpu_env, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        (seen,) = [p for p in report["processes"] if p["pid"] == pid]
+        assert (seen["source"], seen["preallocated"], seen["mode"]) == (
+            "beacon", True, "on (starting)"
+        )  # fmt: skip
+        (warning,) = [w for w in report["warnings"] if w["kind"] == "blocking-preallocation"]
+        assert warning["pid"] == pid and "train.ipynb" in warning["message"]

@@ -348,18 +348,19 @@ def test_preallocated_pool_fits_and_then_does_not_with_the_cheapest_change(gpu16
 
 
 def test_a_growing_pool_is_limited_by_the_gpu_and_names_the_others(simgpu_in_process):
-    # `off`: JAX holds 2 GiB, another process 11 GiB of the 16 GiB GPU.
-    simgpu_in_process.gpu(0, 16 * GiB).process(0, os.getpid(), 2 * GiB).process(0, 4242, 11 * GiB)
-    simgpu_in_process.write()
+    # `off`: JAX holds 2 GiB, another process 11 GiB of the 16 GiB GPU; its driver keeps 512 MiB.
+    simgpu_in_process.gpu(0, 16 * GiB, reserved=512 * MiB).process(0, os.getpid(), 2 * GiB)
+    simgpu_in_process.process(0, 4242, 11 * GiB).write()
     started = mode(XLA_PYTHON_CLIENT_PREALLOCATE="false")
     stats = pool(limit=12 * GiB, in_use=GiB + GiB // 2, held=2 * GiB)
     program = needs(4 * GiB)
     report = judge(program, read_rooms(program, started=started, stats=stats))
-    free = 16 * GiB - 13 * GiB - 500 * MiB
+    free = 16 * GiB - 13 * GiB - 500 * MiB - 512 * MiB
     room = report.rooms[0]
     assert room.limit == "device" and room.room_bytes == free + GiB // 2
     assert report.fits is False
-    assert report.advice.startswith("other processes hold 11.5 GiB of GPU 0")
+    assert report.advice.startswith("other processes hold 11.5 GiB of GPU 0")  # not reserved
+    assert room.reserved_bytes == 512 * MiB
 
     # platform: no pool at all, the GPU's free memory is the room.
     report = judge(

@@ -7,6 +7,32 @@ const REFRESH_MS = 2000;
 const api = (path) => `${SETTINGS.baseUrl.replace(/\/$/, "")}/jax-nbmem/api/${path}`;
 const pending = new Set(); // PIDs whose shutdown is being confirmed or done
 
+// The XSRF token: the server's `_xsrf` cookie when the page can read it, else the one the page
+// was served with. JupyterLab's ServerConnection does the same.
+function xsrfToken() {
+  const found = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+  return found ? decodeURIComponent(found[1]) : SETTINGS.xsrfToken;
+}
+
+// Every request the page makes carries the XSRF token, GETs included: JupyterHub >= 4.1
+// refuses a cookie-authenticated fetch without it (403), as a plain Jupyter server does
+// for anything but a GET.
+function request(path, options = {}) {
+  return fetch(api(path), {
+    credentials: "same-origin",
+    ...options,
+    headers: { "X-XSRFToken": xsrfToken(), ...(options.headers || {}) },
+  });
+}
+
+// What a refused or failed answer means to the person looking at the board.
+function refusal(reply) {
+  if (reply.status === 403) {
+    return "status 403: not logged in, or the login expired (reload the page to log in again)";
+  }
+  return `status ${reply.status}`;
+}
+
 function gib(bytes) {
   if (bytes === null || bytes === undefined) {
     return "—";
@@ -68,6 +94,15 @@ function sparkline(points) {
   return svg;
 }
 
+// The hub's user name where there is one (in container hubs every Unix user is `jovyan`).
+function owner(process) {
+  const hub = process.hub_user;
+  if (hub && hub !== process.user) {
+    return process.user ? `${hub} (Unix user ${process.user})` : hub;
+  }
+  return process.user || "";
+}
+
 function say(text) {
   document.getElementById("message").textContent = text;
 }
@@ -75,11 +110,7 @@ function say(text) {
 async function shutdown(kernelId, pid, cell) {
   cell.replaceChildren(element("span", `Stopping kernel PID ${pid}…`));
   try {
-    const reply = await fetch(api(`kernels/${encodeURIComponent(kernelId)}/shutdown`), {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "X-XSRFToken": SETTINGS.xsrfToken },
-    });
+    const reply = await request(`kernels/${encodeURIComponent(kernelId)}/shutdown`, { method: "POST" });
     if (!reply.ok) {
       throw new Error(`${reply.status} ${(await reply.json().catch(() => ({}))).message || ""}`);
     }
@@ -141,7 +172,7 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
       element("td", process.kind),
       element("td", process.kernel_id ? process.kernel_id.slice(0, 8) : ""),
       element("td", process.notebook_shown || process.notebook || process.cmdline || ""),
-      element("td", process.user || ""),
+      element("td", owner(process)),
       element("td", mode, process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {}),
       element("td", gib(pool), { class: "bytes" }),
       element("td", duration(process.idle_s)),
@@ -178,15 +209,17 @@ function render(status, history) {
 async function refresh() {
   try {
     const [status, history] = await Promise.all([
-      fetch(api("status"), { credentials: "same-origin" }),
-      fetch(api("history"), { credentials: "same-origin" }),
+      request("status"),
+      request("history"),
     ]);
     if (status.status === 503) {
       document.getElementById("age").textContent = "taking the first snapshot…";
       return;
     }
-    if (!status.ok) {
-      throw new Error(`status ${status.status}`);
+    for (const reply of [status, history]) {
+      if (!reply.ok) {
+        throw new Error(refusal(reply));
+      }
     }
     render(await status.json(), (await history.json()).gpus || {});
   } catch (error) {

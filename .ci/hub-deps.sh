@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what the JupyterHub tests (tests/hub/) need beyond Python: node and npm from
+# Debian's packages, and configurable-http-proxy (the hub's proxy) from the npm registry,
+# into build/hub-deps/ of this checkout (gitignored). Idempotent: does nothing when
+# configurable-http-proxy is already there or on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PREFIX=build/hub-deps
+CHP="$PREFIX/node_modules/.bin/configurable-http-proxy"
+
+if command -v configurable-http-proxy >/dev/null 2>&1; then
+    echo "hub-deps: $(command -v configurable-http-proxy) is already installed"
+    exit 0
+fi
+if [ -x "$CHP" ]; then
+    echo "hub-deps: $CHP is already installed"
+    exit 0
+fi
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    # Root installs directly (CI runs as root); anyone else goes through sudo.
+    as_root=()
+    if [ "$(id -u)" -ne 0 ]; then
+        as_root=(sudo)
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${as_root[@]}" apt-get update -q
+    "${as_root[@]}" apt-get install -y -q --no-install-recommends nodejs npm
+fi
+
+mkdir -p "$PREFIX"
+npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error configurable-http-proxy
+if [ ! -x "$CHP" ]; then
+    echo "hub-deps: npm finished but $CHP is missing" >&2
+    exit 1
+fi
+echo "hub-deps: installed configurable-http-proxy $("$CHP" --version 2>/dev/null || echo '?') in $PREFIX"

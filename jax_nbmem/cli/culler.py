@@ -1,0 +1,195 @@
+"""``jax-nbmem cull``: the GPU-aware idle culler, a JupyterHub service (see tenants/culling.py).
+
+Each round (every ``--every`` seconds, or once with ``--once``) it reads the node's status as
+``jax-nbmem status`` does (NVML, every user's beacons in the shared directory), picks the
+kernels the policy would stop, warns each one first (a notice its own panel and status show),
+and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts it down
+through its user's server with the hub token JupyterHub gives its services
+(``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
+change of mind is a JSON line in the log and a line on stdout; stops are counted in
+``jax_nbmem_culled_kernels_total{reason}``, served at ``/metrics`` with ``--listen``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from jax_nbmem.cli.hubapi import Hub
+from jax_nbmem.cli.stop import StopError, find, stop
+from jax_nbmem.tenants.beacons import read_beacons
+from jax_nbmem.tenants.culling import (
+    Candidate,
+    CullPolicy,
+    Notice,
+    candidates,
+    read_notice,
+    remove_notice,
+    write_notice,
+)
+
+__all__ = ["Culler"]
+
+
+class Culler:
+    """One culler: its policy, where notices go, its hub; :meth:`round` does one look."""
+
+    def __init__(
+        self,
+        policy: CullPolicy,
+        share_dir: str,
+        hub: Hub | None,
+        *,
+        dry_run: bool = False,
+        log_path: Path | None = None,
+        out=None,
+        registry=None,
+    ) -> None:
+        self.policy = policy
+        self.share_dir = share_dir
+        self.hub = hub
+        self.dry_run = dry_run
+        self.log_path = log_path
+        self.out = out or sys.stdout
+        self.culled: dict[str, int] = {}
+        self._counter = None
+        if registry is not None:
+            from prometheus_client import Counter
+
+            self._counter = Counter(
+                "jax_nbmem_culled_kernels",
+                "Kernels the GPU-aware idle culler shut down, by reason",
+                ["reason"],
+                registry=registry,
+            )
+            for reason in ("idle-preallocated", "idle-over-share"):
+                self._counter.labels(reason=reason)  # 0 until the first, not absent
+
+    def round(self, report=None, now: float | None = None) -> list[dict]:
+        """One look at the node; returns what it did (also printed and logged)."""
+        from jax_nbmem.tenants.status import collect
+
+        now = time.time() if now is None else now
+        report = collect(share_dir=self.share_dir) if report is None else report
+        chosen = {c.pid: c for c in candidates(report, self.policy)}
+        beacons = read_beacons([self.share_dir])
+        events = []
+        for pid, candidate in chosen.items():
+            notice = read_notice([self.share_dir], pid, candidate.started_at)
+            if notice is None:
+                events.append(self._warn(candidate, now))
+            elif now < notice.deadline:
+                continue  # warned; its time has not come
+            elif self._ran_a_cell_since(pid, notice, beacons):
+                events.append(self._forget(pid, candidate.label(), "it ran a cell"))
+            else:
+                events.append(self._cull(candidate))
+        if not self.dry_run:
+            for pid in self._noticed() - set(chosen):
+                events.append(self._forget(pid, f"kernel PID {pid}", "it no longer qualifies"))
+        for event in events:
+            self._say(event)
+        return events
+
+    def _warn(self, candidate: Candidate, now: float) -> dict:
+        deadline = now + self.policy.warn_s
+        at = time.strftime("%H:%M", time.localtime(deadline))
+        event = self._event("warn", candidate)
+        if self.dry_run:
+            wait = "at once" if self.policy.warn_s <= 0 else f"at {at}"
+            event["message"] = (
+                f"would warn {candidate.label()} and shut it down {wait} unless it runs a "
+                f"cell: {candidate.why} (--dry-run: nothing done)"
+            )
+            return event
+        notice = Notice(pid=candidate.pid, started_at=candidate.started_at, warned_at=now,
+                        deadline=deadline, reason=candidate.reason, why=candidate.why)  # fmt: skip
+        try:
+            write_notice(self.share_dir, notice)
+        except OSError as error:
+            event.update(action="error", message=f"cannot warn {candidate.label()}: {error}")
+            return event
+        event["deadline"] = deadline
+        event["message"] = (
+            f"warned {candidate.label()}: it will be shut down at {at} unless it runs a cell; "
+            f"{candidate.why}"
+        )
+        return event
+
+    def _cull(self, candidate: Candidate) -> dict:
+        event = self._event("cull", candidate)
+        if self.dry_run:
+            event["message"] = f"would shut down {candidate.label()} (--dry-run: nothing done)"
+            return event
+        try:
+            kernel = find(candidate.pid, self.share_dir)
+            stopped = stop(kernel, self.hub, log_path=self.log_path)
+        except StopError as error:
+            event.update(action="error", message=f"could not shut down {candidate.label()}: "
+                         f"{error}")  # fmt: skip
+            return event
+        remove_notice(self.share_dir, candidate.pid)
+        self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
+        if self._counter is not None:
+            self._counter.labels(reason=candidate.reason).inc()
+        event.update(how=stopped.how, server=stopped.server, message=f"culled: {stopped.message}")
+        return event
+
+    def _forget(self, pid: int, label: str, why: str) -> dict:
+        remove_notice(self.share_dir, pid)
+        return {"action": "cancel", "pid": pid, "message": f"no longer culling {label}: {why}"}
+
+    def _ran_a_cell_since(self, pid: int, notice: Notice, beacons) -> bool:
+        beacon = beacons.get(pid)
+        if beacon is None:
+            return False  # judged by the server's idleness: candidates() saw it idle still
+        finished = beacon.last_cell_finished_at or 0.0
+        return beacon.cell_running or finished > notice.warned_at
+
+    def _noticed(self) -> set[int]:
+        import os
+
+        found = set()
+        try:
+            names = os.listdir(self.share_dir)
+        except OSError:
+            return found
+        for name in names:
+            if name.startswith("jax_nbmem-cull-") and name.endswith(".json"):
+                digits = name[len("jax_nbmem-cull-") : -len(".json")]
+                if digits.isdigit():
+                    found.add(int(digits))
+        return found
+
+    def _event(self, action: str, candidate: Candidate) -> dict:
+        return {
+            "action": action, "pid": candidate.pid, "kernel_id": candidate.kernel_id,
+            "user": candidate.user, "hub_user": candidate.hub_user,
+            "notebook": candidate.notebook, "gpu": candidate.gpu,
+            "bytes": candidate.used_bytes, "idle_s": candidate.idle_s,
+            "reason": candidate.reason, "dry_run": self.dry_run,
+        }  # fmt: skip
+
+    def _say(self, event: dict) -> None:
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"jax-nbmem cull: {event['message']}", file=self.out, flush=True)
+        if self.log_path is None:
+            return
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a", encoding="utf-8") as log:
+                log.write(json.dumps({"at": at, "by": "jax-nbmem cull", **event}) + "\n")
+        except OSError as error:
+            print(f"jax-nbmem cull: cannot write {self.log_path}: {error}", file=self.out)
+
+    def serve(self, every_s: float) -> None:
+        """Rounds every ``every_s`` seconds until interrupted; a failed round is said, not fatal."""
+        while True:
+            began = time.monotonic()
+            try:
+                self.round()
+            except Exception as error:  # a service keeps running: say it and try again
+                print(f"jax-nbmem cull: the round failed: {error!r}", file=self.out, flush=True)
+            time.sleep(max(0.0, every_s - (time.monotonic() - began)))

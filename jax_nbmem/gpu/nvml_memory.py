@@ -1,0 +1,147 @@
+"""One GPU's memory as NVML reports it, and the checks that keep impossible numbers out.
+
+Part of :mod:`jax_nbmem.gpu.nvml`; imports no pynvml (the functions take it as ``nv``).
+Numbers NVML cannot mean (used above total, 2**64 - 1, a petabyte card) are dropped to ``None``
+with a ``problem`` rather than passed on. The v2 memory call is made through pynvml's own
+function pointer, so another tool's replacement of ``nvmlDeviceGetMemoryInfo`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jax_nbmem.gpu.nvml_errors import error_name
+from jax_nbmem.gpu.nvml_session import Device, Session
+
+__all__ = ["GpuMemory", "plausible", "read_memory", "unreadable"]
+
+# No GPU has a petabyte; NVML's "not available" (2**64 - 1) and garbage land above it.
+_MAX_PLAUSIBLE_BYTES = 1 << 50
+# used + reserved + free may exceed total by rounding in the driver; more than this is not.
+_SUM_SLACK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """Memory of one GPU, by NVML index. Any number is ``None`` when NVML could not say.
+
+    ``used_bytes`` is NVML's v2 ``used``, as nvidia-smi, nvitop and gpustat show it; the
+    memory the driver reserves for itself is apart, in ``reserved_bytes``, so that
+    ``used + reserved + free == total``. Where only the v1 call answers (an old driver or
+    pynvml), ``reserved_bytes`` is ``None`` and ``used_bytes`` includes the reserved part.
+    ``uuid`` and ``name`` are ``None`` only for a GPU that failed before NVML ever named it.
+    ``problem`` says, in one line, why numbers are missing.
+    """
+
+    index: int
+    uuid: str | None
+    name: str | None
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None = None
+    problem: str | None = None
+
+
+def plausible(value: Any, limit: int = _MAX_PLAUSIBLE_BYTES) -> int | None:
+    """``value`` as bytes if a GPU could report it, else None."""
+    return value if isinstance(value, int) and 0 <= value <= limit else None
+
+
+def read_memory(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None]
+) -> GpuMemory:
+    """One GPU's memory: v2 (reserved apart) where driver and pynvml have it, else v1.
+
+    Raises pynvml's errors; ``log_once(key, message)`` tells of a step down to v1, once.
+    """
+    if session.memory_v2:
+        try:
+            info = _memory_v2(nv, device.handle, log_once)
+        except nv.NVMLError as error:
+            if error_name(nv, error) not in ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED"):
+                raise
+            info = None
+            log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
+        if info is not None:
+            return _checked_memory(device, info.total, info.used, info.free, info.reserved)
+        session.memory_v2 = False
+    info = nv.nvmlDeviceGetMemoryInfo(device.handle)
+    # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
+    reserved = getattr(info, "reserved", None)
+    return _checked_memory(device, info.total, info.used, info.free, reserved)
+
+
+def _memory_v2(nv: Any, handle: Any, log_once: Callable[[str, str], None]) -> Any:
+    """NVML's v2 memory info (``reserved`` apart from ``used``), or None if pynvml cannot ask.
+
+    Asked through pynvml's own function pointer and struct, not ``nvmlDeviceGetMemoryInfo(
+    handle, version=)``: other tools in the process replace that function (gpustat with one
+    that takes only the handle), and their replacement must not cost us the readings.
+    """
+    struct = getattr(nv, "c_nvmlMemory_v2_t", None)
+    version = getattr(nv, "nvmlMemory_v2", None)
+    function = getattr(nv, "_nvmlGetFunctionPointer", None)
+    check = getattr(nv, "_nvmlCheckReturn", None)
+    if version is None:
+        log_once("memory_v2", "this pynvml has no v2 memory info; using v1 (no reserved)")
+        return None
+    if struct is None or function is None or check is None:
+        try:  # a pynvml without these private names: its public call, if not replaced
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except TypeError:
+            log_once(
+                "memory_v2",
+                "pynvml.nvmlDeviceGetMemoryInfo was replaced by one that takes no version; "
+                "using v1 (no reserved)",
+            )
+            return None
+    memory = struct()
+    memory.version = version
+    check(function("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(memory)))
+    return memory
+
+
+def _checked_memory(
+    device: Device, total: Any, used: Any, free: Any, reserved: Any | None
+) -> GpuMemory:
+    """The reading as GpuMemory, with figures that cannot be true dropped and said.
+
+    ``reserved`` is None for NVML's v1 reading, whose ``used`` includes the reserved memory.
+    """
+    reading = functools.partial(GpuMemory, device.index, device.uuid, device.name)
+    good_total = plausible(total)
+    if not good_total:
+        problem = f"GPU {device.index}: NVML reported an impossible total ({total!r} bytes)"
+        return reading(None, None, None, None, problem=problem + "; not shown")
+    good_reserved = None if reserved is None else plausible(reserved, good_total)
+    good_used = plausible(used, good_total)
+    good_free = plausible(free, good_total)
+    problems = []
+    if good_used is None:
+        problems.append(f"used {used!r}")
+    if reserved is not None and good_reserved is None:
+        problems.append(f"reserved {reserved!r}")
+    if good_free is None:
+        problems.append(f"free {free!r}")
+    parts = [good_used, good_free] + ([] if reserved is None else [good_reserved])
+    if None not in parts and sum(parts) > good_total + _SUM_SLACK_BYTES:
+        named = f"used {used!r}" + ("" if reserved is None else f", reserved {reserved!r}")
+        problems.append(f"{named} and free {free!r} exceed the total")
+        good_used = good_free = good_reserved = None
+    if problems:
+        problem = (
+            f"GPU {device.index}: NVML reported {'; '.join(problems)} of {good_total} bytes in "
+            "all, which cannot be; those figures are not shown"
+        )
+        return reading(good_total, good_used, good_free, good_reserved, problem=problem)
+    return reading(good_total, good_used, good_free, good_reserved)
+
+
+def unreadable(device: Device, problem: str | None) -> GpuMemory:
+    """The reading of a GPU NVML could not read: every number ``None``, and why."""
+    return GpuMemory(device.index, device.uuid, device.name, None, None, None, problem=problem)

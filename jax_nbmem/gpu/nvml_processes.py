@@ -1,0 +1,102 @@
+"""NVML's lists of the processes on one GPU, for :mod:`jax_nbmem.gpu.nvml`.
+
+Imports no pynvml (the functions take it as ``nv``). Each driver offers some of the process-list
+calls (``_v3``, ``_v2``); the session remembers which, stepping down once. A list that cannot
+be read is unknown, never empty; bytes no GPU could hold are left out and said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jax_nbmem.gpu.nvml_errors import error_name
+from jax_nbmem.gpu.nvml_memory import plausible
+from jax_nbmem.gpu.nvml_session import Device, Session
+
+__all__ = ["GpuProcess", "GpuProcesses", "NoProcessList", "one_process_list"]
+
+_PROCESS_VERSIONS = ("_v3", "_v2")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on GPU ``gpu`` (NVML index); ``used_bytes`` None if unknown.
+
+    ``pid`` is as NVML sees it: the host's pid, which differs from the pid inside a container.
+    """
+
+    pid: int
+    gpu: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcesses:
+    """NVML's process list for GPU ``gpu``: ``processes``, or None with ``problem`` saying why.
+
+    A list that could not be read is not an empty list: who holds memory there is unknown.
+    ``problem`` may also be set beside a list, for entries whose bytes made no sense.
+    """
+
+    gpu: int
+    processes: tuple[GpuProcess, ...] | None
+    problem: str | None = None
+
+
+class NoProcessList(Exception):
+    """Neither the driver nor pynvml offers a process-list call both of them know."""
+
+
+def _read_processes(
+    nv: Any, session: Session, device: Device, kind: str, log_once: Callable[[str, str], None]
+) -> list[Any]:
+    """Return NVML's process list of one kind, stepping down to older calls the driver has.
+
+    Raises NoProcessList when none is left: an old driver (no _v3) with an nvidia-ml-py that
+    has no _v2 call. That is "cannot tell", never "no processes".
+    """
+    while session.process_version[kind] < len(_PROCESS_VERSIONS):
+        suffix = _PROCESS_VERSIONS[session.process_version[kind]]
+        function = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}", None)
+        try:
+            if function is not None:
+                return function(device.handle)
+        except nv.NVMLError as error:
+            if error_name(nv, error) != "FUNCTION_NOT_FOUND":
+                raise
+        session.process_version[kind] += 1
+        log_once(f"{kind}{suffix}", f"NVML has no {kind.lower()} process list {suffix}")
+    raise NoProcessList
+
+
+def one_process_list(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None]
+) -> GpuProcesses:
+    """One GPU's list; a list that changed size between NVML's two calls is asked once more.
+
+    Raises pynvml's errors, and NoProcessList; ``log_once(key, message)`` tells of a step down.
+    """
+    for attempt in range(2):
+        seen: dict[int, GpuProcess] = {}
+        odd: list[str] = []
+        try:
+            for kind in ("Compute", "Graphics"):
+                for info in _read_processes(nv, session, device, kind, log_once):
+                    raw = info.usedGpuMemory
+                    used = plausible(raw)
+                    if raw is not None and used is None:
+                        odd.append(f"PID {info.pid} {raw!r}")
+                    earlier = seen.get(info.pid)
+                    if earlier is None or (earlier.used_bytes is None and used is not None):
+                        seen[info.pid] = GpuProcess(info.pid, device.index, used)
+        except nv.NVMLError as error:
+            if attempt == 0 and error_name(nv, error) == "INSUFFICIENT_SIZE":
+                continue
+            raise
+        problem = None
+        if odd:
+            problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
+        return GpuProcesses(device.index, tuple(seen.values()), problem)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,269 @@
+"""What the sampler reads, and how one reading becomes a GPU's sample.
+
+:class:`SamplerSource` names the readers (NVML's memory counters and process lists, the
+visible GPUs, JAX's allocator counters, the host RSS), each a plain callable so that tests can
+pass fakes; :class:`QuickReading` is what a cell hook reads itself. NVML's process list is
+split once per reading into this process's bytes and everyone else's (:func:`split_by_gpu`),
+and :func:`gpu_sample` joins a GPU's memory reading, JAX's counters and that split into the
+:class:`~jax_nbmem.record.history.GpuSample` the history keeps. Unknown values stay ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.record.history import GpuSample
+
+__all__ = [
+    "ProcessSplit",
+    "QuickReading",
+    "SamplerSource",
+    "gpu_sample",
+    "gpu_samples",
+    "jax_gpus",
+    "moved_much",
+    "split_by_gpu",
+]
+
+_JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.memory(indices)
+
+
+def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.process_lists(indices)
+
+
+def _visible_gpu_indices() -> Sequence[int] | None:
+    from jax_nbmem.gpu import nvml, visible
+
+    every_gpu = nvml.gpus()
+    if not every_gpu:
+        return None  # NVML sees nothing right now: not "no GPUs are ours"
+    return tuple(visible.visible_gpus(every_gpu, os.environ).indices)
+
+
+@dataclass(frozen=True)
+class SamplerSource:
+    """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
+
+    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when
+    first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
+    numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
+    NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
+    a list failed) or flat process records.
+    """
+
+    memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
+    processes: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_processes
+    gpu_indices: Callable[[], Sequence[int] | None] = _visible_gpu_indices
+    backend_initialized: Callable[[], bool] = jaxstats.backend_initialized
+    device_stats: Callable[[], Sequence[Any]] = jaxstats.device_stats
+    live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
+    host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
+    pid: int = field(default_factory=os.getpid)
+    # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock and
+    # GPU devices only. None: device_stats itself (a fake source's, in tests), or JAX's own.
+    quick_device_stats: Callable[[], Sequence[Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.quick_device_stats is None:
+            quick = self.device_stats
+            if quick is jaxstats.device_stats:
+                quick = jaxstats.gpu_stats_now
+            object.__setattr__(self, "quick_device_stats", quick)
+
+
+class QuickReading(NamedTuple):
+    """What a cell hook reads itself (see :meth:`Sampler.quick_reading`).
+
+    ``jax`` holds JAX's GPU devices' counters (anything with ``id``, ``bytes_in_use`` and
+    ``peak_bytes_in_use``), in device order; empty before the backend starts or on the CPU.
+    A named tuple: made twice per cell, where a frozen dataclass costs several times more.
+    """
+
+    t: float
+    mono: float
+    jax_up: bool
+    jax: tuple[Any, ...]
+
+    def jax_in_use(self) -> int | None:
+        """Bytes JAX's arrays use over its GPU devices; None when any device cannot say."""
+        values = [getattr(d, "bytes_in_use", None) for d in self.jax]
+        return None if not values or None in values else sum(values)
+
+
+@dataclass(frozen=True)
+class ProcessSplit:
+    """One GPU's process list, split once into this process's bytes and everyone else's.
+
+    ``mine`` is None when our PID is listed without bytes; ``listed`` says whether it is
+    listed at all; ``others`` is None when another process's bytes are unknown. A GPU whose
+    list could not be read has ``readable`` False (and its ``problem``): nothing is known.
+    """
+
+    listed: bool
+    mine: int | None
+    others: int | None
+    readable: bool = True
+    problem: str | None = None
+
+
+_UNLISTED = -1  # the split that stands for every GPU a flat process list does not name
+
+
+def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
+    """Per GPU, our bytes and the others' from one process-list reading; None if unread.
+
+    ``listing`` is what ``SamplerSource.processes`` returned: flat process records (``pid``,
+    ``gpu``, ``used_bytes``), or per-GPU lists (``gpu``, ``processes`` — None when that GPU's
+    list failed).
+    """
+    if listing is None:
+        return None
+    entries: dict[int, list[Any] | None] = {}
+    problems: dict[int, str | None] = {}
+    flat = True
+    for item in listing:
+        if hasattr(item, "processes"):
+            flat = False
+            entries[item.gpu] = None if item.processes is None else list(item.processes)
+            problems[item.gpu] = getattr(item, "problem", None)
+        else:
+            found = entries.setdefault(item.gpu, [])
+            if found is not None:
+                found.append(item)
+    split: dict[int, ProcessSplit] = {}
+    for gpu, processes in entries.items():
+        if processes is None:
+            split[gpu] = ProcessSplit(False, None, None, readable=False, problem=problems[gpu])
+            continue
+        mine = [p.used_bytes for p in processes if p.pid == pid]
+        theirs = [p.used_bytes for p in processes if p.pid != pid]
+        split[gpu] = ProcessSplit(
+            listed=bool(mine),
+            mine=None if not mine or None in mine else sum(mine),
+            others=None if None in theirs else sum(theirs),
+            problem=problems.get(gpu),
+        )
+    if flat:  # a flat list names only GPUs with processes: the others have none
+        split[_UNLISTED] = ProcessSplit(listed=False, mine=None, others=0)
+    return split
+
+
+def jax_gpus(stats: Sequence[Any]) -> list[Any]:
+    """JAX's GPU devices among ``stats``, in device-id order."""
+    return sorted(
+        (s for s in stats if getattr(s, "platform", None) in _JAX_GPU_PLATFORMS),
+        key=lambda s: getattr(s, "id", None) or 0,
+    )
+
+
+def _held(stats: Any) -> int | None:
+    """What JAX's allocator holds (its pool): ``pool_bytes``, else ``bytes_limit``.
+
+    Never ``bytes_reserved``, which XLA leaves at 0 on GPUs.
+    """
+    if stats is None:
+        return None
+    pool = getattr(stats, "pool_bytes", None)
+    return pool if pool is not None else getattr(stats, "bytes_limit", None)
+
+
+# How far a GPU's used bytes may move before its process list is taken as out of date.
+_STALE_LIST_BYTES = 64 * 1024**2
+
+
+def moved_much(used: dict[int, int | None], at_list: dict[int, int | None] | None) -> bool:
+    """Whether some GPU's used bytes moved by more than ``_STALE_LIST_BYTES`` since the list."""
+    if at_list is None:
+        return False
+    for index, now in used.items():
+        then = at_list.get(index)
+        if now is not None and then is not None and abs(now - then) > _STALE_LIST_BYTES:
+            return True
+    return False
+
+
+def gpu_samples(
+    memory: Sequence[Any],
+    indices: Sequence[int] | None,
+    gpu_stats: Sequence[Any],
+    split: dict[int, ProcessSplit] | None,
+    used_at_split: dict[int, int | None] | None,
+    on_error: Callable[[Exception], Any],
+) -> list[GpuSample]:
+    """Every GPU's sample from NVML's memory readings, JAX's GPU counters and the last split.
+
+    *indices*: the kernel's visible GPUs in JAX's device order (None: all, by index);
+    *used_at_split*: each GPU's used bytes when the process list was read. A malformed
+    reading loses its GPU, not the sample: its error goes to *on_error*.
+    """
+    # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
+    order = list(indices) if indices is not None else sorted(g.index for g in memory)
+    stats_by_index = dict(zip(order, gpu_stats, strict=False))
+    listed_used = used_at_split or {}
+    gpus = []
+    for reading in memory:
+        stale = moved_much(
+            {reading.index: reading.used_bytes}, {reading.index: listed_used.get(reading.index)}
+        )
+        try:
+            gpus.append(gpu_sample(reading, stats_by_index.get(reading.index), split, stale=stale))
+        except Exception as exc:
+            on_error(exc)
+    return gpus
+
+
+def gpu_sample(
+    reading: Any, stats: Any, split: dict[int, ProcessSplit] | None, stale: bool = False
+) -> GpuSample:
+    """One GPU's sample from its memory reading, JAX's counters and the process list's split.
+
+    *stale*: the GPU's used bytes moved since the process list was read, so the split cannot
+    say whose bytes moved; others are unknown (a gap, not a guess) until the next list.
+    """
+    used = reading.used_bytes
+    self_bytes: int | None = None
+    others: int | None = None
+    mine = split.get(reading.index, split.get(_UNLISTED)) if split is not None else None
+    if mine is not None and mine.readable:
+        if mine.listed:
+            self_bytes = mine.mine
+        elif stats is None and used is not None:
+            self_bytes = 0  # JAX does not use this GPU and NVML does not list us: nothing
+        # Otherwise our pid is missing from a GPU that JAX holds (e.g. NVML sees another PID
+        # namespace in a container): unknown, not 0.
+        if stale:
+            others = None
+        elif used is not None and self_bytes is not None:
+            others = max(0, used - self_bytes)
+        else:
+            others = mine.others
+    # No split: the GPU's process list could not be read, so who holds what is unknown.
+    return GpuSample(
+        index=reading.index,
+        uuid=reading.uuid,
+        name=reading.name,
+        total_bytes=reading.total_bytes,
+        used_bytes=used,
+        free_bytes=reading.free_bytes,
+        self_bytes=self_bytes,
+        others_bytes=others,
+        jax_in_use=getattr(stats, "bytes_in_use", None),
+        jax_peak=getattr(stats, "peak_bytes_in_use", None),
+        jax_reserved=_held(stats),
+        jax_limit=getattr(stats, "bytes_limit", None),
+        problem=nvml.gpu_problem(getattr(reading, "problem", None), mine.problem if mine else None),
+        reserved_bytes=getattr(reading, "reserved_bytes", None),
+    )

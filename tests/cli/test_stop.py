@@ -1,0 +1,85 @@
+"""Issue 22: `jax-nbmem shutdown` and `cull` refuse bad input and faults, changing nothing.
+
+The stops themselves, through a real hub and its users' servers, are in tests/hub/.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from jax_nbmem.cli.command import main
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def test_a_pid_that_is_no_kernel_is_refused(sleeper, capsys):
+    assert main(["shutdown", str(sleeper)]) == 1
+    error = capsys.readouterr().err
+    assert f"PID {sleeper} is not a Jupyter kernel" in error and "nothing done" in error
+    assert psutil.pid_exists(sleeper)
+
+
+def test_a_pid_that_exited_is_said(capsys):
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert main(["shutdown", str(process.pid)]) == 1
+    assert "nothing done" in capsys.readouterr().err
+
+
+def test_a_hub_that_does_not_answer_changes_nothing(monkeypatch, capsys, tmp_path):
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "ipykernel_launcher",
+         "-f", str(tmp_path / "kernel-0a1b2c.json")],
+    )  # fmt: skip
+    try:
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "not-a-real-token")
+        monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
+        url = f"http://127.0.0.1:{_free_port()}"
+        log = tmp_path / "admin.log"
+        code = main(["shutdown", str(kernel.pid), "--hub-url", url, "--log", str(log)])
+        error = capsys.readouterr().err
+        assert code == 1 and "does not answer" in error and "nothing done" in error, error
+        assert "not-a-real-token" not in error
+        assert psutil.pid_exists(kernel.pid) and not log.exists()
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+def test_a_token_without_an_address_and_an_address_without_a_token(monkeypatch, capsys):
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "x")
+    monkeypatch.delenv("JAX_NBMEM_HUB_URL", raising=False)
+    assert main(["shutdown", "1"]) == 1
+    assert "no hub address" in capsys.readouterr().err
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN")
+    assert main(["shutdown", "1", "--hub-url", "http://127.0.0.1:1"]) == 1
+    assert "no hub API token" in capsys.readouterr().err
+
+
+def test_the_culler_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    monkeypatch.delenv("JAX_NBMEM_SHARE_DIR", raising=False)
+    assert main(["cull", "--once"]) == 2
+    assert "shared beacon directory" in capsys.readouterr().err
+    assert main(["cull", "--once", "--share-dir", str(tmp_path)]) == 2
+    assert "can only --dry-run" in capsys.readouterr().err
+    assert main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"]) == 2
+    assert "--share must be in (0, 1]" in capsys.readouterr().err
+    assert main(["cull", "--once", "--share-dir", str(tmp_path), "--dry-run"]) == 0

@@ -1,0 +1,100 @@
+"""Issue 22: which kernels the GPU-aware culler would stop, and which notices a kernel believes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from jax_nbmem.simgpu import GIB
+from jax_nbmem.tenants.culling import (
+    CullPolicy,
+    Notice,
+    candidates,
+    notice_warning,
+    read_notice,
+    write_notice,
+)
+
+TOTAL = 80 * GIB
+POOL = 60 * GIB + (300 << 20)
+
+
+def _report(*processes, free=TOTAL - POOL):
+    gpu = {"index": 0, "total_bytes": TOTAL, "free_bytes": free, "used_bytes": TOTAL - free}
+    return {"gpus": [gpu], "processes": list(processes)}
+
+
+def _kernel(pid, idle, used=POOL, preallocated=True, user="alice", hub_user=None):
+    return {
+        "pid": pid, "gpu": 0, "kind": "kernel", "idle_s": idle, "used_bytes": used,
+        "preallocated": preallocated, "user": user, "hub_user": hub_user,
+        "notebook_shown": "~alice/hog.ipynb", "kernel_id": f"k{pid}", "started_at": 1.0,
+    }  # fmt: skip
+
+
+def test_an_idle_pool_on_a_short_gpu_is_a_candidate_and_nothing_else_is():
+    policy = CullPolicy(idle_s=3600)
+    (found,) = candidates(_report(_kernel(1, 7200)), policy)
+    assert (found.pid, found.reason, found.notebook) == (1, "idle-preallocated", "~alice/hog.ipynb")
+    assert "idle for 2 h 00 min" in found.why and "a default JAX start needs" in found.why
+    assert candidates(_report(_kernel(1, 600)), policy) == []  # not idle long enough
+    assert candidates(_report(_kernel(1, 0)), policy) == []  # busy
+    assert candidates(_report(_kernel(1, None)), policy) == []  # idleness unknown
+    assert candidates(_report(_kernel(1, 7200), free=70 * GIB), policy) == []  # nobody short
+    assert candidates(_report(_kernel(1, 7200, preallocated=False)), policy) == []
+    assert candidates(_report({**_kernel(1, 7200), "kind": "process"}), policy) == []
+    exempt = CullPolicy(idle_s=3600, exempt=frozenset({"alice"}))
+    assert candidates(_report(_kernel(1, 7200)), exempt) == []
+    by_hub_name = CullPolicy(idle_s=3600, exempt=frozenset({"ada"}))
+    assert candidates(_report(_kernel(1, 7200, user="jovyan", hub_user="ada")), by_hub_name) == []
+
+
+def test_a_share_of_the_gpu_counts_only_when_the_policy_sets_one():
+    big = _kernel(2, 7200, used=40 * GIB, preallocated=False)
+    assert candidates(_report(big, free=30 * GIB), CullPolicy(idle_s=3600)) == []
+    (found,) = candidates(_report(big, free=30 * GIB), CullPolicy(idle_s=3600, share=0.4))
+    assert found.reason == "idle-over-share" and "more than 40% of the GPU" in found.why
+
+
+def _notice(pid, started_at=None):
+    now = time.time()
+    return Notice(pid, started_at, now, now + 600, "idle-preallocated", "idle for 2 h")
+
+
+def test_a_kernel_believes_the_culler_only(tmp_path, other_user):
+    share = tmp_path / "share"
+    share.mkdir()
+    share.chmod(0o1777)
+    started = 1234.5
+    path = write_notice(str(share), _notice(os.getpid(), started))
+    notice = read_notice([str(share)], os.getpid(), started)
+    assert notice is not None and notice.deadline > time.time()
+    warning = notice_warning(notice, os.getpid(), 0)
+    assert warning["kind"] == "cull-pending"
+    at = time.strftime("%H:%M", time.localtime(notice.deadline))
+    assert f"will be shut down at {at} unless it runs a cell" in warning["message"]
+    # Meant for an earlier process of the PID: not this one's.
+    assert read_notice([str(share)], os.getpid(), started + 60) is None
+    # Another user's file saying the same is no notice.
+    _, uid, gid = other_user
+    os.chown(path, uid, gid)
+    assert read_notice([str(share)], os.getpid(), started) is None
+
+
+def test_a_broken_or_linked_notice_is_none(tmp_path):
+    pid = os.getpid()
+    (tmp_path / f"jax_nbmem-cull-{pid}.json").write_text("{not json")
+    assert read_notice([str(tmp_path)], pid) is None
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"pid": pid}))
+    os.unlink(tmp_path / f"jax_nbmem-cull-{pid}.json")
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / f"jax_nbmem-cull-{pid}.json")
+    assert read_notice([str(tmp_path)], pid) is None
+    assert read_notice([str(tmp_path / "missing")], pid) is None
+
+
+@pytest.mark.parametrize("idle", [3600.0, 3600.5])
+def test_the_limit_is_inclusive(idle):
+    assert candidates(_report(_kernel(3, idle)), CullPolicy(idle_s=3600))
