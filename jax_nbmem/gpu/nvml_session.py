@@ -30,7 +30,7 @@ _log = logging.getLogger("jax_nbmem.gpu.nvml")
 # First pause before retrying a failed NVML; it doubles up to the maximum while NVML stays away.
 RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 30.0
-_PYNVML_MISSING = "nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read"
+PYNVML_MISSING = "nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read"
 # A call slower than this is worth telling users about: a healthy driver answers in ms.
 SLOW_CALL_S = 0.5
 
@@ -120,7 +120,7 @@ class Nvml:
     def _start(self) -> None:
         nv = self._pynvml = self._pynvml or self._import_pynvml()
         if nv is None:
-            self._fail(_PYNVML_MISSING)
+            self._fail(PYNVML_MISSING)
             return
         old = self._session
         try:

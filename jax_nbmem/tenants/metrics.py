@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from jax_nbmem.gpu import nvml
+from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
+from jax_nbmem.gpu.nvml_session import PYNVML_MISSING
 from jax_nbmem.text import mask_secrets, printable
 
 __all__ = [
@@ -161,10 +162,10 @@ def nvml_reason(state: Mapping[str, Any]) -> str:
     reason = state.get("reason") or ""
     if state.get("available"):
         return "slow" if "NVML is slow" in reason else "ok"
-    if nvml._PYNVML_MISSING in reason:
+    if PYNVML_MISSING in reason:
         return "library_missing"
     for name, code in _GLOBAL_REASONS.items():
-        if nvml._GLOBAL_ERRORS[name] in reason:
+        if GLOBAL_ERRORS[name] in reason:
             return code
     if " lost" in reason or "no longer" in reason or "needs a reset" in reason:
         return "gpu_lost"

@@ -72,7 +72,8 @@ def test_the_exporter_serves_the_gpu_and_its_processes(sim_state, simgpu_env):
             assert process.value == 7 * GIB and process.labels["pid"] == str(sleeper.pid)
             assert process.labels["kernel_id"] == "" and process.labels["user"]
             (used,) = samples["jax_nbmem_gpu_memory_used_bytes"]
-            assert used.value == 7 * GIB + 500 * 1024**2 and used.labels["gpu"] == "0"
+            # R510+ drivers (the simulated one's default): used is the processes', reserved apart.
+            assert used.value == 7 * GIB and used.labels["gpu"] == "0"
             with pytest.raises(urllib.error.HTTPError):
                 urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=5)
         finally:

@@ -29,7 +29,7 @@ from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
-from jax_nbmem.tenants.metrics import metric_families
+from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import collect, format_status
 
 TOTAL = 80 * GIB
@@ -206,7 +206,9 @@ def _whole_status(beacons: dict, pid: int) -> str:
     text = format_status(report) + oom_diagnosis(tenants, [gpu])
     text.encode("utf-8")  # what a terminal is given
     json.dumps(report, allow_nan=False)  # what --json and the server's route send
-    for family in metric_families(report):  # what Prometheus scrapes
+    for family in metric_families(
+        Snapshot(report, taken_at=time.time())
+    ):  # what Prometheus scrapes
         for _, value in family.samples:
             float(value)
     return text

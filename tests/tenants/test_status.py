@@ -14,7 +14,7 @@ from jax_nbmem.simgpu import GIB
 from tests.ipython_session import run_cells
 
 MIB = 1024**2
-BASE_USED = 500 * MIB  # what the simulated driver itself holds on every GPU
+BASE_USED = 0  # R510+ drivers (the simulated one's default): used is the processes' memory
 
 
 def _cli(*args: str, env: dict[str, str]) -> str:
@@ -34,7 +34,7 @@ def test_used_is_what_nvidia_smi_shows_and_the_reserved_memory_is_said_apart(sim
     assert gpu["free_bytes"] == 80 * GIB - 512 * MIB - 4 * GIB - BASE_USED
     assert gpu["used_bytes"] + gpu["reserved_bytes"] + gpu["free_bytes"] == gpu["total_bytes"]
     line = (
-        "GPU 0: NVIDIA H200 (simulated) — 4.49 GiB used of 80.0 GiB, 75.0 GiB free, "
+        "GPU 0: NVIDIA H200 (simulated) — 4.00 GiB used of 80.0 GiB, 75.5 GiB free, "
         "512 MiB reserved by the driver"
     )
     assert line in _cli(env=simgpu_env).splitlines()
@@ -45,7 +45,7 @@ def test_used_is_what_nvidia_smi_shows_and_the_reserved_memory_is_said_apart(sim
     assert all(o.error is None for o in out), [o.text for o in out]
     assert line in out[2].stdout.splitlines()
     header = out[3].stdout.splitlines()[0]  # the panel, as a frontend without widgets shows it
-    assert header.endswith("free 75.0 GiB of 80.0 GiB · 512 MiB reserved by the driver")
+    assert header.endswith("free 75.5 GiB of 80.0 GiB · 512 MiB reserved by the driver")
 
 
 def test_a_lost_gpu_is_said_once(sim_state, simgpu_env):
