@@ -321,6 +321,8 @@ def metric_families(
 
 
 def _escape(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value  # nearly every label: nothing to escape, no copies made
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
@@ -343,7 +345,7 @@ def exposition(families: list[Family], names: set[str] | None = None) -> bytes:
             labels = cache.get(key)
             if labels is None:
                 pairs = ",".join(
-                    f'{n}="{_escape(v)}"' for n, v in zip(family.labels, values, strict=True)
+                    [f'{n}="{_escape(v)}"' for n, v in zip(family.labels, values, strict=True)]
                 )
                 labels = cache[key] = "{" + pairs + "}" if pairs else ""
             out.append(f"{family.name}{labels} {value!r}\n")
