@@ -303,6 +303,41 @@ def main(argv: list[str] | None = None) -> int:
         help="also have kernels mirror their JAX arrays onto the simulated GPU, as JAX's "
         "allocator would hold them (an IPython startup file; exports IPYTHONDIR)",
     )
+    shared_cmd = commands.add_parser(
+        "shared-setup",
+        help="as root, once: one simulated GPU for every user of this machine (a JupyterHub "
+        "without GPU): the library, a state file all users' kernels write, the mirror's "
+        "startup file (--startup); prints the environment for c.Spawner.environment",
+        description="Build the stand-in library into DIR (readable by all), write "
+        "DIR/state/gpu.state (kept if there) with its lock file, and with --startup install "
+        "the IPython startup file that makes every user's kernels mirror their JAX arrays onto "
+        "the one simulated GPU. DIR/state is world-writable and not sticky: every writer "
+        "replaces the state file by renaming its own temporary file over it, under the lock "
+        "(DIR/state/gpu.state.lock, 0666), so no kernel's rewrite loses another's lines; a "
+        "sticky folder would refuse that rename. It does not stop a user from changing others' "
+        "lines on purpose: a simulator, not a boundary between users. Running it again "
+        "changes nothing; bad input changes nothing.",
+    )
+    shared_cmd.add_argument("dir", help="an absolute folder every user can reach")
+    shared_cmd.add_argument(
+        "--gpus", type=int, default=1, help="simulated GPUs in a new state file (default 1)"
+    )
+    shared_cmd.add_argument(
+        "--total",
+        default=None,
+        metavar="BYTES",
+        help="each GPU's memory in a new state file: bytes, or e.g. 80GiB, 141GB "
+        "(default 150GB, an H200)",
+    )
+    shared_cmd.add_argument(
+        "--startup",
+        default=None,
+        metavar="FOLDER",
+        help="install the mirror's IPython startup file into FOLDER, one IPython runs for "
+        f"every user: {Path(sys.prefix) / 'etc' / 'ipython' / 'startup'} for this Python "
+        "(IPython 8 reads PREFIX/etc/ipython/startup beside each user's own profile); "
+        "without it, nothing is installed there and kernels do not mirror",
+    )
     tenant_cmd = commands.add_parser(
         "tenant",
         help="start a neighbour: a real idle Jupyter kernel whose JAX preallocated on the "
@@ -320,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "shell-env":
         return _print_shell_env(None if args.dir is None else Path(args.dir), kernels=args.kernels)
+    if args.command == "shared-setup":
+        from jax_nbmem.simgpu.shared import print_shared_setup
+
+        return print_shared_setup(args.dir, args.gpus, args.total, args.startup)
     if args.command == "tenant":
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")
