@@ -39,6 +39,7 @@ from jax_nbmem.simgpu.simulator import (
     build,
     env_for_subprocess,
 )
+from jax_nbmem.simgpu.simulator import main as simulator_main
 
 __all__ = ["STARTUP_NAME", "SharedSetupError", "parse_total", "setup_shared"]
 
@@ -158,3 +159,51 @@ def print_shared_setup(folder: str, gpus: int, total_text: str | None, startup: 
     for name, value in env.items():
         print(f"# export {name}={shlex.quote(value)}")
     return 0
+
+
+def _add_parser(commands, name: str) -> None:
+    """The ``shared-setup`` subcommand's arguments."""
+    shared_cmd = commands.add_parser(
+        name,
+        help="as root, once: one simulated GPU for every user of this machine (a JupyterHub "
+        "without GPU): the library, a state file all users' kernels write, the mirror's "
+        "startup file (--startup); prints the environment for c.Spawner.environment",
+        description="Build the stand-in library into DIR (readable by all), write "
+        "DIR/state/gpu.state (kept if there) with its lock file, and with --startup install "
+        "the IPython startup file that makes every user's kernels mirror their JAX arrays onto "
+        "the one simulated GPU. DIR/state is world-writable and not sticky: every writer "
+        "replaces the state file by renaming its own temporary file over it, under the lock "
+        "(DIR/state/gpu.state.lock, 0666), so no kernel's rewrite loses another's lines; a "
+        "sticky folder would refuse that rename. It does not stop a user from changing others' "
+        "lines on purpose: a simulator, not a boundary between users. Running it again "
+        "changes nothing; bad input changes nothing.",
+    )
+    shared_cmd.add_argument("dir", help="an absolute folder every user can reach")
+    shared_cmd.add_argument(
+        "--gpus", type=int, default=1, help="simulated GPUs in a new state file (default 1)"
+    )
+    shared_cmd.add_argument(
+        "--total",
+        default=None,
+        metavar="BYTES",
+        help="each GPU's memory in a new state file: bytes, or e.g. 80GiB, 141GB "
+        "(default 150GB, an H200)",
+    )
+    shared_cmd.add_argument(
+        "--startup",
+        default=None,
+        metavar="FOLDER",
+        help="install the mirror's IPython startup file into FOLDER, one IPython runs for "
+        f"every user: {Path(sys.prefix) / 'etc' / 'ipython' / 'startup'} for this Python "
+        "(IPython 8 reads PREFIX/etc/ipython/startup beside each user's own profile); "
+        "without it, nothing is installed there and kernels do not mirror",
+    )
+
+
+def _run(args) -> int:
+    return print_shared_setup(args.dir, args.gpus, args.total, args.startup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jax_nbmem.simgpu``: the simulator's subcommands and ``shared-setup``."""
+    return simulator_main(argv, {"shared-setup": (_add_parser, _run)})

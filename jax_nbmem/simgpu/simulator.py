@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import uuid as uuid_module
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from jax_nbmem.simgpu.state import (
@@ -148,8 +148,8 @@ def demo_state(path: str | os.PathLike[str]) -> SimState:
 
 
 _STARTUP_FILE = """\
-# Written by `python -m jax_nbmem.simgpu shell-env --kernels`: the demo's kernels put their JAX
-# arrays on the simulated GPU the way JAX's allocator would hold them on a real one.
+# Written by `python -m jax_nbmem.simgpu shell-env --kernels` (or `shared-setup --startup`):
+# kernels put their JAX arrays on the simulated GPU the way JAX's allocator would hold them.
 try:
     import jax_nbmem.simgpu.mirror as _jax_nbmem_mirror
 
@@ -267,8 +267,15 @@ def _check(path: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m jax_nbmem.simgpu``: build the library, write a demo state, print shell env."""
+def main(
+    argv: list[str] | None = None,
+    extra: Mapping[str, tuple[Callable[..., object], Callable[..., int]]] | None = None,
+) -> int:
+    """``python -m jax_nbmem.simgpu``: build the library, write a demo state, print shell env.
+
+    ``extra``: more subcommands, name → (add its parser to the subparsers, run it on the
+    parsed arguments), from modules that build on this one (``shared-setup``).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m jax_nbmem.simgpu",
         description="A simulated NVIDIA GPU for the demo and the tests: a stand-in "
@@ -303,41 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         help="also have kernels mirror their JAX arrays onto the simulated GPU, as JAX's "
         "allocator would hold them (an IPython startup file; exports IPYTHONDIR)",
     )
-    shared_cmd = commands.add_parser(
-        "shared-setup",
-        help="as root, once: one simulated GPU for every user of this machine (a JupyterHub "
-        "without GPU): the library, a state file all users' kernels write, the mirror's "
-        "startup file (--startup); prints the environment for c.Spawner.environment",
-        description="Build the stand-in library into DIR (readable by all), write "
-        "DIR/state/gpu.state (kept if there) with its lock file, and with --startup install "
-        "the IPython startup file that makes every user's kernels mirror their JAX arrays onto "
-        "the one simulated GPU. DIR/state is world-writable and not sticky: every writer "
-        "replaces the state file by renaming its own temporary file over it, under the lock "
-        "(DIR/state/gpu.state.lock, 0666), so no kernel's rewrite loses another's lines; a "
-        "sticky folder would refuse that rename. It does not stop a user from changing others' "
-        "lines on purpose: a simulator, not a boundary between users. Running it again "
-        "changes nothing; bad input changes nothing.",
-    )
-    shared_cmd.add_argument("dir", help="an absolute folder every user can reach")
-    shared_cmd.add_argument(
-        "--gpus", type=int, default=1, help="simulated GPUs in a new state file (default 1)"
-    )
-    shared_cmd.add_argument(
-        "--total",
-        default=None,
-        metavar="BYTES",
-        help="each GPU's memory in a new state file: bytes, or e.g. 80GiB, 141GB "
-        "(default 150GB, an H200)",
-    )
-    shared_cmd.add_argument(
-        "--startup",
-        default=None,
-        metavar="FOLDER",
-        help="install the mirror's IPython startup file into FOLDER, one IPython runs for "
-        f"every user: {Path(sys.prefix) / 'etc' / 'ipython' / 'startup'} for this Python "
-        "(IPython 8 reads PREFIX/etc/ipython/startup beside each user's own profile); "
-        "without it, nothing is installed there and kernels do not mirror",
-    )
+    for name, (add, _) in (extra or {}).items():
+        add(commands, name)
     tenant_cmd = commands.add_parser(
         "tenant",
         help="start a neighbour: a real idle Jupyter kernel whose JAX preallocated on the "
@@ -355,10 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "shell-env":
         return _print_shell_env(None if args.dir is None else Path(args.dir), kernels=args.kernels)
-    if args.command == "shared-setup":
-        from jax_nbmem.simgpu.shared import print_shared_setup
-
-        return print_shared_setup(args.dir, args.gpus, args.total, args.startup)
+    if args.command in (extra or {}):
+        return extra[args.command][1](args)
     if args.command == "tenant":
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")
