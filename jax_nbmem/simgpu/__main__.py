@@ -2,6 +2,6 @@
 
 import sys
 
-from jax_nbmem.simgpu.simulator import main
+from jax_nbmem.simgpu.shared import main
 
 sys.exit(main())

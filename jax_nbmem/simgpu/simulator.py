@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import uuid as uuid_module
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from jax_nbmem.simgpu.state import (
@@ -148,8 +148,8 @@ def demo_state(path: str | os.PathLike[str]) -> SimState:
 
 
 _STARTUP_FILE = """\
-# Written by `python -m jax_nbmem.simgpu shell-env --kernels`: the demo's kernels put their JAX
-# arrays on the simulated GPU the way JAX's allocator would hold them on a real one.
+# Written by `python -m jax_nbmem.simgpu shell-env --kernels` (or `shared-setup --startup`):
+# kernels put their JAX arrays on the simulated GPU the way JAX's allocator would hold them.
 try:
     import jax_nbmem.simgpu.mirror as _jax_nbmem_mirror
 
@@ -267,8 +267,15 @@ def _check(path: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m jax_nbmem.simgpu``: build the library, write a demo state, print shell env."""
+def main(
+    argv: list[str] | None = None,
+    extra: Mapping[str, tuple[Callable[..., object], Callable[..., int]]] | None = None,
+) -> int:
+    """``python -m jax_nbmem.simgpu``: build the library, write a demo state, print shell env.
+
+    ``extra``: more subcommands, name → (add its parser to the subparsers, run it on the
+    parsed arguments), from modules that build on this one (``shared-setup``).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m jax_nbmem.simgpu",
         description="A simulated NVIDIA GPU for the demo and the tests: a stand-in "
@@ -303,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         help="also have kernels mirror their JAX arrays onto the simulated GPU, as JAX's "
         "allocator would hold them (an IPython startup file; exports IPYTHONDIR)",
     )
+    for name, (add, _) in (extra or {}).items():
+        add(commands, name)
     tenant_cmd = commands.add_parser(
         "tenant",
         help="start a neighbour: a real idle Jupyter kernel whose JAX preallocated on the "
@@ -320,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "shell-env":
         return _print_shell_env(None if args.dir is None else Path(args.dir), kernels=args.kernels)
+    if args.command in (extra or {}):
+        return extra[args.command][1](args)
     if args.command == "tenant":
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import secrets
 import shutil
@@ -34,12 +33,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
 from tests.jupyterlab import REPO_ROOT
+from tests.users import User as HubUser
+from tests.users import add_user as _add_user
+from tests.users import python_for
+from tests.users import remove_user as _remove_user
 
+_HUB_IMPORTS = "jax_nbmem, jupyterhub.singleuser, ipykernel"
 CONFIG = REPO_ROOT / "docs" / "jupyterhub_config.py"
 CHP_LOCAL = REPO_ROOT / "build" / "hub-deps" / "node_modules" / ".bin" / "configurable-http-proxy"
 PASSWORD = secrets.token_hex(8)
@@ -71,19 +74,6 @@ def _chp() -> str | None:
     return shutil.which("configurable-http-proxy") or (
         str(CHP_LOCAL) if CHP_LOCAL.exists() else None
     )
-
-
-@dataclass
-class HubUser:
-    """A throwaway Unix user, who is also a hub user of the same name."""
-
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-    def runtime_dir(self) -> Path:
-        return self.home / ".local" / "share" / "jupyter" / "runtime"
 
 
 @dataclass
@@ -132,70 +122,6 @@ def request(url: str, method: str = "GET", body=None, token: str | None = None, 
         return status, json.loads(text) if text else None
     except ValueError:
         return status, text
-
-
-def _add_user(prefix: str) -> HubUser:
-    name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True
-    )
-    entry = pwd.getpwnam(name)
-    return HubUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-
-
-def _remove_user(user: HubUser) -> None:
-    for process in psutil.process_iter(["uids"]):
-        try:
-            if process.info["uids"] and process.info["uids"].real == user.uid:
-                process.kill()  # each by its PID: what the hub left of this user's
-        except psutil.Error:
-            continue
-    subprocess.run(["userdel", "--remove", user.name], capture_output=True)
-
-
-def _runs_as(user: HubUser, python: str, env: dict) -> str | None:
-    """None when ``user`` can run ``python`` with our package and the hub's; else why not."""
-    code = "import jax_nbmem, jupyterhub.singleuser, ipykernel; print(jax_nbmem.__file__)"
-    try:
-        done = subprocess.run(
-            [python, "-c", code], user=user.uid, group=user.gid, extra_groups=[],
-            env=env, cwd=user.home, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    except OSError as error:
-        return str(error)
-    if done.returncode != 0:
-        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
-    return None
-
-
-def _python_for(user: HubUser, folder: Path, env: dict) -> tuple[str, dict]:
-    """A Python (and its environment) that ``user`` can run: ours, or a hard-linked copy."""
-    env = {**env, "PYTHONPATH": str(REPO_ROOT)}
-    if _runs_as(user, sys.executable, env) is None:
-        return sys.executable, env
-    source = Path(sys.prefix)
-    if sys.prefix != sys.base_prefix:
-        pytest.skip(f"{user.name} cannot run this virtual environment's Python under {source}")
-    package = folder / "src"
-    shutil.copytree(
-        REPO_ROOT / "jax_nbmem", package / "jax_nbmem",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )  # fmt: skip
-    copy = folder / "python"
-    done = subprocess.run(["cp", "-al", str(source), str(copy)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"{user.name} cannot read {source} and no hard-linked copy: {done.stderr}")
-    python = str(copy / "bin" / Path(os.path.realpath(sys.executable)).name)
-    library = env.get("LD_LIBRARY_PATH", "")
-    env = {
-        **env,
-        "PYTHONPATH": str(package),
-        "LD_LIBRARY_PATH": f"{copy / 'lib'}:{library}" if library else str(copy / "lib"),
-    }
-    why = _runs_as(user, python, env)
-    if why is not None:
-        pytest.fail(f"{user.name} cannot run the copy of Python at {python}: {why}")
-    return python, env
 
 
 def _config(hub_port, api_port, proxy_port, folder, users, python, tokens) -> str:
@@ -302,7 +228,7 @@ def hub(simgpu_lib):
             "JAX_NBMEM_HUB_URL": url,
             "JAX_PLATFORMS": "cpu",
         })  # fmt: skip
-        python, env = _python_for(users[0], folder, base_env)
+        python, env = python_for(users[0], folder, base_env, _HUB_IMPORTS)
         tokens = (secrets.token_hex(24), secrets.token_hex(24))
         config = folder / "jupyterhub_config.py"
         config.write_text(

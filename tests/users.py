@@ -1,0 +1,106 @@
+"""Throwaway Unix users for tests that run as root, and a Python they can run.
+
+A throwaway user cannot read /root (0700), where this Python may live: ``python_for`` then
+gives them a hard-linked copy of it (and a copy of our package) under a folder of the test's.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.jupyterlab import REPO_ROOT
+
+__all__ = ["User", "add_user", "python_for", "remove_user"]
+
+
+@dataclass
+class User:
+    """A throwaway Unix user (for the hub tests, also a hub user of the same name)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def runtime_dir(self) -> Path:
+        return self.home / ".local" / "share" / "jupyter" / "runtime"
+
+
+def add_user(prefix: str) -> User:
+    """A new user with a home, named ``prefix`` and six hex digits; only as root."""
+    name = f"{prefix}{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True
+    )
+    entry = pwd.getpwnam(name)
+    return User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+def remove_user(user: User) -> None:
+    """Kill what the user still runs (each by its PID) and remove the user and its home."""
+    for process in psutil.process_iter(["uids"]):
+        try:
+            if process.info["uids"] and process.info["uids"].real == user.uid:
+                process.kill()
+        except psutil.Error:
+            continue
+    subprocess.run(["userdel", "--remove", user.name], capture_output=True)
+
+
+def _runs_as(user: User, python: str, env: dict, imports: str) -> str | None:
+    """None when ``user`` can run ``python`` and import ``imports``; else why not."""
+    code = f"import {imports}; print(jax_nbmem.__file__)"
+    try:
+        done = subprocess.run(
+            [python, "-c", code], user=user.uid, group=user.gid, extra_groups=[],
+            env=env, cwd=user.home, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except OSError as error:
+        return str(error)
+    if done.returncode != 0:
+        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+    return None
+
+
+def python_for(user: User, folder: Path, env: dict, imports: str = "jax_nbmem") -> tuple[str, dict]:
+    """A Python (and its environment) that ``user`` can run: ours, or a hard-linked copy.
+
+    ``imports`` (a comma-separated list, with ``jax_nbmem`` in it) must import for ``user``.
+    The copy lies under ``folder`` (``folder/python``, the package in ``folder/src``).
+    """
+    env = {**env, "PYTHONPATH": str(REPO_ROOT)}
+    if _runs_as(user, sys.executable, env, imports) is None:
+        return sys.executable, env
+    source = Path(sys.prefix)
+    if sys.prefix != sys.base_prefix:
+        pytest.skip(f"{user.name} cannot run this virtual environment's Python under {source}")
+    package = folder / "src"
+    shutil.copytree(
+        REPO_ROOT / "jax_nbmem", package / "jax_nbmem",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )  # fmt: skip
+    copy = folder / "python"
+    done = subprocess.run(["cp", "-al", str(source), str(copy)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"{user.name} cannot read {source} and no hard-linked copy: {done.stderr}")
+    python = str(copy / "bin" / Path(os.path.realpath(sys.executable)).name)
+    library = env.get("LD_LIBRARY_PATH", "")
+    env = {
+        **env,
+        "PYTHONPATH": str(package),
+        "LD_LIBRARY_PATH": f"{copy / 'lib'}:{library}" if library else str(copy / "lib"),
+    }
+    why = _runs_as(user, python, env, imports)
+    if why is not None:
+        pytest.fail(f"{user.name} cannot run the copy of Python at {python}: {why}")
+    return python, env
