@@ -12,17 +12,10 @@ if [ -x "$CHROMIUM" ]; then
     exit 0
 fi
 
-# Root installs directly (CI runs as root); anyone else goes through sudo.
-as_root=()
-if [ "$(id -u)" -ne 0 ]; then
-    as_root=(sudo)
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -q
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 # Fonts come along so that screenshots show text rather than empty boxes.
-"${as_root[@]}" apt-get install -y -q --no-install-recommends \
-    chromium fonts-liberation fonts-dejavu-core
+apt_install chromium fonts-liberation fonts-dejavu-core
 
 if [ ! -x "$CHROMIUM" ]; then
     echo "browser-deps: apt-get finished but $CHROMIUM is still missing" >&2

@@ -19,14 +19,9 @@ if [ -x "$CHP" ]; then
 fi
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    # Root installs directly (CI runs as root); anyone else goes through sudo.
-    as_root=()
-    if [ "$(id -u)" -ne 0 ]; then
-        as_root=(sudo)
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    "${as_root[@]}" apt-get update -q
-    "${as_root[@]}" apt-get install -y -q --no-install-recommends nodejs npm
+    # shellcheck source=apt.sh
+    source .ci/apt.sh
+    apt_install nodejs npm
 fi
 
 mkdir -p "$PREFIX"

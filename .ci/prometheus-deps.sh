@@ -12,16 +12,10 @@ if [ -x "$PROMETHEUS" ] && [ -x "$PROMTOOL" ]; then
     exit 0
 fi
 
-# Root installs directly (CI runs as root); anyone else goes through sudo.
-as_root=()
-if [ "$(id -u)" -ne 0 ]; then
-    as_root=(sudo)
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -q
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 # --no-install-recommends: no node exporter and no service of its own beyond the package's.
-"${as_root[@]}" apt-get install -y -q --no-install-recommends prometheus
+apt_install prometheus
 
 for tool in "$PROMETHEUS" "$PROMTOOL"; do
     if [ ! -x "$tool" ]; then

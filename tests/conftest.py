@@ -7,6 +7,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -103,3 +104,15 @@ def other_user():
         yield name, entry.pw_uid, entry.pw_gid
     finally:
         subprocess.run(["userdel", name], capture_output=True)
+
+
+# --- A process that is no kernel ----------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper():
+    """The PID of a plain Python child that only sleeps (a process, not a kernel); killed after."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    yield process.pid
+    process.kill()
+    process.wait()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import psutil
-import pytest
 
 from jax_nbmem.cli.command import main
 
@@ -19,14 +18,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield process.pid
-    process.kill()
-    process.wait()
 
 
 def test_a_pid_that_is_no_kernel_is_refused(sleeper, capsys):

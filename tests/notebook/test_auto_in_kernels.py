@@ -17,14 +17,6 @@ ENV_DUMP = (
 )
 
 
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    yield process.pid
-    process.kill()
-    process.wait()
-
-
 def test_alone_auto_keeps_jax_default_and_says_why(sim_state, simgpu_env):
     sim_state.gpu(0, total=80 * GIB).write()
     with running_kernel(env=simgpu_env) as (_, client):

@@ -3,7 +3,6 @@
 import json
 import os
 import subprocess
-import sys
 import time
 
 import psutil
@@ -12,33 +11,24 @@ import pytest
 from jax_nbmem.tenants.publishers import published_pids, remove_claim, write_claim
 
 
-@pytest.fixture
-def kernel():
-    """A child process standing for one of this server's kernels."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield child.pid
-    child.kill()
-    child.wait()
-
-
-def test_a_fresh_claim_names_the_server_s_kernels_until_it_is_removed(tmp_path, kernel):
-    write_claim([str(tmp_path)], url="http://127.0.0.1:8888/", pids=[kernel], interval_s=2)
+def test_a_fresh_claim_names_the_server_s_kernels_until_it_is_removed(tmp_path, sleeper):
+    write_claim([str(tmp_path)], url="http://127.0.0.1:8888/", pids=[sleeper], interval_s=2)
     claim = tmp_path / f"jax_nbmem-publisher-{os.getpid()}.json"
     assert oct(claim.stat().st_mode & 0o777) == "0o644"
-    assert published_pids([str(tmp_path)]) == {kernel: "http://127.0.0.1:8888/"}
+    assert published_pids([str(tmp_path)]) == {sleeper: "http://127.0.0.1:8888/"}
     remove_claim([str(tmp_path)])
     assert published_pids([str(tmp_path)]) == {}
     remove_claim([str(tmp_path)])  # a second time: nothing to do, no error
 
 
-def test_a_claim_not_rewritten_lately_is_ignored(tmp_path, kernel):
-    write_claim([str(tmp_path)], url="u", pids=[kernel], interval_s=2)
-    assert published_pids([str(tmp_path)], now=time.time() + 5.5) == {kernel: "u"}  # 3 × 2 s
+def test_a_claim_not_rewritten_lately_is_ignored(tmp_path, sleeper):
+    write_claim([str(tmp_path)], url="u", pids=[sleeper], interval_s=2)
+    assert published_pids([str(tmp_path)], now=time.time() + 5.5) == {sleeper: "u"}  # 3 × 2 s
     assert published_pids([str(tmp_path)], now=time.time() + 6.5) == {}
 
 
-def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path, kernel):
-    write_claim([str(tmp_path)], url="u", pids=[kernel], interval_s=2)
+def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path, sleeper):
+    write_claim([str(tmp_path)], url="u", pids=[sleeper], interval_s=2)
     claim = tmp_path / f"jax_nbmem-publisher-{os.getpid()}.json"
     content = json.loads(claim.read_text())
     (tmp_path / "jax_nbmem-publisher-1.json").write_text(json.dumps({**content, "pid": 1}))
@@ -49,7 +39,7 @@ def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
-def test_nobody_claims_another_user_s_process(tmp_path, kernel):
+def test_nobody_claims_another_user_s_process(tmp_path, sleeper):
     # A "server" of user nobody claims its own process and one of root's: only its own counts.
     server = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
     try:
@@ -57,7 +47,7 @@ def test_nobody_claims_another_user_s_process(tmp_path, kernel):
         claim = tmp_path / f"jax_nbmem-publisher-{server.pid}.json"
         claim.write_text(json.dumps({
             "schema": 1, "pid": server.pid, "started_at": started, "url": "u",
-            "pids": [server.pid, kernel], "interval_s": 2.0, "written_at": time.time(),
+            "pids": [server.pid, sleeper], "interval_s": 2.0, "written_at": time.time(),
         }))  # fmt: skip
         assert published_pids([str(tmp_path)]) == {}  # root's file speaks for no one's server
         os.chown(claim, 65534, 65534)
