@@ -22,7 +22,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import psutil
-import pytest
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.simgpu import GIB
@@ -277,15 +276,6 @@ def test_files_that_are_not_regular_files_are_never_opened_for_reading(tmp_path)
     assert {kind: list(beacons) for kind, beacons in found.items()} == {
         "fifo": [], "symlink": [], "directory": [], "socket": [], "hardlink": [pid],
     }  # fmt: skip
-
-
-@pytest.fixture
-def sleeper():
-    """A live process of ours that stands for a kernel on the GPU."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    yield process.pid
-    process.kill()
-    process.wait()
 
 
 def _cli_status(env, *args) -> subprocess.CompletedProcess:
