@@ -1,11 +1,12 @@
 /*
- * The simulated GPU's state: its parser (the rules of jax_nbmem/simgpu/state.py, which the tests
- * hold both readers to), the state in use (read until two reads agree, parsed once per change,
- * shared by every thread), and its canonical text. Included by nvml_stub.c, after its types.
+ * The simulated GPU's state: its parser (the rules of jax_nbmem/simgpu/state_format.py, read in
+ * Python by state_parse.py; the tests hold both readers to them), the state in use (read until
+ * two reads agree, parsed once per change, shared by every thread), and its canonical text.
+ * Included by nvml_stub.c, after its types.
  */
 
 /* ------------------------------------------------------------------------------------------ */
-/* The parser: one line at a time, the first problem wins (see state.py for the same rules). */
+/* The parser: one line at a time, the first problem wins (state_parse.py: the same rules). */
 
 typedef struct {
     char *start;
