@@ -6,13 +6,14 @@
  * every call, so another process (or Python code changing os.environ) can change what the "GPU"
  * reports at any time.
  *
- * The format is documented in jax_nbmem/simgpu/state.py (STATE_FORMAT, shown by
- * `python -m jax_nbmem.simgpu --help`), whose reader follows the same rules: a state is used
- * only when it is complete (it ends with an `end` line) and reads the same twice in a row, so a
- * file rewritten in place is never used half-written; a file with a problem (a malformed line, a
- * missing field, a gap in the GPU indices) is reported once on stderr, naming the line, and the
- * last good state of that file stays in use. jaxNbmemSimCheck() exposes this parser to the tests,
- * which feed the same lines to both readers and compare.
+ * The format is documented in jax_nbmem/simgpu/state_format.py (STATE_FORMAT, shown by
+ * `python -m jax_nbmem.simgpu --help`), whose Python reader (state_parse.py) follows the same
+ * rules: a state is used only when it is complete (it ends with an `end` line) and reads the
+ * same twice in a row, so a file rewritten in place is never used half-written; a file with a
+ * problem (a malformed line, a missing field, a gap in the GPU indices) is reported once on
+ * stderr, naming the line, and the last good state of that file stays in use.
+ * jaxNbmemSimCheck() exposes this parser to the tests, which feed the same lines to both
+ * readers and compare.
  *
  * Functions that are not defined here are simply not exported; pynvml then raises
  * NVMLError_FunctionNotFound, exactly as with an old driver. Building with -DSIM_OLD_DRIVER
@@ -306,7 +307,18 @@ API nvmlReturn_t nvmlShutdown(void) {
     return NVML_ERROR_UNINITIALIZED;
 }
 
-/* The texts of NVIDIA's libnvidia-ml (as DCGM's copy of them spells them). */
+/* The texts of NVIDIA's libnvidia-ml, and where each was checked (2026-12):
+ *  - 0-20, 23 and 999: as NVIDIA's DCGM spells them in its own table of the driver's texts
+ *    (dcgmlib nvml_error_strings.h); 3, 9, 15 and 999 also as pynvml printed them from real
+ *    drivers in user reports, 16 in a k8s log ("failed to get nvlink state: GPU requires
+ *    reset"), 17 in nvidia-smi -q output (gVisor PR 10676) and 18 in nvidia-smi's own
+ *    "Failed to initialize NVML: Driver/library version mismatch".
+ *  - 25: quoted from a real driver through go-nvml, whose Return.Error() is the library's
+ *    nvmlErrorString (go-nvml issue 138; leptonai/gpud notes the same text).
+ *  - 27: quoted from a real driver on an H100 PCIe (pynvml issue 54, codecarbon issue 578) and
+ *    in gpud's log "nvml.CLOCK_GRAPHICS: System is not in ready state".
+ *  - 21, 22, 24, 26, 28 and 29 are NOT verified: no text quoted from a real driver was found;
+ *    these follow nvml.h's description of each code. */
 API const char *nvmlErrorString(nvmlReturn_t result) {
     switch (result) {
         case 0: return "Success";
@@ -330,16 +342,16 @@ API const char *nvmlErrorString(nvmlReturn_t result) {
         case 18: return "Driver/library version mismatch";
         case 19: return "In use by another client";
         case 20: return "Insufficient Memory";
-        case 21: return "No data";
+        case 21: return "No data"; /* not verified */
         case 22: return "The requested vgpu operation is not available on target device, "
-                        "because ECC is enabled";
+                        "because ECC is enabled"; /* not verified */
         case 23: return "Insufficient Resources";
-        case 24: return "Ran out of critical resources, other than memory";
+        case 24: return "Ran out of critical resources, other than memory"; /* not verified */
         case 25: return "Argument version mismatch";
-        case 26: return "The requested functionality has been deprecated";
-        case 27: return "The system is not ready for the request";
-        case 28: return "The GPU is not found";
-        case 29: return "Invalid state";
+        case 26: return "The requested functionality has been deprecated"; /* not verified */
+        case 27: return "System is not in ready state";
+        case 28: return "The GPU is not found"; /* not verified */
+        case 29: return "Invalid state"; /* not verified */
         default: return "Unknown Error";
     }
 }

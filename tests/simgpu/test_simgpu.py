@@ -535,6 +535,11 @@ def test_every_error_code_has_the_drivers_text(nvml_lib):
     texts = {code: nvml_lib.nvmlErrorString(code).decode() for code in simgpu.NVML_ERRORS.values()}
     assert texts[15] == "GPU is lost" and texts[9] == "Driver Not Loaded"
     assert texts[6] == "Not Found" and texts[18] == "Driver/library version mismatch"
+    # Quoted from real drivers in users' reports (see nvmlErrorString in nvml_stub.c).
+    assert texts[16] == "GPU requires reset"
+    assert texts[17] == "GPU access blocked by the operating system"
+    assert texts[25] == "Argument version mismatch"
+    assert texts[27] == "System is not in ready state"
     assert [code for code, text in texts.items() if text == "Unknown Error"] == [999]
     assert nvml_lib.nvmlErrorString(12345) == b"Unknown Error"
 
