@@ -93,14 +93,26 @@ static void fill_pci(unsigned int index, nvmlPciInfo_t *pci) {
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:00.0", 0u, pci->bus);
 }
 
+/* Whether procs[at] counts as a live process with a context on its GPU, compute or graphics,
+ * once: a process on both lists counts by its compute listing (the parser allows one listing
+ * per list, and graphics ones are few, so only they look further). */
+static int first_listing(const sim_state *state, unsigned int at) {
+    const sim_proc *proc = &state->procs[at];
+    unsigned int i;
+    if (proc->ends_with_exit && !process_running(proc->pid)) return 0;
+    if (!proc->graphics) return 1;
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *other = &state->procs[i];
+        if (!other->graphics && other->gpu == proc->gpu && other->pid == proc->pid) return 0;
+    }
+    return 1;
+}
+
+/* The processes with a context on GPU `index`: what the driver samples utilization of. */
 static unsigned int running_processes(const sim_state *state, unsigned int index) {
     unsigned int i, found = 0;
-    for (i = 0; i < state->proc_count; i++) {
-        const sim_proc *proc = &state->procs[i];
-        if (proc->gpu == index && !proc->graphics &&
-            !(proc->ends_with_exit && !process_running(proc->pid)))
-            found++;
-    }
+    for (i = 0; i < state->proc_count; i++)
+        if (state->procs[i].gpu == index && first_listing(state, i)) found++;
     return found;
 }
 
@@ -406,9 +418,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     for (i = 0; i < state->proc_count && found < running; i++) {
         const sim_proc *proc = &state->procs[i];
-        if (proc->gpu != device->index || proc->graphics ||
-            (proc->ends_with_exit && !process_running(proc->pid)))
-            continue;
+        if (proc->gpu != device->index || !first_listing(state, i)) continue;
         samples[found].pid = proc->pid;
         samples[found].timeStamp = stamp;
         samples[found].smUtil = gpu_util(gpu) / running;

@@ -90,7 +90,8 @@ figure includes its CUDA context) unless `used=` pins it, and 500 MiB is reserve
 driver unless `reserved=` says otherwise. `ends=exit`: the process is listed only while it
 runs. CALL: init, count, name, uuid, memory, processes, driver, info (the rest: utilization,
 temperature, PCI...) or any; ERROR: a code or a name (GPU_IS_LOST). `util=`: the GPU's
-utilization, which its temperature, power and clocks follow. MIG: a GPU with `mig=on` is
+utilization, which its temperature, power and clocks follow, shared evenly by its processes
+(compute or graphics) in their utilization samples. MIG: a GPU with `mig=on` is
 split into GPU instances (`mig` lines: GI is the instance's id, UUID its MIG-... UUID, each
 a device of its own to NVML); each of its processes runs in one (`mig=GI`). Users other than
 root get NO_PERMISSION for the memory and processes of a GPU in MIG mode, as from a real

@@ -104,6 +104,36 @@ def test_nvitop_reports_what_jax_nbmem_reports(busy_gpus):
     assert devices[0]["power"] > devices[1]["power"] > 50_000  # milliwatts
 
 
+_NVITOP_PROCESSES = """
+import json
+from nvitop import Device
+device = Device(0)
+print(json.dumps({
+    "util": device.gpu_utilization(),
+    "processes": {
+        str(pid): [p.type, p.gpu_sm_utilization()] for pid, p in device.processes().items()
+    },
+}))
+"""
+
+
+def test_nvitop_samples_every_process_with_a_context_graphics_ones_too(busy_gpus):
+    state, env, pids = busy_gpus
+    # One compute process, one graphics process, one on both lists: three contexts.
+    state = SimState(state.path).gpu(0, total=80 * GIB, util=60)
+    state.process(0, pids[0], 20 * GIB).process(0, pids[1], 2 * GIB, graphics=True)
+    state.process(0, pids[2], 4 * GIB).process(0, pids[2], 4 * GIB, graphics=True).write()
+    done = _run([sys.executable, "-c", _NVITOP_PROCESSES], {**env, "TERM": "dumb"})
+    report = json.loads(done.stdout)
+    # As nvidia-smi pmon shows them: a sample per process, whichever list it is on.
+    assert report["processes"] == {
+        str(pids[0]): ["C", 20],
+        str(pids[1]): ["G", 20],
+        str(pids[2]): ["C+G", 20],
+    }
+    assert report["util"] == 60
+
+
 def test_the_nvitop_command_runs_without_a_missing_function(busy_gpus):
     _, env, pids = busy_gpus
     done = _run(["nvitop", "-1"], {**env, "TERM": "dumb", "COLUMNS": "120"})
