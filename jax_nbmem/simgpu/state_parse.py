@@ -154,12 +154,7 @@ class _Parser:
             state._lost.add(index)
             self.lost_lines.setdefault(index, number)
         elif kind == "slow":
-            if len(words) < 2:
-                raise _Problem(number, "slow: missing CALL")
-            if words[1] not in CALLS:
-                raise _Problem(number, f"slow: bad CALL '{_cut(words[1])}'")
-            if len(words) < 3:
-                raise _Problem(number, "slow: missing MS")
+            self._call(number, "slow", words, "MS")
             ms = _u64(words[2])
             if ms is None or ms > 0xFFFFFFFF:
                 raise _Problem(number, f"slow: bad MS '{_cut(words[2])}'")
@@ -225,12 +220,7 @@ class _Parser:
             if len(hex_name) % 2 or not name or len(name) >= TEXT_BYTES or b"\0" in name:
                 raise _Problem(number, f"gpu: bad namehex= '{_cut(hex_name)}'")
         elif name_at is not None:
-            name = line[tokens[name_at][1] + 5 :].rstrip(" \t\r\v\f")
-            size = len(name.encode("utf-8", "surrogateescape"))
-            if size == 0:
-                raise _Problem(number, "gpu: bad name= ''")
-            if size >= TEXT_BYTES:
-                raise _Problem(number, f"gpu: name= longer than {TEXT_BYTES - 1} bytes")
+            name = self._name(number, "gpu", line, tokens[name_at][1])
             if any("\udc80" <= c <= "\udcff" for c in name):
                 name = name.encode("utf-8", "surrogateescape")
         else:
@@ -312,12 +302,7 @@ class _Parser:
         if name_at is None:
             name = DEFAULT_MIG_NAME
         else:
-            name = line[tokens[name_at][1] + 5 :].rstrip(" \t\r\v\f")
-            size = len(name.encode("utf-8", "surrogateescape"))
-            if size == 0:
-                raise _Problem(number, "mig: bad name= ''")
-            if size >= TEXT_BYTES:
-                raise _Problem(number, f"mig: name= longer than {TEXT_BYTES - 1} bytes")
+            name = self._name(number, "mig", line, tokens[name_at][1])
         if (gpu, instance) in self.mig_lines:
             raise _Problem(number, f"mig: instance {instance} of GPU {gpu} given twice")
         if sum(1 for g, _ in self.mig_lines if g == gpu) >= _MAX_GI_PER_GPU:
@@ -327,13 +312,29 @@ class _Parser:
         self.mig_lines[(gpu, instance)] = number
         self.state._migs[(gpu, instance)] = MigLine(uuid, total, name)
 
-    def _fail(self, number: int, words: list[str]) -> None:
+    @staticmethod
+    def _name(number: int, kind: str, line: str, at: int) -> str:
+        """The ``name=`` that starts at ``at``: the rest of the line, 1 to 95 bytes."""
+        name = line[at + 5 :].rstrip(" \t\r\v\f")
+        size = len(name.encode("utf-8", "surrogateescape"))
+        if size == 0:
+            raise _Problem(number, f"{kind}: bad name= ''")
+        if size >= TEXT_BYTES:
+            raise _Problem(number, f"{kind}: name= longer than {TEXT_BYTES - 1} bytes")
+        return name
+
+    @staticmethod
+    def _call(number: int, kind: str, words: list[str], then: str) -> None:
+        """Check a `slow` or `fail` line's CALL, and that the word after it (``then``) is there."""
         if len(words) < 2:
-            raise _Problem(number, "fail: missing CALL")
+            raise _Problem(number, f"{kind}: missing CALL")
         if words[1] not in CALLS:
-            raise _Problem(number, f"fail: bad CALL '{_cut(words[1])}'")
+            raise _Problem(number, f"{kind}: bad CALL '{_cut(words[1])}'")
         if len(words) < 3:
-            raise _Problem(number, "fail: missing ERROR")
+            raise _Problem(number, f"{kind}: missing {then}")
+
+    def _fail(self, number: int, words: list[str]) -> None:
+        self._call(number, "fail", words, "ERROR")
         error = words[2]
         code = _u64(error)
         if code is None:
