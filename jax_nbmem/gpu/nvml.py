@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
@@ -135,6 +136,9 @@ def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
         try:
             result.append(read_memory(nv, session, device, _nvml.log_once))
         except nv.NVMLError as error:
+            if device.mig_mode and error_name(nv, error) == "NO_PERMISSION":
+                result.append(unreadable(device, _split_gpu_problem(device.index)))
+                continue
             result.append(unreadable(device, _nvml.device_failed(nv, session, device, error)))
     return result
 
@@ -148,7 +152,8 @@ def gpus() -> list[GpuMemory]:
 def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
     """Return each GPU's compute and graphics processes (all GPUs by default), in that order.
 
-    A process on both lists of one GPU appears once. A GPU whose list cannot be read (the GPU
+    A process on both lists of one GPU appears once. A process on a MIG instance is on the
+    instance's list; the list of a GPU in MIG mode is empty (its processes are its instances'). A GPU whose list cannot be read (the GPU
     is lost, NVML refuses, the list keeps changing size) has ``processes=None`` and a
     ``problem``: unknown, never an empty list. Returns ``[]`` when NVML is unavailable.
     """
@@ -173,6 +178,9 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
         if device.handle is None:
             result.append(GpuProcesses(device.index, None, unlisted(device.problem)))
             continue
+        if device.mig_mode:  # its processes are its instances', each listed there once
+            result.append(GpuProcesses(device.index, ()))
+            continue
         try:
             result.append(one_process_list(nv, session, device, _nvml.log_once))
         except NoProcessList:
@@ -188,6 +196,11 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
                 problem = _nvml.device_failed(nv, session, device, error)
             result.append(GpuProcesses(device.index, None, unlisted(problem)))
     return result
+
+
+def _split_gpu_problem(index: int) -> str:
+    """What a user other than root is told of a GPU in MIG mode (NVML: NO_PERMISSION)."""
+    return f"GPU {index} is in MIG mode: {NO_ROOT_NOTE}"
 
 
 @_never_raise(lambda: NvmlStatus(False, _nvml.reason))
