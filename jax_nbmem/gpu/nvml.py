@@ -20,9 +20,10 @@ Safe to call from a sampler thread and the main thread at once.
 
 This module is the public face, and the one that imports pynvml; the parts it is made of are
 handed the pynvml module and import none: :mod:`~jax_nbmem.gpu.nvml_session` (the session's
-lifecycle: init, cached handles, retries), :mod:`~jax_nbmem.gpu.nvml_memory` (readings and
-their plausibility), :mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and
-:mod:`~jax_nbmem.gpu.nvml_errors` (what NVML's errors mean for users).
+lifecycle: init, cached handles, retries; :mod:`~jax_nbmem.gpu.nvml_mig` lists a GPU's MIG
+instances, each a GPU of its own, see :mod:`~jax_nbmem.gpu.mig`),
+:mod:`~jax_nbmem.gpu.nvml_memory` (readings and their plausibility),
+:mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and :mod:`~jax_nbmem.gpu.nvml_errors` (what NVML's errors mean for users).
 """
 
 from __future__ import annotations
@@ -152,10 +153,11 @@ def gpus() -> list[GpuMemory]:
 def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
     """Return each GPU's compute and graphics processes (all GPUs by default), in that order.
 
-    A process on both lists of one GPU appears once. A process on a MIG instance is on the
-    instance's list; the list of a GPU in MIG mode is empty (its processes are its instances'). A GPU whose list cannot be read (the GPU
+    A process on both lists of one GPU appears once. A GPU whose list cannot be read (the GPU
     is lost, NVML refuses, the list keeps changing size) has ``processes=None`` and a
     ``problem``: unknown, never an empty list. Returns ``[]`` when NVML is unavailable.
+    A process on a MIG instance is on the instance's list; a GPU in MIG mode lists none (its
+    processes are its instances').
     """
     started = time.monotonic()
     try:

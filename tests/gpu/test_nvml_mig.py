@@ -49,9 +49,7 @@ def test_each_instance_is_a_gpu_with_its_own_memory_and_processes(sim_state, sim
     assert seen["status"] == {"available": True, "reason": None}
 
 
-def test_a_user_other_than_root_is_told_why_the_split_gpu_cannot_be_read(
-    sim_state, simgpu_env
-):
+def test_a_user_other_than_root_is_told_why_the_split_gpu_cannot_be_read(sim_state, simgpu_env):
     split_gpu(sim_state).unprivileged().write()
     seen, _ = run_nvml(SPLIT_UUID_CODE, simgpu_env)
     split, whole, small, big = seen["gpus"]

@@ -77,25 +77,43 @@ CASES = {
     "one MIG instance": (MIG, {"CUDA_VISIBLE_DEVICES": MIG_UUIDS[1]}, (3,), None),
     "MIG uuid prefix": (MIG, {"CUDA_VISIBLE_DEVICES": "MIG-4b1d0c9e-2"}, (3,), None),
     "ambiguous MIG prefix": (
-        MIG, {"CUDA_VISIBLE_DEVICES": "MIG-4b1d"}, (), "matches 2 MIG instances"
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": "MIG-4b1d"},
+        (),
+        "matches 2 MIG instances",
     ),
     "MIG instances in a list": (
-        MIG, {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[1]},{MIG_UUIDS[0]}"}, (3, 2), None
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[1]},{MIG_UUIDS[0]}"},
+        (3, 2),
+        None,
     ),
     "MIG beside a GPU uuid": (
-        MIG, {"CUDA_VISIBLE_DEVICES": f"{UUIDS[1]},{MIG_UUIDS[0]}"}, (1, 2), None
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{UUIDS[1]},{MIG_UUIDS[0]}"},
+        (1, 2),
+        None,
     ),
     "MIG by GPU uuid and ids": (MIG, {"CUDA_VISIBLE_DEVICES": f"MIG-{UUIDS[0]}/2/0"}, (3,), None),
     "unknown MIG stops": (
-        MIG, {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},{MIG_UUIDS[2]},1"}, (2,), "no MIG instance"
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},{MIG_UUIDS[2]},1"},
+        (2,),
+        "no MIG instance",
     ),
     "MIG twice stops": (
-        MIG, {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},MIG-4b1d0c9e-1"}, (2,), "repeats"
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},MIG-4b1d0c9e-1"},
+        (2,),
+        "repeats",
     ),
     "unset: instances for the split GPU": (MIG, {}, (2, 3, 1), "GPU 0 is in MIG mode"),
     "a split GPU by number": (MIG, {"CUDA_VISIBLE_DEVICES": "1,0"}, (1, 2, 3), "MIG mode"),
     "integers count whole GPUs only": (
-        MIG, {"CUDA_VISIBLE_DEVICES": "2"}, (), "beyond the 2 GPU(s)"
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": "2"},
+        (),
+        "beyond the 2 GPU(s)",
     ),
     "mixed models, unset": (MIXED, {}, (0, 1), "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
     "mixed models, numbers": (MIXED, {"CUDA_VISIBLE_DEVICES": "1"}, (1,), "a guess"),
