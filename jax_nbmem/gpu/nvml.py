@@ -23,7 +23,8 @@ handed the pynvml module and import none: :mod:`~jax_nbmem.gpu.nvml_session` (th
 lifecycle: init, cached handles, retries; :mod:`~jax_nbmem.gpu.nvml_mig` lists a GPU's MIG
 instances, each a GPU of its own, see :mod:`~jax_nbmem.gpu.mig`),
 :mod:`~jax_nbmem.gpu.nvml_memory` (readings and their plausibility),
-:mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and :mod:`~jax_nbmem.gpu.nvml_errors` (what NVML's errors mean for users).
+:mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and :mod:`~jax_nbmem.gpu.nvml_errors`
+(what NVML's errors mean for users).
 """
 
 from __future__ import annotations
