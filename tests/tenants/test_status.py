@@ -96,6 +96,12 @@ def test_a_mig_instance_is_a_gpu_in_the_status(sim_state, simgpu_env, sleeper):
     assert "MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb — 30.0 GiB used of " in text
     split_block = text.split("GPU 0: ", 1)[1].split("\nMIG", 1)[0]
     assert "no processes" not in split_block  # its processes are its instances'
+    # The kernel's sampler and panel follow the instance too.
+    out = run_cells(["%load_ext jax_nbmem", "import time; time.sleep(0.3)", "%jaxmem"], env=env)
+    assert all(o.error is None for o in out), [o.text for o in out]
+    lines = out[2].stdout.splitlines()
+    assert lines[0].startswith("MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb · ")
+    assert lines[0].endswith("free 41.0 GiB of 71.0 GiB")
 
 
 def test_a_user_other_than_root_sees_the_instances_and_is_told_why_not_the_gpu(
