@@ -60,13 +60,18 @@ def profile_from_name(name: str | None) -> str | None:
 def gpu_label(gpu: Any) -> str:
     """How a person reads a GPU: "GPU 0", or "MIG 3g.71gb instance 1 of GPU 0".
 
+    A second compute instance of a GPU instance is "MIG 1c.3g.40gb instance 1 compute
+    instance 1 of GPU 0" (compute instance 0 goes unsaid).
+
     ``gpu`` is anything with an ``index`` and, for an instance, a ``mig`` (:class:`MigInstance`).
     """
     mig = getattr(gpu, "mig", None)
     if not isinstance(mig, MigInstance):
         return f"GPU {gpu.index}"
     profile = f"MIG {mig.profile}" if mig.profile else "MIG"
-    return f"{profile} instance {mig.gpu_instance_id} of GPU {mig.parent_index}"
+    # A GPU instance split further into compute instances: each is a device; say which.
+    compute = f" compute instance {mig.compute_instance_id}" if mig.compute_instance_id else ""
+    return f"{profile} instance {mig.gpu_instance_id}{compute} of GPU {mig.parent_index}"
 
 
 def mig_dict(mig: MigInstance | None) -> dict[str, Any] | None:

@@ -31,4 +31,6 @@ def test_labels_a_person_reads():
     unnamed = GpuMemory(3, "MIG-b", "odd", 9, 1, 8, mig=MigInstance(0, None, 5, None, None))
     assert (whole.label, instance.label) == ("GPU 1", "MIG 3g.71gb instance 1 of GPU 0")
     assert gpu_label(unnamed) == "MIG instance 5 of GPU 0"
+    second_ci = GpuMemory(4, "MIG-c", "x", 9, 1, 8, mig=MigInstance(0, "GPU-0", 1, 1, "1c.3g.40gb"))
+    assert second_ci.label == "MIG 1c.3g.40gb instance 1 compute instance 1 of GPU 0"
     assert mig_dict(None) is None and mig_dict(place)["gpu_instance_id"] == 1
