@@ -134,3 +134,41 @@ def test_the_warning_names_the_instance_and_counts_in_its_memory(sim_state, simg
     # 75% of the instance's 71 GiB, not of the GPU's 141 GiB; the process on it is named
     assert "will ask for 75% of MIG 3g.71gb instance 2 of GPU 0 (53.2 GiB)" in warning["message"]
     assert "only 41.0 GiB is free" in warning["message"] and f"PID {sleeper}" in warning["message"]
+
+
+def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, simgpu_lib, sleeper):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from jax_nbmem import simgpu
+
+    _, uid, gid = other_user
+    folder = Path(tempfile.mkdtemp(prefix="jnm-mig-status-"))  # readable by the other user
+    try:
+        folder.chmod(0o755)
+        lib = folder / "lib" / simgpu.LIBRARY_NAME
+        lib.parent.mkdir(mode=0o755)
+        shutil.copy(simgpu_lib, lib)
+        lib.chmod(0o755)
+        sim_state.path = folder / "gpu.state"
+        _split_gpu(sim_state, sleeper).write()
+        env = {**simgpu.env_for_subprocess(lib.parent, sim_state.path), "HOME": str(folder),
+               "CUDA_VISIBLE_DEVICES": BIG_MIG}  # fmt: skip
+        # everything is imported as root; NVML is opened, and the status taken, as the other user
+        code = (
+            "import json, os, pynvml\nfrom jax_nbmem.tenants.status import collect, format_status\n"
+            f"os.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
+            "report = collect(share_dir=os.environ['HOME'])\n"
+            "print(format_status(report)); print(json.dumps(report['gpus']))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        split, _, _, big = json.loads(done.stdout.splitlines()[-1])
+        assert split["used_bytes"] is None and "cannot be read without root" in split["problem"]
+        assert big["ours"] and big["used_bytes"] == 30 * GIB
+        assert "GPU 0 is in MIG mode: MIG instances other than yours" in done.stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
