@@ -11,7 +11,7 @@ from __future__ import annotations
 from jax_nbmem.simgpu import GIB
 from tests.gpu.test_nvml import run_nvml
 
-SPLIT_UUID_CODE = "report(gpus=nvml.gpus(), lists=nvml.process_lists(), status=nvml.status())"
+READ_ALL = "report(gpus=nvml.gpus(), lists=nvml.process_lists(), status=nvml.status())"
 
 
 def split_gpu(state):
@@ -26,7 +26,7 @@ def split_gpu(state):
 
 def test_each_instance_is_a_gpu_with_its_own_memory_and_processes(sim_state, simgpu_env):
     split_gpu(sim_state).write()
-    seen, _ = run_nvml(SPLIT_UUID_CODE, simgpu_env)
+    seen, _ = run_nvml(READ_ALL, simgpu_env)
     split, whole, small, big = seen["gpus"]
     assert [g["index"] for g in seen["gpus"]] == [0, 1, 2, 3]
     assert split["mig_mode"] and split["mig"] is None and not whole["mig_mode"]
@@ -51,7 +51,7 @@ def test_each_instance_is_a_gpu_with_its_own_memory_and_processes(sim_state, sim
 
 def test_a_user_other_than_root_is_told_why_the_split_gpu_cannot_be_read(sim_state, simgpu_env):
     split_gpu(sim_state).unprivileged().write()
-    seen, _ = run_nvml(SPLIT_UUID_CODE, simgpu_env)
+    seen, _ = run_nvml(READ_ALL, simgpu_env)
     split, whole, small, big = seen["gpus"]
     assert split["total_bytes"] is None and split["used_bytes"] is None
     assert split["problem"] == (
@@ -66,6 +66,6 @@ def test_a_user_other_than_root_is_told_why_the_split_gpu_cannot_be_read(sim_sta
 
 def test_a_gpu_without_mig_is_unchanged(sim_state, simgpu_env):
     sim_state.gpu(0, total=80 * GIB).process(0, 4242, GIB).write()
-    seen, _ = run_nvml(SPLIT_UUID_CODE, simgpu_env)
+    seen, _ = run_nvml(READ_ALL, simgpu_env)
     [gpu] = seen["gpus"]
     assert gpu["mig"] is None and gpu["mig_mode"] is False
