@@ -18,7 +18,13 @@ are skipped), a fresh Python process starts JAX on one GPU in that mode and reco
 
 ``--quick`` (under 90 s) measures the footprint and the monitor of on, off and cuda_async only.
 The GPU is the one CUDA_VISIBLE_DEVICES names when it is set (UUIDs and MIG instances
-included; it is passed on as it is), else ``--gpu`` (by its UUID). Tables come last, then the
+included; it is passed on as it is), else ``--gpu`` (by its UUID; a GPU in MIG mode by its
+first MIG instance's UUID).
+
+On a MIG instance it checks what it can: that jax_nbmem reads the instance as a GPU of its own
+(its memory, below the whole GPU's; this process listed on it), and that each mode holds its
+share of the *instance's* memory. nvidia-smi gives no per-instance memory, so the comparisons
+with it are "unknown" there. Tables come last, then the
 preallocation window calibrated from what was measured; ``--json`` writes every raw figure.
 
 Exit status: 0 when every check passed, or when there is no NVIDIA GPU (it prints "no NVIDIA
@@ -88,14 +94,27 @@ def smi(gpu: int, *query: str) -> list[list[str]] | None:
     return [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line]
 
 
+def _mib(cell: str | None) -> int | None:
+    """nvidia-smi's figure in MiB as bytes; None for "[N/A]" (MIG) and the like."""
+    return int(cell) * MIB if cell and cell.isdigit() else None
+
+
 def readings(device, gpu: int) -> dict:
-    """JAX's stats, jax_nbmem.gpu.nvml's figures and nvidia-smi's, taken together."""
+    """JAX's stats, jax_nbmem.gpu.nvml's figures and nvidia-smi's, taken together.
+
+    On a MIG instance nvidia-smi is not asked: it has no figures of the instance's own.
+    """
     stats = _stats(device)
     memory = (nvml.memory([gpu]) or [None])[0]
+    mig = getattr(memory, "mig", None)
     mine = [p.used_bytes for p in nvml.processes([gpu]) if p.pid == os.getpid()]
-    gpu_row = (smi(gpu, "--query-gpu=memory.used,memory.total") or [[None, None]])[0]
-    apps = smi(gpu, "--query-compute-apps=pid,used_memory") or []
-    smi_self = [int(row[1]) * MIB for row in apps if row[0] == str(os.getpid())]
+    asked = mig is None
+    gpu_row = ((asked and smi(gpu, "--query-gpu=memory.used,memory.total")) or [[None, None]])[0]
+    apps = (asked and smi(gpu, "--query-compute-apps=pid,used_memory")) or []
+    smi_self = [_mib(row[1]) for row in apps if row[0] == str(os.getpid())]
+    parent = None
+    if mig is not None:
+        parent = (nvml.memory([mig.parent_index]) or [None])[0]
     keys = (
         "bytes_in_use",
         "peak_bytes_in_use",
@@ -113,12 +132,18 @@ def readings(device, gpu: int) -> dict:
         "nvml_free": getattr(memory, "free_bytes", None),
         "nvml_self": sum(mine) if mine and None not in mine else None,
         "nvml_pids": [p.pid for p in nvml.processes([gpu])],
-        "smi_used": int(gpu_row[0]) * MIB if gpu_row[0] else None,
-        "smi_total": int(gpu_row[1]) * MIB if gpu_row[1] else None,
+        "smi_used": _mib(gpu_row[0]),
+        "smi_total": _mib(gpu_row[1]),
         "smi_self": smi_self[0] if smi_self else None,
         "smi_pids": [row[0] for row in apps],
         "pid": os.getpid(),
-    }
+        "mig": None if mig is None else {
+            "label": memory.label, "profile": mig.profile, "gpu_instance_id": mig.gpu_instance_id,
+            "parent_index": mig.parent_index, "uuid": memory.uuid,
+            "parent_total": getattr(parent, "total_bytes", None),
+            "parent_problem": getattr(parent, "problem", None),
+        },
+    }  # fmt: skip
 
 
 def child(mode: str, gpu: int, quick: bool) -> dict:
@@ -248,7 +273,14 @@ def target_gpu(requested: int, environ: dict[str, str]) -> tuple[int | None, dic
         if not seen.indices:
             return None, {}, f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}: no GPU"
         return seen.indices[0], {}, "the first GPU CUDA_VISIBLE_DEVICES names"
-    chosen = next((g for g in gpus if g.index == requested), None)
+    chosen = next((g for g in gpus if g.index == requested and g.mig is None), None)
+    if chosen is not None and chosen.mig_mode:
+        instances = [g for g in gpus if g.mig is not None and g.mig.parent_index == requested]
+        if not instances or not instances[0].uuid:
+            return None, {}, f"--gpu {requested} is in MIG mode and NVML lists no instance of it"
+        first = instances[0]
+        how = f"--gpu {requested} is in MIG mode: its {first.label} ({first.uuid})"
+        return first.index, {"CUDA_VISIBLE_DEVICES": first.uuid}, how
     if chosen is None or not chosen.uuid:
         # JAX may still run (and tell whether it has a CUDA backend); nothing NVML says about
         # it can be checked then, which the verdict reports.
@@ -323,6 +355,7 @@ def checks(result: dict) -> list[tuple[str, bool | None, str]]:
             _pair(total, start["smi_total"]),
         )
     )
+    found.extend(_mig_checks(start))
     self_start = start["nvml_self"]
     name = result["mode"]
     if self_start is not None and total and name in EXPECTED_SHARE:
@@ -352,6 +385,22 @@ def checks(result: dict) -> list[tuple[str, bool | None, str]]:
             found.append(("largest free block <= free in the pool", block <= pool_free + TOLERANCE,
                           _pair(block, pool_free)))  # fmt: skip
     return found
+
+
+def _mig_checks(start: dict) -> list[tuple[str, bool | None, str]]:
+    """What can be judged on a MIG instance: that jax_nbmem reads the instance's own memory."""
+    mig = start.get("mig")
+    if not mig:
+        return []
+    total, parent_total = start["nvml_total"], mig.get("parent_total")
+    below = None if total is None or parent_total is None else total < parent_total
+    why = mig.get("parent_problem") or _pair(total, parent_total)
+    return [
+        ("MIG: jax_nbmem names the instance", bool(mig.get("profile")), mig.get("label") or ""),
+        ("MIG: the instance's total is below the GPU's", below, why),
+        ("MIG: NVML lists this process on the instance", start["nvml_self"] is not None,
+         format_bytes(start["nvml_self"])),
+    ]  # fmt: skip
 
 
 def _window(fraction: float, total: int, held: int) -> bool:

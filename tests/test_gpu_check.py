@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
@@ -145,3 +147,98 @@ def test_cuda_visible_devices_set_by_the_user_is_kept(monkeypatch):
     assert (index, devices) == (1, {})  # passed on untouched: the UUID picks GPU 1
     index, devices, how = check.target_gpu(0, {})
     assert (index, devices) == (0, {"CUDA_VISIBLE_DEVICES": "GPU-0aaaa"})  # by UUID, not index
+
+
+# --- a MIG instance (the lent GPU may have MIG on) ------------------------------------------
+
+MIG_TOTAL = 71 * GIB
+
+
+def mig_reading(self_bytes, pool=None, parent_total=TOTAL, listed=True):
+    """readings() on a MIG instance: the instance's own NVML figures, nothing from nvidia-smi."""
+    found = reading(self_bytes, pool=pool, limit=pool, listed=listed)
+    used = found["nvml_used"]
+    found.update(
+        nvml_total=MIG_TOTAL, nvml_free=MIG_TOTAL - used, smi_used=None, smi_total=None,
+        smi_self=None, smi_pids=[],
+        mig={"label": "MIG 3g.71gb instance 1 of GPU 0", "profile": "3g.71gb",
+             "gpu_instance_id": 1, "parent_index": 0, "uuid": "MIG-x",
+             "parent_total": parent_total,
+             "parent_problem": None if parent_total else "GPU 0 is in MIG mode: ..."},
+    )  # fmt: skip
+    return found
+
+
+def test_on_a_mig_instance_the_share_is_of_the_instance_and_smi_is_unknown():
+    check = _gpu_check()
+    pool = int(0.75 * MIG_TOTAL) - 200 * MIB
+    on = mig_reading(pool + 400 * MIB, pool=pool)
+    results = [mode_result("on", on, on, on)]
+    found = {c[0]: c for c in check.checks(results[0])}
+    assert found["footprint at start in [70%, 80%]"][1] is True  # of 71 GiB, not of the GPU
+    assert found["MIG: jax_nbmem names the instance"][1:] == (
+        True,
+        "MIG 3g.71gb instance 1 of GPU 0",
+    )
+    assert found["MIG: the instance's total is below the GPU's"][1] is True
+    assert found["MIG: NVML lists this process on the instance"][1] is True
+    assert found["start: GPU used = nvidia-smi"][1] is None  # nvidia-smi has no instance figure
+    verdicts = [("on", *c) for c in check.checks(results[0])]
+    assert check.verdict(results, verdicts) == (0, None)
+    # A user other than root: the GPU's own total is unread, so that check is unknown, said why.
+    hidden = mig_reading(pool + 400 * MIB, pool=pool, parent_total=None)
+    below = {c[0]: c for c in check.checks(mode_result("on", hidden, hidden, hidden))}
+    assert below["MIG: the instance's total is below the GPU's"][1:] == (
+        None, "GPU 0 is in MIG mode: ..."
+    )  # fmt: skip
+    # A pool that is not 75% of the instance's memory fails, judged by the instance's figures.
+    wrong = mig_reading(int(0.3 * MIG_TOTAL), pool=int(0.3 * MIG_TOTAL))
+    failed = [c for c in check.checks(mode_result("on", wrong, wrong, wrong)) if c[1] is False]
+    assert {c[0] for c in failed} == {
+        "footprint at start in [70%, 80%]", "jax_nbmem's preallocation window holds this process"
+    }  # fmt: skip
+
+
+def test_a_gpu_in_mig_mode_is_checked_on_its_first_instance(monkeypatch):
+    check = _gpu_check()
+    from jax_nbmem.gpu.mig import MigInstance
+    from jax_nbmem.gpu.nvml import GpuMemory
+
+    place = MigInstance(0, "GPU-0aaaa", 1, 0, "3g.71gb")
+    gpus = [
+        GpuMemory(0, "GPU-0aaaa", "H200", None, None, None, mig_mode=True),
+        GpuMemory(1, "GPU-1aaaa", "H200", TOTAL, 0, TOTAL),
+        GpuMemory(2, "MIG-2bbbb", "H200 MIG 3g.71gb", MIG_TOTAL, 0, MIG_TOTAL, mig=place),
+    ]
+    monkeypatch.setattr(check.nvml, "gpus", lambda: gpus)
+    index, devices, how = check.target_gpu(0, {})
+    assert (index, devices) == (2, {"CUDA_VISIBLE_DEVICES": "MIG-2bbbb"})
+    assert "MIG 3g.71gb instance 1 of GPU 0" in how
+    assert check.target_gpu(0, {"CUDA_VISIBLE_DEVICES": "MIG-2bbbb"})[:2] == (2, {})
+    assert check.target_gpu(1, {})[:2] == (1, {"CUDA_VISIBLE_DEVICES": "GPU-1aaaa"})
+    no_instance = [gpus[0], gpus[1]]
+    monkeypatch.setattr(check.nvml, "gpus", lambda: no_instance)
+    index, _, how = check.target_gpu(0, {})
+    assert index is None and "lists no instance" in how
+
+
+def test_readings_on_the_simulated_mig_instance_ask_nvidia_smi_nothing(
+    simgpu_in_process, monkeypatch
+):
+    check = _gpu_check()
+    sim = simgpu_in_process
+    sim.gpu(0, total=141 * GIB, mig=True).mig(0, 1, MIG_TOTAL, name="NVIDIA H200 MIG 3g.71gb")
+    sim.process(0, os.getpid(), 54 * GIB, mig=1).write()
+    monkeypatch.setattr(check, "smi", lambda *a: pytest.fail(f"nvidia-smi asked: {a}"))
+
+    class Device:
+        def memory_stats(self):
+            return {"bytes_in_use": MIB, "pool_bytes": 53 * GIB, "bytes_limit": 53 * GIB}
+
+    found = check.readings(Device(), 1)
+    assert (found["nvml_total"], found["nvml_self"]) == (MIG_TOTAL, 54 * GIB)
+    assert found["smi_used"] is None and found["smi_self"] is None
+    assert found["mig"]["label"] == "MIG 3g.71gb instance 1 of GPU 0"
+    assert found["mig"]["parent_total"] == 141 * GIB
+    result = mode_result("on", found, found, found)
+    assert all(c[1] is not False for c in check.checks(result)), check.checks(result)

@@ -87,6 +87,13 @@ def _gpu_free() -> dict[int, int | None]:
     return {gpu.index: gpu.free_bytes for gpu in nvml.gpus()}
 
 
+def _gpu_names() -> dict[int, str]:
+    """Each GPU's name for people: "GPU 0", "MIG 3g.71gb instance 1 of GPU 0"."""
+    from jax_nbmem.gpu import nvml
+
+    return {gpu.index: gpu.label for gpu in nvml.gpus()}
+
+
 def _gpu_bytes(pid: int) -> dict[int, int]:
     from jax_nbmem.gpu import nvml
 
@@ -210,7 +217,10 @@ def stop(
     how, server_url = plan(kernel, hub)
     via = f"through its Jupyter server {server_url}" if how == "server" else "with SIGTERM"
     if dry_run:
-        held = ", ".join(f"{format_bytes(b)} on GPU {g}" for g, b in kernel.gpu_bytes.items())
+        names = _gpu_names()
+        held = ", ".join(
+            f"{format_bytes(b)} on {names.get(g, f'GPU {g}')}" for g, b in kernel.gpu_bytes.items()
+        )
         message = f"Would stop {kernel.label()} {via}" + (f"; it holds {held}" if held else "")
         return Stopped(kernel, how, server_url, {}, {}, message + ". Nothing done (--dry-run).")
     before = _gpu_free()
@@ -240,10 +250,11 @@ def stop(
         g: None if after.get(g) is None or before.get(g) is None else after[g] - before[g]
         for g in kernel.gpu_bytes
     }
+    names = _gpu_names()
     for gpu in sorted(freed):
         came = freed[gpu]
         message += (
-            f" GPU {gpu}: it held {format_bytes(kernel.gpu_bytes[gpu])}; "
+            f" {names.get(gpu, f'GPU {gpu}')}: it held {format_bytes(kernel.gpu_bytes[gpu])}; "
             + (f"{format_bytes(max(came, 0))} came free" if came is not None else "free unread")
             + (f", {format_bytes(after[gpu])} free now." if after.get(gpu) is not None else ".")
         )

@@ -20,9 +20,11 @@ Safe to call from a sampler thread and the main thread at once.
 
 This module is the public face, and the one that imports pynvml; the parts it is made of are
 handed the pynvml module and import none: :mod:`~jax_nbmem.gpu.nvml_session` (the session's
-lifecycle: init, cached handles, retries), :mod:`~jax_nbmem.gpu.nvml_memory` (readings and
-their plausibility), :mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and
-:mod:`~jax_nbmem.gpu.nvml_errors` (what NVML's errors mean for users).
+lifecycle: init, cached handles, retries; :mod:`~jax_nbmem.gpu.nvml_mig` lists a GPU's MIG
+instances, each a GPU of its own, see :mod:`~jax_nbmem.gpu.mig`),
+:mod:`~jax_nbmem.gpu.nvml_memory` (readings and their plausibility),
+:mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and :mod:`~jax_nbmem.gpu.nvml_errors`
+(what NVML's errors mean for users).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
@@ -135,6 +138,9 @@ def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
         try:
             result.append(read_memory(nv, session, device, _nvml.log_once))
         except nv.NVMLError as error:
+            if device.mig_mode and error_name(nv, error) == "NO_PERMISSION":
+                result.append(unreadable(device, _split_gpu_problem(device.index)))
+                continue
             result.append(unreadable(device, _nvml.device_failed(nv, session, device, error)))
     return result
 
@@ -151,6 +157,8 @@ def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
     A process on both lists of one GPU appears once. A GPU whose list cannot be read (the GPU
     is lost, NVML refuses, the list keeps changing size) has ``processes=None`` and a
     ``problem``: unknown, never an empty list. Returns ``[]`` when NVML is unavailable.
+    A process on a MIG instance is on the instance's list; a GPU in MIG mode lists none (its
+    processes are its instances').
     """
     started = time.monotonic()
     try:
@@ -173,6 +181,9 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
         if device.handle is None:
             result.append(GpuProcesses(device.index, None, unlisted(device.problem)))
             continue
+        if device.mig_mode:  # its processes are its instances', each listed there once
+            result.append(GpuProcesses(device.index, ()))
+            continue
         try:
             result.append(one_process_list(nv, session, device, _nvml.log_once))
         except NoProcessList:
@@ -188,6 +199,11 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
                 problem = _nvml.device_failed(nv, session, device, error)
             result.append(GpuProcesses(device.index, None, unlisted(problem)))
     return result
+
+
+def _split_gpu_problem(index: int) -> str:
+    """What a user other than root is told of a GPU in MIG mode (NVML: NO_PERMISSION)."""
+    return f"GPU {index} is in MIG mode: {NO_ROOT_NOTE}"
 
 
 @_never_raise(lambda: NvmlStatus(False, _nvml.reason))

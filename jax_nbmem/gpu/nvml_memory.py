@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jax_nbmem.gpu.mig import MigInstance, gpu_label
 from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_session import Device, Session
 
@@ -34,7 +35,9 @@ class GpuMemory:
     ``used + reserved + free == total``. Where only the v1 call answers (an old driver or
     pynvml), ``reserved_bytes`` is ``None`` and ``used_bytes`` includes the reserved part.
     ``uuid`` and ``name`` are ``None`` only for a GPU that failed before NVML ever named it.
-    ``problem`` says, in one line, why numbers are missing.
+    ``problem`` says, in one line, why numbers are missing. A MIG instance has ``mig`` (where
+    it lives, see :mod:`jax_nbmem.gpu.mig`) and its own memory; a GPU split into instances has
+    ``mig_mode`` True.
     """
 
     index: int
@@ -45,6 +48,13 @@ class GpuMemory:
     free_bytes: int | None
     reserved_bytes: int | None = None
     problem: str | None = None
+    mig: MigInstance | None = None
+    mig_mode: bool = False
+
+    @property
+    def label(self) -> str:
+        """How a person reads it: "GPU 0", or "MIG 3g.71gb instance 1 of GPU 0"."""
+        return gpu_label(self)
 
 
 def plausible(value: Any, limit: int = _MAX_PLAUSIBLE_BYTES) -> int | None:
@@ -113,10 +123,12 @@ def _checked_memory(
 
     ``reserved`` is None for NVML's v1 reading, whose ``used`` includes the reserved memory.
     """
-    reading = functools.partial(GpuMemory, device.index, device.uuid, device.name)
+    reading = functools.partial(
+        GpuMemory, device.index, device.uuid, device.name, mig=device.mig, mig_mode=device.mig_mode
+    )
     good_total = plausible(total)
     if not good_total:
-        problem = f"GPU {device.index}: NVML reported an impossible total ({total!r} bytes)"
+        problem = f"{gpu_label(device)}: NVML reported an impossible total ({total!r} bytes)"
         return reading(None, None, None, None, problem=problem + "; not shown")
     good_reserved = None if reserved is None else plausible(reserved, good_total)
     good_used = plausible(used, good_total)
@@ -135,7 +147,7 @@ def _checked_memory(
         good_used = good_free = good_reserved = None
     if problems:
         problem = (
-            f"GPU {device.index}: NVML reported {'; '.join(problems)} of {good_total} bytes in "
+            f"{gpu_label(device)}: NVML reported {'; '.join(problems)} of {good_total} bytes in "
             "all, which cannot be; those figures are not shown"
         )
         return reading(good_total, good_used, good_free, good_reserved, problem=problem)
@@ -144,4 +156,7 @@ def _checked_memory(
 
 def unreadable(device: Device, problem: str | None) -> GpuMemory:
     """The reading of a GPU NVML could not read: every number ``None``, and why."""
-    return GpuMemory(device.index, device.uuid, device.name, None, None, None, problem=problem)
+    return GpuMemory(
+        device.index, device.uuid, device.name, None, None, None, problem=problem,
+        mig=device.mig, mig_mode=device.mig_mode,
+    )  # fmt: skip

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jax_nbmem.gpu.mig import MigInstance
 from jax_nbmem.gpu.nvml_errors import (
     DEVICE_GONE_ERRORS,
     GLOBAL_ERRORS,
@@ -22,6 +23,7 @@ from jax_nbmem.gpu.nvml_errors import (
     error_name,
     error_text,
 )
+from jax_nbmem.gpu.nvml_mig import in_mig_mode, mig_devices
 
 __all__ = ["SLOW_CALL_S", "Device", "Nvml", "Session", "device_string", "text"]
 
@@ -37,13 +39,19 @@ SLOW_CALL_S = 0.5
 
 @dataclass
 class Device:
-    """One GPU of a session: its handle (``None`` once the GPU failed), identity and problem."""
+    """One GPU of a session: its handle (``None`` once the GPU failed), identity and problem.
+
+    A MIG instance is a device too, numbered after the whole GPUs, with ``mig`` saying where it
+    lives; ``mig_mode`` marks a GPU split into instances (its own lists are root's alone).
+    """
 
     index: int
     handle: Any
     uuid: str | None = None
     name: str | None = None
     problem: str | None = None
+    mig: MigInstance | None = None
+    mig_mode: bool = False
 
 
 @dataclass
@@ -164,11 +172,32 @@ class Nvml:
                 uuid, name = (known.uuid, known.name) if known else (None, None)
                 problem = device_problem(nv, index, error)
                 devices.append(Device(index, None, uuid, name, problem))
+        self._add_mig_instances(nv, devices)
         try:
             driver = text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             driver = None
         return Session(devices, driver)
+
+    @staticmethod
+    def _add_mig_instances(nv: Any, devices: list[Device]) -> None:
+        """Mark the GPUs in MIG mode and append their instances, numbered after the GPUs."""
+        for parent in list(devices):
+            if parent.handle is None or not in_mig_mode(nv, parent.handle):
+                continue
+            parent.mig_mode = True
+
+            def read(handle: Any, function: str, getter: Callable[[Any], Any]) -> str:
+                return device_string(nv, handle, function, getter)
+
+            found, problems = mig_devices(nv, parent.index, parent.uuid, parent.handle, read)
+            for problem in problems:
+                _log.info("%s", problem)
+            for instance in found:
+                devices.append(
+                    Device(len(devices), instance.handle, instance.uuid, instance.name,
+                           mig=instance.mig)
+                )  # fmt: skip
 
     def _fail(self, reason: str) -> None:
         self.reason = reason

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.notebook.figure_cells import (
     bar_traces,
     cell_bars_source,
@@ -267,7 +268,7 @@ def _assemble(
             "marker": {"color": one_or_each(trace["marker.color"])},
         })  # fmt: skip
     measure = source[0] if source else "no measure yet"
-    what = f"GPU {gpu_index}" if gpu_index is not None else "host memory (no GPU seen)"
+    what = _what(recent, gpu_index)
     bars_note = (
         f"last {len(barred)} cells: peak rise and retained ({measure})"
         if barred
@@ -338,6 +339,17 @@ def figure_parts(figure: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _what(recent: Sequence[Any], gpu_index: int | None) -> str:
+    """What the timeline shows: "GPU 0", "MIG 3g.71gb instance 1 of GPU 0", or host memory."""
+    if gpu_index is None:
+        return "host memory (no GPU seen)"
+    for sample in reversed(recent):
+        gpu = sample.gpu(gpu_index)
+        if gpu is not None:
+            return gpu_label(gpu)
+    return f"GPU {gpu_index}"
+
+
 def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
     """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so.
 
@@ -353,6 +365,6 @@ def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
     name = gpu.name or "name unknown"
     free = format_bytes(gpu.free_bytes)
     total = format_bytes(gpu.total_bytes)
-    text = f"GPU {gpu.index}: {name} · allocator: {mode_text} · free {free} of {total}"
+    text = f"{gpu_label(gpu)}: {name} · allocator: {mode_text} · free {free} of {total}"
     reserved = getattr(gpu, "reserved_bytes", None)
     return f"{text} · {format_bytes(reserved)} reserved by the driver" if reserved else text

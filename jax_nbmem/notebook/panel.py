@@ -50,6 +50,7 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
+from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.notebook.figure import (
     FigureLimits,
     LiveFigure,
@@ -168,6 +169,12 @@ def _sampler_status(sampler: Any, latest: Any) -> list[str]:
     return [f"Live: sampling{every}."]
 
 
+def _gpu_option(latest: Any, index: int) -> str:
+    """The selector's name for a GPU: "GPU 1", "MIG 3g.71gb instance 1 of GPU 0"."""
+    gpu = latest.gpu(index) if latest is not None else None
+    return gpu_label(gpu) if gpu is not None else f"GPU {index}"
+
+
 def _unique(lines: list[str]) -> list[str]:
     # Other people's notebook paths and GPU names reach these lines: neutralised once here.
     return list(dict.fromkeys(printable(line) for line in lines))
@@ -180,7 +187,7 @@ def _summary_text(session: Any, gpu_index: int | None) -> str:
     lines += _unique(_session_banner(session) + _sampler_status(sampler, latest))
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
-            f"GPU {gpu.index}: {getattr(session, 'own_name', 'this kernel')} "
+            f"{gpu_label(gpu)}: {getattr(session, 'own_name', 'this kernel')} "
             f"{format_bytes(gpu.self_bytes)}, "
             f"JAX in use {format_bytes(gpu.jax_in_use)}, pool {format_bytes(gpu.jax_reserved)}"
             f", others {format_bytes(gpu.others_bytes)}, total {format_bytes(gpu.total_bytes)}"
@@ -414,7 +421,7 @@ class _LivePanel:
             self._gpu_choices = indices
             if self.gpu_index not in indices:
                 self.gpu_index = indices[0] if indices else None
-            options = [(f"GPU {i}", i) for i in indices]
+            options = [(_gpu_option(latest, i), i) for i in indices]
             if list(self.gpu_selector.options) != options:
                 self.gpu_selector.options = options
             if self.gpu_selector.value != self.gpu_index and self.gpu_index is not None:

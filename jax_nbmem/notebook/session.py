@@ -320,7 +320,7 @@ class KernelSession:
         elif self.sampler.last_error:
             messages.append(f"Sampler: {self.sampler.last_error}")
         if latest is not None:
-            messages.extend(f"GPU {g.index}: {g.problem}" for g in latest.gpus if g.problem)
+            messages.extend(f"{g.label}: {g.problem}" for g in latest.gpus if g.problem)
         messages.extend(map(warning_line, self.warnings()))
         if not self.control.backend_started():
             pending = self.control.report().pending

@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from jax_nbmem.gpu.mig import MigInstance, gpu_label
+
 __all__ = ["GpuSample", "HostSample", "Sample", "SampleHistory", "keep_extreme"]
 
 
@@ -26,7 +28,8 @@ class GpuSample:
     ``jax_reserved`` is what JAX's allocator holds from the GPU: its pool (``pool_bytes``; the
     limit for cuda_async, which reports no pool). ``problem`` is NVML's one-line reason when
     this GPU could not be read. ``reserved_bytes`` is the driver's own reserved memory, apart
-    from ``used_bytes`` (``None`` where NVML's v1 call counts it in ``used_bytes``).
+    from ``used_bytes`` (``None`` where NVML's v1 call counts it in ``used_bytes``). ``mig``
+    says where a MIG instance lives (``None`` for a whole GPU); ``label`` names it for people.
     """
 
     index: int
@@ -43,6 +46,12 @@ class GpuSample:
     jax_limit: int | None
     problem: str | None = None
     reserved_bytes: int | None = None
+    mig: MigInstance | None = None
+
+    @property
+    def label(self) -> str:
+        """Its name for people: "GPU 0", or "MIG 3g.71gb instance 1 of GPU 0"."""
+        return gpu_label(self)
 
 
 @dataclass(frozen=True)

@@ -266,4 +266,5 @@ def gpu_sample(
         jax_limit=getattr(stats, "bytes_limit", None),
         problem=nvml.gpu_problem(getattr(reading, "problem", None), mine.problem if mine else None),
         reserved_bytes=getattr(reading, "reserved_bytes", None),
+        mig=getattr(reading, "mig", None),
     )

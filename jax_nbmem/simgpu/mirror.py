@@ -12,6 +12,9 @@ the state file as the real allocator would make it under the mode JAX started wi
   allocator returns freed blocks to its pool, not to the GPU): the high-water mark;
 * ``platform``: exactly what the arrays hold now.
 
+On a MIG instance (``CUDA_VISIBLE_DEVICES`` names its ``MIG-`` UUID first, as CUDA would use
+it) the entry is on that instance, and the fraction is of the instance's memory, as JAX's is.
+
 Plus a CUDA context's worth for the process. The figures are labelled simulated wherever they
 show (the GPU's name says so). The entry lasts as long as the process (``ends=exit`` in the
 state file), as a real driver forgets a process that exited, however it ended.
@@ -180,11 +183,22 @@ class Mirror:
             return
         self._said = None
 
+    def _place(self, state: SimState) -> tuple[int, int | None] | None:
+        """The GPU (and MIG instance) this process's CUDA would use; None: no such instance."""
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if first.startswith("MIG-"):
+            return state.mig_instance(first)
+        return self.gpu, None
+
     def _hold(self, state: SimState, live: int) -> None:
-        total = state.total_bytes(self.gpu)
-        if total is None or self.mode is None:
+        place = self._place(state)
+        if place is None or self.mode is None:
             return
-        free = state.free_bytes(self.gpu, leaving_out=self.pid)
+        gpu, mig = place
+        total = state.total_bytes(gpu, mig)
+        if total is None:
+            return
+        free = state.free_bytes(gpu, leaving_out=self.pid, mig=mig)
         if preallocates(self.mode):
             if self._pool is None:  # taken once, at the first allocation, and kept
                 self._pool = held_bytes(self.mode, total, live, self._high_water, free)
@@ -193,7 +207,7 @@ class Mirror:
             held = held_bytes(self.mode, total, live, self._high_water, free)
         if held != self.written or state.process_bytes(self.pid) != held:
             state.remove_process(self.pid)
-            state.process(self.gpu, self.pid, held, ends_with_process=True)
+            state.process(gpu, self.pid, held, ends_with_process=True, mig=mig)
             self.written = held
 
     def _run(self) -> None:

@@ -260,11 +260,26 @@ class SimState:
         figures = list(held.values())
         return sum(figures) if figures and None not in figures else None  # type: ignore[arg-type]
 
-    def free_bytes(self, gpu: int, leaving_out: int | None = None) -> int | None:
+    def mig_instance(self, uuid: str) -> tuple[int, int] | None:
+        """The (GPU, GPU instance) of the one MIG instance whose UUID starts with ``uuid``."""
+        found = [place for place, mig in self._migs.items() if mig.uuid.startswith(uuid)]
+        return found[0] if len(found) == 1 else None
+
+    def free_bytes(
+        self, gpu: int, leaving_out: int | None = None, mig: int | None = None
+    ) -> int | None:
         """What GPU ``gpu`` reports free, as the stub computes it, without process ``leaving_out``.
 
         None when the state has no such GPU or pins numbers that say nothing (``raw``).
+        ``mig``: what its MIG instance ``mig`` reports free (its processes', no reserve).
         """
+        if mig is not None:
+            instance = self._migs.get((gpu, mig))
+            if instance is None:
+                return None
+            held = {p.pid: p.used or 0 for p in self._processes if (p.gpu, p.mig) == (gpu, mig)}
+            held.pop(leaving_out, None)  # type: ignore[arg-type]
+            return max(0, instance.total - sum(held.values()))
         found = self._gpus.get(gpu)
         if found is None or found.raw:
             return None
@@ -278,9 +293,9 @@ class SimState:
             used = sum(held.values())
         return max(0, found.total - found.reserved - used)
 
-    def total_bytes(self, gpu: int) -> int | None:
-        """GPU ``gpu``'s total memory, or None when the state has no such GPU."""
-        found = self._gpus.get(gpu)
+    def total_bytes(self, gpu: int, mig: int | None = None) -> int | None:
+        """GPU ``gpu``'s (or its MIG instance ``mig``'s) total memory; None when there is none."""
+        found = self._gpus.get(gpu) if mig is None else self._migs.get((gpu, mig))
         return None if found is None else found.total
 
     def summary(self) -> str:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
+from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
@@ -73,7 +74,7 @@ def warnings_for(
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
     else:
         found += _blocking(tenants, by_index, own_needs_bytes, own_name)
-        found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name)
+        found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
         found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
     return found
@@ -191,7 +192,7 @@ def _blocking(tenants, by_index, own_needs_bytes, own_name=OWN_NAME) -> list[Mem
         else:
             continue
         message = (
-            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of GPU {gpu.index}: "
+            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of {gpu_label(gpu)}: "
             f"{_why_preallocated(tenant)}.{_idle_clause(tenant)} Only "
             f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
         )
@@ -200,10 +201,12 @@ def _blocking(tenants, by_index, own_needs_bytes, own_name=OWN_NAME) -> list[Mem
 
 
 def _self_preallocation(
-    tenants, own_jax_in_use, own_reserved, own_name=OWN_NAME
+    tenants, own_jax_in_use, own_reserved, own_name=OWN_NAME, by_index=None
 ) -> list[MemoryWarning]:
     found = []
     for own in (t for t in tenants if t.kind == "self" and t.preallocated):
+        gpu = (by_index or {}).get(own.gpu)
+        where = gpu_label(gpu) if gpu is not None else f"GPU {own.gpu}"
         others = [t for t in tenants if t.gpu == own.gpu and t.kind != "self"]
         reserved = own_reserved if own_reserved is not None else own.used_bytes
         if others:
@@ -213,11 +216,11 @@ def _self_preallocation(
             why = f"while its arrays use only {format_bytes(own_jax_in_use)}"
         else:
             continue
-        where = "in its first cell" if own_name == OWN_NAME else "at its start"
+        when = "in its first cell" if own_name == OWN_NAME else "at its start"
         message = (
             f"{own_name[0].upper() + own_name[1:]} (PID {own.pid}) preallocated "
-            f"{format_bytes(own.used_bytes)} of GPU {own.gpu} {why}. Restart it with "
-            f"`%jaxalloc off` {where} so that it holds only what its arrays need (the mode "
+            f"{format_bytes(own.used_bytes)} of {where} {why}. Restart it with "
+            f"`%jaxalloc off` {when} so that it holds only what its arrays need (the mode "
             "applies only before JAX starts)."
         )
         found.append(MemoryWarning("self-preallocation", own.gpu, own.pid, message))
@@ -245,9 +248,10 @@ def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[Memory
             else "there is not even room for a small pool: its first arrays will run out of memory"
         )
         message = (
-            f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of GPU "
-            f"{gpu.index} ({format_bytes(wanted)}), but only {format_bytes(gpu.free_bytes)} is "
-            f"free{_holders(tenants, gpu.index, own_name=own_name)}: {outcome}. Before any JAX "
+            f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of "
+            f"{gpu_label(gpu)} ({format_bytes(wanted)}), but only "
+            f"{format_bytes(gpu.free_bytes)} is free"
+            f"{_holders(tenants, gpu.index, own_name=own_name)}: {outcome}. Before any JAX "
             "code runs, choose "
             f"{option}`%jaxalloc off` (memory taken as arrays need it)."
         )
@@ -275,7 +279,7 @@ def oom_diagnosis(
     lines = ["JAX ran out of GPU memory. Who holds it:"]
     for gpu in gpus:
         lines.append(
-            f"GPU {gpu.index} ({gpu.name or 'name unknown'}): {format_bytes(gpu.used_bytes)} "
+            f"{gpu_label(gpu)} ({gpu.name or 'name unknown'}): {format_bytes(gpu.used_bytes)} "
             f"used of {format_bytes(gpu.total_bytes)}, {format_bytes(gpu.free_bytes)} free"
         )
         on_gpu = sorted((t for t in tenants if t.gpu == gpu.index), key=_bytes_first)

@@ -24,6 +24,7 @@ from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.allocator.modes import AllocatorMode
+from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.claims import claim_book
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.units import format_bytes
@@ -136,7 +137,7 @@ def choose_mode(
     total = gpu.total_bytes
     default_pool = DEFAULT_FRACTION * total
     shared = bool(others or claimed)
-    where = f"GPU {gpu.index}"
+    where = gpu_label(gpu)
     if shared:
         who = [f"PID {t.pid} holds {format_bytes(t.used_bytes)}" for t in others[:2]]
         if claimed:
@@ -201,7 +202,7 @@ def policy_refusal(
         for gpu in gpus:
             if any(t.gpu == gpu.index and t.kind != "self" and t.used_bytes for t in tenants):
                 return (
-                    f"GPU {gpu.index} is shared, and this site's policy forbids preallocating "
+                    f"{gpu_label(gpu)} is shared, and this site's policy forbids preallocating "
                     f"on a shared GPU{because}. Try `%jaxalloc off` or `%jaxalloc auto`."
                 )
     return None

@@ -100,9 +100,10 @@ def candidates(report: Mapping[str, Any], policy: CullPolicy) -> list[Candidate]
             reason, holds = "idle-over-share", f"more than {policy.share:.0%} of the GPU"
         else:
             continue
+        where = gpu.get("label") or f"GPU {gpu['index']}"  # a MIG instance: its label
         why = (
             f"idle for {format_duration(idle)} (limit {format_duration(policy.idle_s)}), it "
-            f"holds {holds} ({format_bytes(used)}) of GPU {gpu['index']}, where only "
+            f"holds {holds} ({format_bytes(used)}) of {where}, where only "
             f"{format_bytes(free)} is free, less than the {format_bytes(needed)} a default "
             "JAX start needs"
         )

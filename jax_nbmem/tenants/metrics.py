@@ -36,6 +36,7 @@ __all__ = [
     "FAMILIES",
     "GPU_LABELS",
     "KERNEL_LABELS",
+    "MIG_LABELS",
     "NVML_REASONS",
     "Family",
     "Snapshot",
@@ -48,11 +49,15 @@ __all__ = [
 # dcgm-exporter's own names for a GPU (UUID, gpu, Hostname), so that `on (UUID)` joins without
 # relabelling; `gpu_uuid` is the older name, kept (deprecated). dcgm's camelCase `modelName`
 # is left to dcgm (promtool's lint refuses camelCase): `group_left (modelName)` brings it.
-GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid")
+# A MIG instance is labelled as dcgm-exporter labels it: its parent GPU's UUID and gpu, and
+# GPU_I_ID and GPU_I_PROFILE (empty, which Prometheus reads as absent, for a whole GPU).
+MIG_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
+GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid", *MIG_LABELS)
 KERNEL_LABELS = (
     "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
+    *MIG_LABELS,
 )  # fmt: skip
-WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id")
+WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id", *MIG_LABELS)
 # Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
 _WARNING_KINDS = (
     "blocking-preallocation",
@@ -241,16 +246,15 @@ def metric_families(
         families.append(found)
         return found
 
-    gpus: dict[int, tuple[str, str]] = {}
+    gpus: dict[int, tuple[str, str, str, str]] = {}
     used = family("jax_nbmem_gpu_memory_used_bytes", GPU_LABELS)
     total = family("jax_nbmem_gpu_memory_total_bytes", GPU_LABELS)
     reserved = family("jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
     hostname = socket.gethostname()
     for gpu in report.get("gpus", []):
-        uuid = gpu.get("uuid") or ""
-        gpus[gpu["index"]] = (uuid, str(gpu["index"]))
+        uuid, index, instance, profile = gpus[gpu["index"]] = _gpu_identity(gpu)
         if node:
-            labels = (uuid, gpu["index"], hostname, uuid)
+            labels = (uuid, index, hostname, uuid, instance, profile)
             used.add(labels, gpu.get("used_bytes"))
             total.add(labels, gpu.get("total_bytes"))
             reserved.add(labels, gpu.get("reserved_bytes"))
@@ -270,7 +274,7 @@ def metric_families(
         by_pid.setdefault(process.get("pid"), process)
         if not wanted(process.get("pid")):
             continue
-        uuid, index = gpus.get(process.get("gpu"), ("", ""))
+        uuid, index, instance, profile = gpus.get(process.get("gpu"), ("", "", "", ""))
         labels = _strings((
             uuid,
             index,
@@ -281,6 +285,8 @@ def metric_families(
             process.get("user"),
             process.get("hub_user"),
             process.get("pid"),
+            instance,
+            profile,
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
@@ -308,16 +314,32 @@ def metric_families(
             continue
         if pid is None and not node:
             continue  # a node-wide warning: the node's source says it
-        uuid, index = gpus.get(warning.get("gpu"), ("", ""))
+        uuid, index, instance, profile = gpus.get(warning.get("gpu"), ("", "", "", ""))
         process = by_pid.get(pid) or {}
         key = (warning.get("kind"), uuid, index, hostname, pid, process.get("user"))
-        key += (process.get("kernel_id"),)
+        key += (process.get("kernel_id"), instance, profile)
         counts[tuple("" if v is None else str(v) for v in key)] += 1
     for kind in _WARNING_KINDS:
-        counts.setdefault((kind, "", "", hostname, "", "", ""), 0)
+        counts.setdefault((kind, "", "", hostname, "", "", "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families
+
+
+def _gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """A report's GPU as dcgm-exporter labels it: UUID, gpu, GPU_I_ID, GPU_I_PROFILE.
+
+    A MIG instance carries its parent's UUID and index, and its instance id and profile.
+    """
+    mig = gpu.get("mig")
+    if not mig:
+        return gpu.get("uuid") or "", str(gpu["index"]), "", ""
+    return (
+        mig.get("parent_uuid") or "",
+        str(mig.get("parent_index", "")),
+        str(mig.get("gpu_instance_id", "")),
+        mig.get("profile") or "",
+    )
 
 
 def _escape(value: str) -> str:

@@ -17,6 +17,7 @@ import psutil
 
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu.mig import mig_dict
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
@@ -150,6 +151,9 @@ def collect(
                 "index": g.index,
                 "uuid": g.uuid,
                 "name": g.name,
+                "label": g.label,
+                "mig": mig_dict(g.mig),
+                "mig_mode": g.mig_mode,
                 "total_bytes": g.total_bytes,
                 "used_bytes": g.used_bytes,
                 "reserved_bytes": g.reserved_bytes,
@@ -221,6 +225,12 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     return "  ".join(parts)
 
 
+def _shown_order(gpu: Mapping[str, Any]) -> tuple[int, int]:
+    """A MIG instance is shown right after the GPU it splits."""
+    mig = gpu.get("mig")
+    return (mig["parent_index"], gpu["index"]) if mig else (gpu["index"], -1)
+
+
 def warning_line(warning: Mapping[str, Any]) -> str:
     """One warning as printed everywhere: ``WARNING [kind]: message``."""
     return printable_lines(f"WARNING [{warning['kind']}]: {warning['message']}")
@@ -242,12 +252,14 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         nvml_state["reason"] in (gpu.get("problem") or "") for gpu in report["gpus"]
     ):  # a problem of one GPU is said under that GPU
         lines.append(f"NVML: {nvml_state['reason']}")
-    for gpu in report["gpus"]:
+    for gpu in sorted(report["gpus"], key=_shown_order):
         mark = "" if gpu["ours"] else "  (not visible to this process)"
+        if gpu.get("mig_mode"):
+            mark = "  (in MIG mode: its MIG instances are the GPUs, listed below)"
         reserved = gpu.get("reserved_bytes")
         reserved_text = f", {format_bytes(reserved)} reserved by the driver" if reserved else ""
         lines.append(
-            f"GPU {gpu['index']}: {gpu['name'] or 'name unknown'} — "
+            f"{gpu.get('label') or 'GPU ' + str(gpu['index'])}: {gpu['name'] or 'name unknown'} — "
             f"{format_bytes(gpu['used_bytes'])} used of {format_bytes(gpu['total_bytes'])}, "
             f"{format_bytes(gpu['free_bytes'])} free{reserved_text}{mark}"
         )
@@ -255,7 +267,8 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
             lines.append(f"  {gpu['problem']}")
         on_gpu = [p for p in report["processes"] if p["gpu"] == gpu["index"]]
         lines.extend("  " + _process_line(p, own_name) for p in on_gpu)
-        if not on_gpu and "process list unreadable" not in (gpu.get("problem") or ""):
+        unread = "process list unreadable" in (gpu.get("problem") or "")
+        if not on_gpu and not unread and not gpu.get("mig_mode"):
             lines.append("  no processes")
     lines.extend(f"Note: {note}" for note in report.get("notes", []))
     allocator = report.get("allocator")

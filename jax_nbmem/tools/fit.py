@@ -130,6 +130,7 @@ class DeviceRoom:
     self_bytes: int | None = None
     preallocated: bool | None = None
     reserved_bytes: int | None = None
+    gpu_label: str | None = None  # "GPU 0", "MIG 3g.71gb instance 1 of GPU 0"
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-friendly."""
@@ -297,6 +298,7 @@ def room_of(
         limit=binding if room is not None else None,
         reason=reason,
         gpu_index=getattr(gpu, "index", None),
+        gpu_label=getattr(gpu, "label", None),
         bytes_in_use=in_use,
         bytes_limit=limit,
         pool_bytes=pool if pool is not None else (limit if preallocated else None),
@@ -368,6 +370,7 @@ class _GpuReading:
     total_bytes: int | None
     self_bytes: int | None
     reserved_bytes: int | None = None
+    label: str | None = None
 
 
 def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
@@ -393,7 +396,7 @@ def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
         if reading is not None:
             found[device] = _GpuReading(
                 index, reading.free_bytes, reading.total_bytes, mine.get(index),
-                reading.reserved_bytes,
+                reading.reserved_bytes, reading.label,
             )  # fmt: skip
     return found
 

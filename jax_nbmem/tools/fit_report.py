@@ -304,7 +304,8 @@ def _cheapest_change(
         others = max(0, held_by_all - room.self_bytes)
     if others:
         return (
-            f"other processes hold {format_bytes(others)} of GPU {room.gpu_index}; "
+            f"other processes hold {format_bytes(others)} of "
+            f"{room.gpu_label or f'GPU {room.gpu_index}'}; "
             f"{format_bytes(short)} more must come free (`%jaxmem status` names them), or "
             f"{smaller}"
         )

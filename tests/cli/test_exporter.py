@@ -187,3 +187,42 @@ def test_the_exporter_idles_under_half_a_percent_of_a_core(sim_state, simgpu_env
         share = (sum(exporter.cpu_times()[:2]) - before) / (time.monotonic() - began)
         print(f"exporter idle: {share * 100:.2f}% of a core")
         assert share < 0.005
+
+
+@pytest.mark.timeout(120)
+def test_a_mig_instance_carries_dcgm_exporter_s_labels_and_promtool_finds_nothing(
+    sim_state, simgpu_env, sleeper
+):
+    from tests.deploy.prometheus import promtool
+
+    sim_state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+    sim_state.mig(0, 1, 18 * GIB, name="NVIDIA H200 MIG 1g.18gb")
+    sim_state.mig(0, 3, 71 * GIB, name="NVIDIA H200 MIG 3g.71gb")
+    sim_state.process(0, sleeper, 30 * GIB, mig=3).process(1, 4003, 2 * GIB).write()
+    with running_exporter(simgpu_env, "--interval", "0.5") as url:
+        found = wait_for(
+            "the process", lambda: (m := scrape(url)).get("jax_nbmem_kernel_gpu_memory_bytes") and m
+        )
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+    parent = {labels["UUID"] for labels, _ in found["jax_nbmem_gpu_memory_total_bytes"]
+              if labels["gpu"] == "0"}  # fmt: skip
+    assert len(parent) == 1 and parent.pop().startswith("GPU-")  # the instances': the parent's
+    total = {
+        (labels["gpu"], labels["GPU_I_ID"], labels["GPU_I_PROFILE"]): value
+        for labels, value in found["jax_nbmem_gpu_memory_total_bytes"]
+    }
+    assert total == {
+        ("0", "", ""): 141 * GIB,
+        ("1", "", ""): 141 * GIB,
+        ("0", "1", "1g.18gb"): 18 * GIB,
+        ("0", "3", "3g.71gb"): 71 * GIB,
+    }
+    (process,) = [s for s in found["jax_nbmem_kernel_gpu_memory_bytes"]
+                  if s[0]["pid"] == str(sleeper)]  # fmt: skip
+    assert (process[0]["GPU_I_ID"], process[0]["GPU_I_PROFILE"], process[1]) == (
+        "3", "3g.71gb", 30 * GIB
+    )  # fmt: skip
+    done = promtool("check", "metrics", stdin=text)
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "jax_nbmem" in line]
+    assert said == [], said

@@ -74,3 +74,17 @@ def test_the_culler_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"]) == 2
     assert "--share must be in (0, 1]" in capsys.readouterr().err
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--dry-run"]) == 0
+
+
+def test_a_dry_run_names_the_mig_instance_a_kernel_holds(simgpu_in_process, sleeper):
+    import getpass
+
+    from jax_nbmem.cli.stop import Kernel, stop
+    from jax_nbmem.simgpu import GIB
+
+    sim = simgpu_in_process
+    sim.gpu(0, total=141 * GIB, mig=True).mig(0, 1, 18 * GIB, name="NVIDIA H200 MIG 1g.18gb")
+    sim.process(0, sleeper, 5 * GIB, mig=1).write()
+    kernel = Kernel(sleeper, None, getpass.getuser(), None, None, None, gpu_bytes={1: 5 * GIB})
+    said = stop(kernel, None, dry_run=True).message
+    assert "it holds 5.00 GiB on MIG 1g.18gb instance 1 of GPU 0" in said

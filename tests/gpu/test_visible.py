@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from jax_nbmem.gpu.mig import MigInstance
 from jax_nbmem.gpu.nvml import GpuMemory
 from jax_nbmem.gpu.visible import VisibleGpus, visible_gpus
 
@@ -25,6 +26,26 @@ def machine(*names):
 
 SAME = machine(H200, H200, H200)
 MIXED = machine(A100, H200)
+MIG_UUIDS = [
+    "MIG-4b1d0c9e-1111-5a5a-9c9c-000000000001",
+    "MIG-4b1d0c9e-2222-5a5a-9c9c-000000000002",
+    "MIG-77aa0000-3333-5a5a-9c9c-000000000003",
+]
+
+
+def split_machine():
+    """GPU 0 in MIG mode (instances 1 and 2 as NVML devices 2 and 3), GPU 1 whole."""
+    split = GpuMemory(0, UUIDS[0], H200, None, None, None, mig_mode=True)
+    whole = GpuMemory(1, UUIDS[1], H200, 80, 1, 79)
+    instances = [
+        GpuMemory(2 + n, MIG_UUIDS[n], f"{H200} MIG {profile}", 18, 1, 17,
+                  mig=MigInstance(0, UUIDS[0], gi, 0, profile))
+        for n, (gi, profile) in enumerate([(1, "1g.18gb"), (2, "3g.71gb")])
+    ]  # fmt: skip
+    return [split, whole, *instances]
+
+
+MIG = split_machine()
 
 CASES = {
     # name: (gpus, environment, expected indices, words the note must hold or None)
@@ -47,11 +68,52 @@ CASES = {
     ),
     "unknown uuid": (SAME, {"CUDA_VISIBLE_DEVICES": "GPU-ffff,0"}, (), "matches no GPU"),
     "repeat stops": (SAME, {"CUDA_VISIBLE_DEVICES": "0,0,1"}, (0,), "repeats"),
-    "MIG is left out": (
+    "a MIG entry where no GPU is split stops": (
         SAME,
         {"CUDA_VISIBLE_DEVICES": f"MIG-{UUIDS[0]}/1/0,1"},
-        (1,),
-        "MIG device",
+        (),
+        "matches no MIG instance",
+    ),
+    "one MIG instance": (MIG, {"CUDA_VISIBLE_DEVICES": MIG_UUIDS[1]}, (3,), None),
+    "MIG uuid prefix": (MIG, {"CUDA_VISIBLE_DEVICES": "MIG-4b1d0c9e-2"}, (3,), None),
+    "ambiguous MIG prefix": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": "MIG-4b1d"},
+        (),
+        "matches 2 MIG instances",
+    ),
+    "MIG instances in a list": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[1]},{MIG_UUIDS[0]}"},
+        (3, 2),
+        None,
+    ),
+    "MIG beside a GPU uuid": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{UUIDS[1]},{MIG_UUIDS[0]}"},
+        (1, 2),
+        None,
+    ),
+    "MIG by GPU uuid and ids": (MIG, {"CUDA_VISIBLE_DEVICES": f"MIG-{UUIDS[0]}/2/0"}, (3,), None),
+    "unknown MIG stops": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},{MIG_UUIDS[2]},1"},
+        (2,),
+        "no MIG instance",
+    ),
+    "MIG twice stops": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": f"{MIG_UUIDS[0]},MIG-4b1d0c9e-1"},
+        (2,),
+        "repeats",
+    ),
+    "unset: instances for the split GPU": (MIG, {}, (2, 3, 1), "GPU 0 is in MIG mode"),
+    "a split GPU by number": (MIG, {"CUDA_VISIBLE_DEVICES": "1,0"}, (1, 2, 3), "MIG mode"),
+    "integers count whole GPUs only": (
+        MIG,
+        {"CUDA_VISIBLE_DEVICES": "2"},
+        (),
+        "beyond the 2 GPU(s)",
     ),
     "mixed models, unset": (MIXED, {}, (0, 1), "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
     "mixed models, numbers": (MIXED, {"CUDA_VISIBLE_DEVICES": "1"}, (1,), "a guess"),
@@ -82,7 +144,7 @@ def test_invalid_entry_note_tells_what_cuda_does():
     seen = visible_gpus(SAME, {"CUDA_VISIBLE_DEVICES": "0,x,1"})
     assert seen == VisibleGpus(
         (0,),
-        "CUDA_VISIBLE_DEVICES entry 'x' is neither a GPU number nor a GPU-... UUID; "
+        "CUDA_VISIBLE_DEVICES entry 'x' is neither a GPU number nor a GPU-... or MIG-... UUID; "
         "CUDA ignores it and every entry after it",
     )
 

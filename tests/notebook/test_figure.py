@@ -38,6 +38,7 @@ def gpu(index=0, self_bytes=4 * GIB, others=10 * GIB, jax_in_use=None, total=80 
         jax_reserved=kw.get("jax_reserved"),
         jax_limit=kw.get("jax_limit"),
         problem=kw.get("problem"),
+        mig=kw.get("mig"),
     )
 
 
@@ -242,3 +243,16 @@ def test_header_names_the_gpu_the_mode_and_free_memory():
     assert "free — of 80.0 GiB" in header_text(unknown, 0, None)
     assert "allocator: unknown" in header_text(unknown, 0, None)
     assert header_text(sample(0), None, "on").startswith("No GPU seen — host memory: RSS 300 MiB")
+
+
+def test_a_mig_instance_is_named_in_the_timeline_and_the_header():
+    from jax_nbmem.gpu.mig import MigInstance
+
+    place = MigInstance(0, "GPU-0", 1, 0, "3g.71gb")
+    instance = gpu(2, total=71 * GIB, name="NVIDIA H200 MIG 3g.71gb", mig=place)
+    samples = [sample(0, instance), sample(1, instance)]
+    figure = build_figure(samples, [], gpu_index=2)
+    assert figure["layout"]["yaxis"]["title"]["text"] == "MIG 3g.71gb instance 1 of GPU 0, GiB"
+    assert header_text(samples[-1], 2, "on").startswith(
+        "MIG 3g.71gb instance 1 of GPU 0: NVIDIA H200 MIG 3g.71gb · allocator: on · free 57.0 GiB"
+    )

@@ -85,3 +85,27 @@ def test_the_board_shows_the_gpu_and_shuts_a_blocking_kernel_down_after_asking(
         state="detached", timeout=30_000
     )
     screenshot(lab_page, "board-after-shutdown")
+
+
+@pytest.mark.timeout(180)
+def test_the_board_shows_each_mig_instance_as_a_gpu_under_the_gpu_it_splits(
+    start_lab_server, lab_page, sim_state, simgpu_env, sleeper
+):
+    sim_state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+    sim_state.mig(0, 1, 18 * GIB, name="NVIDIA H200 MIG 1g.18gb")
+    sim_state.mig(0, 2, 71 * GIB, name="NVIDIA H200 MIG 3g.71gb")
+    sim_state.process(0, sleeper, 30 * GIB, mig=2).write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    lab_page.goto(f"{server.base_url}/jax-nbmem/?token={server.token}")
+    big = lab_page.get_by_role("region", name="MIG 3g.71gb instance 2 of GPU 0")
+    big.wait_for(timeout=30_000)
+    heading = big.get_by_role("heading").inner_text()
+    assert "NVIDIA H200 MIG 3g.71gb" in heading and "of 71.0 GiB" in heading
+    assert str(sleeper) in big.get_by_role("row").filter(has_text="30.0 GiB").inner_text()
+    split = lab_page.get_by_role("region", name="GPU 0", exact=True)
+    assert "in MIG mode" in split.inner_text() and "no processes" not in split.inner_text()
+    names = [s.get_attribute("aria-label") for s in lab_page.locator("section.gpu").all()]
+    assert names == [
+        "GPU 0", "MIG 1g.18gb instance 1 of GPU 0", "MIG 3g.71gb instance 2 of GPU 0", "GPU 1",
+    ]  # fmt: skip
+    screenshot(lab_page, "board-mig")

@@ -172,14 +172,20 @@ def test_a_neighbour_that_preallocated_is_named_as_blocking(demo_env, monkeypatc
         os.kill(neighbour, signal.SIGTERM)
 
 
-def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, monkeypatch, capsys):
-    from jax_nbmem.simgpu import mirror as mirror_module
+@pytest.fixture
+def mirror_module(monkeypatch):
+    """The mirror's module, as in a kernel whose JAX started in its default mode (75%)."""
+    from jax_nbmem.simgpu import mirror as module
 
-    monkeypatch.setattr(mirror_module, "_backend_started", lambda: True)
-    monkeypatch.setattr(mirror_module, "_live_array_bytes", lambda: 0)
+    monkeypatch.setattr(module, "_backend_started", lambda: True)
+    monkeypatch.setattr(module, "_live_array_bytes", lambda: 0)
     for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                  "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)  # JAX's default: 75% preallocated
+        monkeypatch.delenv(name, raising=False)
+    return module
+
+
+def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, mirror_module, capsys):
     path = tmp_path / "gpu.state"
     SimState(path).gpu(0, total=80 * GIB).write()
     bad = path.read_text().replace("end\n", "proc 0 abc used=5\nend\n")
@@ -196,3 +202,23 @@ def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, monkeypa
     stamp = path.stat().st_mtime_ns
     mirror.step()  # nothing changed: nothing written
     assert path.stat().st_mtime_ns == stamp
+
+
+def test_on_a_mig_instance_the_mirror_holds_its_share_of_the_instance(
+    tmp_path, mirror_module, monkeypatch
+):
+    path = tmp_path / "gpu.state"
+    small = "MIG-11111111-2222-5333-8444-555555555555"
+    state = SimState(path).gpu(0, total=141 * GIB, mig=True)
+    state.mig(0, 1, 18 * GIB, uuid=small).mig(0, 2, 71 * GIB).write()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", small)
+    mirror_module.Mirror(path).step()
+    pid = os.getpid()
+    assert SimState.read(path).process_bytes(pid) == CONTEXT_BYTES + int(0.75 * 18 * GIB)
+    assert f"proc 0 {pid} used={CONTEXT_BYTES + int(0.75 * 18 * GIB)}" in path.read_text()
+    assert re.search(rf"proc 0 {pid} .*mig=1", path.read_text())  # on instance 1, not GPU 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-ffffffff")  # no such instance: CUDA fails
+    other = tmp_path / "other.state"
+    SimState(other).gpu(0, total=141 * GIB, mig=True).mig(0, 1, 18 * GIB, uuid=small).write()
+    mirror_module.Mirror(other).step()
+    assert SimState.read(other).process_bytes(pid) is None

@@ -19,6 +19,7 @@ import jax  # noqa: F401  (a user who imported jax: jaxlib is loaded, its backen
 import psutil
 import pytest
 
+from jax_nbmem.gpu.mig import MigInstance
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute, inspect_process
@@ -343,3 +344,25 @@ def test_notebook_paths_are_shown_as_people_read_them(tmp_path):
     assert shown_notebook("work/train.ipynb", None) == "work/train.ipynb"  # a server's own
     assert shown_notebook(None, None) is None
     assert shown_notebook(f"{home}/a.ipynb", "no-such-user-here") == f"{home}/a.ipynb"
+
+
+def test_warnings_and_the_oom_diagnosis_name_a_mig_instance():
+    me = os.getpid()
+    place = MigInstance(0, "GPU-0", 1, 0, "3g.71gb")
+    held = preallocation(71)  # 75% of the instance's memory, not of the GPU's 141 GiB
+    instance = GpuMemory(2, "MIG-x", "NVIDIA H200 MIG 3g.71gb", 71 * GiB, held, 71 * GiB - held,
+                         mig=place)  # fmt: skip
+    listed = [GpuProcess(me, 2, held)]
+    tenants = attribute(listed, [instance], environ={}, sessions=NO_SERVERS,
+                        check_device_files=False)  # fmt: skip
+    assert (tenants[0].kind, tenants[0].preallocated) == ("self", True)
+    [warning] = warnings_for(
+        tenants, [instance], own_backend_started=True, own_jax_in_use=100 * MiB,
+        own_reserved=int(0.75 * 71 * GiB),
+    )  # fmt: skip
+    assert warning.gpu == 2
+    assert f"preallocated {format_bytes(held)} of MIG 3g.71gb instance 1 of GPU 0 " in (
+        warning.message
+    )
+    text = oom_diagnosis(tenants, [instance])
+    assert "MIG 3g.71gb instance 1 of GPU 0 (NVIDIA H200 MIG 3g.71gb): " in text

@@ -1,5 +1,6 @@
 """`%jaxalloc auto`'s rule, the claims kernels starting together leave, and the site's policy."""
 
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,38 @@ def test_the_lock_is_exclusive_and_a_stuck_holder_is_not_waited_for_long(tmp_pat
         assert 0.25 < time.monotonic() - began < 2
     with claim_book(None) as nowhere:
         assert nowhere is None
+
+
+_DECIDE = """
+import json
+from jax_nbmem.allocator.modes import AllocatorMode
+from jax_nbmem.tenants.auto import Policy, decide
+mode, choice = decide(AllocatorMode("auto"), policy=Policy(), claims_dir=None)
+print(json.dumps([str(mode), choice.reason, dict(choice.claim)]))
+"""
+
+
+def test_on_a_mig_instance_the_room_is_the_instance_s(sim_state, simgpu_env, sleeper):
+    small, big = "MIG-11111111-2222-5333-8444-555555555555", "MIG-66666666-7777-5888-8999-0000"
+    sim_state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+    sim_state.mig(0, 1, 18 * GIB, uuid=small, name="NVIDIA H200 MIG 1g.18gb")
+    sim_state.mig(0, 2, 71 * GIB, uuid=big + "00000000", name="NVIDIA H200 MIG 3g.71gb")
+    sim_state.process(0, sleeper, 30 * GIB, mig=2).write()
+
+    def decide_on(visible):
+        env = {**simgpu_env, "CUDA_VISIBLE_DEVICES": visible}
+        done = subprocess.run(
+            [sys.executable, "-c", _DECIDE], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    mode, reason, claim = decide_on(small)
+    assert mode == "on" and claim == {small: int(0.75 * 18 * GIB)}
+    assert "alone on MIG 1g.18gb instance 1 of GPU 0 with 18.0 GiB of 18.0 GiB free" in reason
+    mode, reason, claim = decide_on(big)
+    assert mode == "off" and claim == {}
+    assert (
+        f"MIG 3g.71gb instance 2 of GPU 0 is shared (PID {sleeper} holds 30.0 GiB; 41.0 GiB free)"
+        in reason
+    )

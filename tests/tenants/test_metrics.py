@@ -56,7 +56,7 @@ def samples(found, name):
 
 def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     found = families()
-    assert GPU_LABELS == ("UUID", "gpu", "Hostname", "gpu_uuid")
+    assert GPU_LABELS == ("UUID", "gpu", "Hostname", "gpu_uuid", "GPU_I_ID", "GPU_I_PROFILE")
     ((labels, used),) = samples(found, "jax_nbmem_gpu_memory_used_bytes")  # GPU 1's: unknown
     assert used == 30 * GIB and labels["UUID"] == labels["gpu_uuid"] == "GPU-a"
     assert labels["gpu"] == "0" and labels["Hostname"]
@@ -67,7 +67,8 @@ def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     host = socket.gethostname()
     assert memory[0] == (
         {"UUID": "GPU-a", "gpu": "0", "gpu_uuid": "GPU-a", "Hostname": host, "kernel_id": "k1",
-         "notebook": "work/a.ipynb", "user": "ada", "hub_user": "ada@hub", "pid": "11"},
+         "notebook": "work/a.ipynb", "user": "ada", "hub_user": "ada@hub", "pid": "11",
+         "GPU_I_ID": "", "GPU_I_PROFILE": ""},
         20 * GIB,
     )  # fmt: skip
     assert memory[1][0]["UUID"] == "GPU-b" and memory[1][0]["hub_user"] == ""  # not known
@@ -101,10 +102,56 @@ def test_warnings_carry_the_gpu_and_the_pid_and_zero_for_the_known_kinds():
     warnings = samples(families(), "jax_nbmem_warnings")
     assert (
         {"kind": "blocking-preallocation", "UUID": "GPU-a", "gpu": "0", "pid": "11",
-         "Hostname": socket.gethostname(), "user": "ada", "kernel_id": "k1"}, 1.0,
+         "Hostname": socket.gethostname(), "user": "ada", "kernel_id": "k1", "GPU_I_ID": "",
+         "GPU_I_PROFILE": ""}, 1.0,
     ) in warnings  # fmt: skip
     kinds = {labels["kind"]: value for labels, value in warnings if not labels["pid"]}
     assert kinds["prealloc-will-fail"] == 0.0 and kinds["pid-namespace"] == 1.0
+
+
+def mig_report():
+    """GPU 0 split (root reads it) into instance 3 (3g.71gb, NVML device 2); a kernel on it."""
+    place = {
+        "parent_index": 0,
+        "parent_uuid": "GPU-a",
+        "gpu_instance_id": 3,
+        "compute_instance_id": 0,
+        "profile": "3g.71gb",
+    }
+    return {
+        "nvml": {"available": True, "reason": None},
+        "gpus": [{"index": 0, "uuid": "GPU-a", "used_bytes": 31 * GIB, "total_bytes": 141 * GIB,
+                  "mig": None, "mig_mode": True},
+                 {"index": 1, "uuid": "GPU-b", "used_bytes": GIB, "total_bytes": 141 * GIB,
+                  "mig": None},
+                 {"index": 2, "uuid": "MIG-c", "used_bytes": 30 * GIB, "total_bytes": 71 * GIB,
+                  "mig": place}],
+        "processes": [{"pid": 11, "gpu": 2, "used_bytes": 30 * GIB, "kind": "kernel",
+                       "kernel_id": "k1", "user": "ada", "preallocated": True, "mode": "on"}],
+        "warnings": [{"kind": "self-preallocation", "gpu": 2, "pid": 11, "message": "…"}],
+    }  # fmt: skip
+
+
+def test_a_mig_instance_is_labelled_as_dcgm_exporter_labels_it():
+    found = families(Snapshot(mig_report(), NOW - 1, 0.02))
+    used = {(s["UUID"], s["gpu"], s["GPU_I_ID"], s["GPU_I_PROFILE"]): v
+            for s, v in samples(found, "jax_nbmem_gpu_memory_used_bytes")}  # fmt: skip
+    assert used == {
+        ("GPU-a", "0", "", ""): 31 * GIB,  # the whole GPU: no instance labels
+        ("GPU-b", "1", "", ""): GIB,
+        ("GPU-a", "0", "3", "3g.71gb"): 30 * GIB,  # the instance: its parent's UUID and gpu
+    }
+    [(kernel, value)] = samples(found, "jax_nbmem_kernel_gpu_memory_bytes")
+    assert (kernel["UUID"], kernel["gpu_uuid"], kernel["gpu"]) == ("GPU-a", "GPU-a", "0")
+    assert (kernel["GPU_I_ID"], kernel["GPU_I_PROFILE"], value) == ("3", "3g.71gb", 30 * GIB)
+    [(flag, _)] = samples(found, "jax_nbmem_kernel_preallocated")
+    assert (flag["GPU_I_ID"], flag["mode"]) == ("3", "on")
+    [warning] = [s for s, v in samples(found, "jax_nbmem_warnings") if v]
+    assert (warning["kind"], warning["GPU_I_ID"], warning["GPU_I_PROFILE"]) == (
+        "self-preallocation",
+        "3",
+        "3g.71gb",
+    )
 
 
 def test_health_says_fresh_and_build():

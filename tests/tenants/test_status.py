@@ -63,3 +63,112 @@ def test_a_lost_gpu_is_said_once(sim_state, simgpu_env):
     out = run_cells(["%load_ext jax_nbmem", "import time; time.sleep(0.3)", "%jaxmem"], simgpu_env)
     [panel_line] = [line for line in out[2].stdout.splitlines() if line.startswith("GPU 1: GPU")]
     assert panel_line.count("GPU 1 is lost") == 1 and "process list unreadable" in panel_line
+
+
+SMALL_MIG = "MIG-11111111-2222-5333-8444-555555555555"
+BIG_MIG = "MIG-66666666-7777-5888-8999-000000000000"
+
+
+def _split_gpu(state, sleeper):
+    """GPU 0 split into a 1g.18gb (instance 1) and a 3g.71gb (instance 2); GPU 1 whole."""
+    state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+    state.mig(0, 1, 18 * GIB, uuid=SMALL_MIG, name="NVIDIA H200 MIG 1g.18gb")
+    state.mig(0, 2, 71 * GIB, uuid=BIG_MIG, name="NVIDIA H200 MIG 3g.71gb")
+    state.process(0, 4001, 5 * GIB, mig=1).process(0, sleeper, 30 * GIB, mig=2)
+    return state.process(1, 4003, 2 * GIB)
+
+
+def test_a_mig_instance_is_a_gpu_in_the_status(sim_state, simgpu_env, sleeper):
+    _split_gpu(sim_state, sleeper).write()
+    env = {**simgpu_env, "CUDA_VISIBLE_DEVICES": BIG_MIG}
+    report = json.loads(_cli("--json", env=env))
+    split, whole, small, big = report["gpus"]
+    assert (split["mig_mode"], split["ours"], whole["ours"]) == (True, False, False)
+    assert (small["ours"], big["ours"]) == (False, True)  # only the instance named is ours
+    assert big["label"] == "MIG 3g.71gb instance 2 of GPU 0" and big["uuid"] == BIG_MIG
+    assert big["mig"]["parent_uuid"] == split["uuid"] and big["mig"]["gpu_instance_id"] == 2
+    assert big["total_bytes"] == 71 * GIB and big["used_bytes"] == 30 * GIB
+    on = {p["pid"]: p["gpu"] for p in report["processes"]}
+    assert on == {4001: small["index"], sleeper: big["index"], 4003: 1}
+    assert report["notes"] == []  # a MIG UUID is certain
+    text = _cli(env=env)
+    assert "GPU 0: NVIDIA H200 (simulated) — " in text and "in MIG mode" in text
+    assert "MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb — 30.0 GiB used of " in text
+    split_block = text.split("GPU 0: ", 1)[1].split("\nMIG", 1)[0]
+    assert "no processes" not in split_block  # its processes are its instances'
+    # The kernel's sampler and panel follow the instance too.
+    out = run_cells(["%load_ext jax_nbmem", "import time; time.sleep(0.3)", "%jaxmem"], env=env)
+    assert all(o.error is None for o in out), [o.text for o in out]
+    lines = out[2].stdout.splitlines()
+    assert lines[0].startswith("MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb · ")
+    assert lines[0].endswith("free 41.0 GiB of 71.0 GiB")
+
+
+def test_a_user_other_than_root_sees_the_instances_and_is_told_why_not_the_gpu(
+    sim_state, simgpu_env, sleeper
+):
+    _split_gpu(sim_state, sleeper).unprivileged().write()
+    report = json.loads(_cli("--json", env={**simgpu_env, "CUDA_VISIBLE_DEVICES": SMALL_MIG}))
+    split, _, small, big = report["gpus"]
+    assert report["nvml"]["available"] is True
+    assert split["used_bytes"] is None
+    assert "MIG instances other than yours cannot be read without root" in split["problem"]
+    assert small["ours"] and small["used_bytes"] == 5 * GIB and big["used_bytes"] == 30 * GIB
+    text = _cli(env={**simgpu_env, "CUDA_VISIBLE_DEVICES": SMALL_MIG})
+    assert "cannot be read without root" in text and "Traceback" not in text
+
+
+def test_the_warning_names_the_instance_and_counts_in_its_memory(sim_state, simgpu_env, sleeper):
+    _split_gpu(sim_state, sleeper).write()
+    code = (
+        "import json; from jax_nbmem.tenants.status import collect\n"
+        "print(json.dumps(collect(in_kernel=True)['warnings']))"
+    )
+    env = {**simgpu_env, "CUDA_VISIBLE_DEVICES": BIG_MIG, "JAX_PLATFORMS": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    [warning] = json.loads(done.stdout.splitlines()[-1])
+    assert warning["kind"] == "prealloc-will-fail" and warning["gpu"] == 3
+    # 75% of the instance's 71 GiB, not of the GPU's 141 GiB; the process on it is named
+    assert "will ask for 75% of MIG 3g.71gb instance 2 of GPU 0 (53.2 GiB)" in warning["message"]
+    assert "only 41.0 GiB is free" in warning["message"] and f"PID {sleeper}" in warning["message"]
+
+
+def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, simgpu_lib, sleeper):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from jax_nbmem import simgpu
+
+    _, uid, gid = other_user
+    folder = Path(tempfile.mkdtemp(prefix="jnm-mig-status-"))  # readable by the other user
+    try:
+        folder.chmod(0o755)
+        lib = folder / "lib" / simgpu.LIBRARY_NAME
+        lib.parent.mkdir(mode=0o755)
+        shutil.copy(simgpu_lib, lib)
+        lib.chmod(0o755)
+        sim_state.path = folder / "gpu.state"
+        _split_gpu(sim_state, sleeper).write()
+        env = {**simgpu.env_for_subprocess(lib.parent, sim_state.path), "HOME": str(folder),
+               "CUDA_VISIBLE_DEVICES": BIG_MIG}  # fmt: skip
+        # everything is imported as root; NVML is opened, and the status taken, as the other user
+        code = (
+            "import json, os, pynvml\nfrom jax_nbmem.tenants.status import collect, format_status\n"
+            f"os.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
+            "report = collect(share_dir=os.environ['HOME'])\n"
+            "print(format_status(report)); print(json.dumps(report['gpus']))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        split, _, _, big = json.loads(done.stdout.splitlines()[-1])
+        assert split["used_bytes"] is None and "cannot be read without root" in split["problem"]
+        assert big["ours"] and big["used_bytes"] == 30 * GIB
+        assert "GPU 0 is in MIG mode: MIG instances other than yours" in done.stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -395,3 +395,28 @@ def test_fragmentation_and_a_tight_fit_are_said(gpu16):
     )
     assert any("largest free block in JAX's pool is 512 MiB" in note for note in report.notes)
     assert any("may still fail" in note for note in report.notes)
+
+
+def test_on_a_mig_instance_the_room_and_the_advice_are_the_instance_s(
+    simgpu_in_process, monkeypatch
+):
+    # The GPU is split; this kernel runs on the 3g.71gb instance, where another process holds
+    # 30 GiB. GPU 1, whole and nearly empty, is not this kernel's and must not count.
+    sim = simgpu_in_process
+    sim.gpu(0, total=141 * GiB, mig=True).gpu(1, total=141 * GiB)
+    sim.mig(0, 1, 18 * GiB, name="NVIDIA H200 MIG 1g.18gb")
+    sim.mig(0, 2, 71 * GiB, uuid="MIG-66666666-7777-5888-8999-000000000000",
+            name="NVIDIA H200 MIG 3g.71gb")  # fmt: skip
+    sim.process(0, os.getpid(), 2 * GiB, mig=2).process(0, 4242, 30 * GiB, mig=2).write()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-66666666")
+    stats = pool(limit=60 * GiB, in_use=GiB, held=2 * GiB)
+    program = needs(45 * GiB)
+    report = judge(program, read_rooms(program, started=mode(XLA_PYTHON_CLIENT_PREALLOCATE="false"),
+                                       stats=stats))  # fmt: skip
+    room = report.rooms[0]
+    assert room.total_bytes == 71 * GiB and room.free_bytes == 71 * GiB - 32 * GiB
+    assert room.gpu_label == "MIG 3g.71gb instance 2 of GPU 0"
+    assert report.fits is False
+    assert report.advice.startswith(
+        "other processes hold 30.0 GiB of MIG 3g.71gb instance 2 of GPU 0"
+    )

@@ -145,8 +145,13 @@ function actionCell(process, kernelIds, blocking) {
 }
 
 function gpuSection(gpu, processes, history, kernelIds, blocking) {
-  const section = element("section", null, { class: "gpu", "aria-label": `GPU ${gpu.index}` });
-  section.appendChild(element("h2", `GPU ${gpu.index}: ${gpu.name || "name unknown"} · ${gib(gpu.used_bytes)} used of ${gib(gpu.total_bytes)} · ${gib(gpu.free_bytes)} free`));
+  // A MIG instance is a GPU of its own: "MIG 3g.71gb instance 1 of GPU 0" (its label).
+  const label = gpu.label || `GPU ${gpu.index}`;
+  const section = element("section", null, { class: "gpu", "aria-label": label });
+  section.appendChild(element("h2", `${label}: ${gpu.name || "name unknown"} · ${gib(gpu.used_bytes)} used of ${gib(gpu.total_bytes)} · ${gib(gpu.free_bytes)} free`));
+  if (gpu.mig_mode) {
+    section.appendChild(element("div", "in MIG mode: its MIG instances are the GPUs, each shown on its own", { class: "note" }));
+  }
   if (gpu.problem) {
     section.appendChild(element("div", gpu.problem, { class: "note" }));
   }
@@ -155,6 +160,9 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
   if (points.length > 1) {
     const minutes = Math.max(1, Math.round((points[points.length - 1][0] - points[0][0]) / 60));
     section.appendChild(element("div", `used memory over the last ${minutes} min, from 0 to ${gib(gpu.total_bytes)}`, { class: "note" }));
+  }
+  if (gpu.mig_mode) {
+    return section; // its processes are listed under its instances
   }
   const table = element("table");
   const head = element("tr");
@@ -199,7 +207,10 @@ function render(status, history) {
   if (!status.nvml.available) {
     gpus.replaceChildren(element("section", `No GPU seen: ${status.nvml.reason || "NVML is unavailable"}.`, { class: "gpu" }));
   } else {
-    gpus.replaceChildren(...status.gpus.map((g) => gpuSection(g, status.processes || [], history, kernelIds, blocking)));
+    // A MIG instance right after the GPU it splits.
+    const place = (g) => (g.mig ? [g.mig.parent_index, g.index] : [g.index, -1]);
+    const shown = status.gpus.slice().sort((a, b) => place(a)[0] - place(b)[0] || place(a)[1] - place(b)[1]);
+    gpus.replaceChildren(...shown.map((g) => gpuSection(g, status.processes || [], history, kernelIds, blocking)));
   }
   const server = status.server || {};
   document.getElementById("age").textContent = `updated ${duration(server.age_s)} ago · ${kernelIds.size} kernel(s) on this server`;
