@@ -31,7 +31,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.metrics import Snapshot, exposition, metric_families
+from jax_nbmem.tenants.exposition import ScrapeCache
+from jax_nbmem.tenants.metrics import Snapshot
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
@@ -160,18 +161,16 @@ class Exporter:
         )
 
         registry = CollectorRegistry(auto_describe=True)
-        # Our families are written by `exposition` (fast with thousands of samples); the
-        # registry holds the exporter's own process_* figures.
+        # Our families are written by a ScrapeCache (fast with thousands of samples, and once
+        # per snapshot); the registry holds the exporter's own process_* figures.
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         own = make_wsgi_app(registry)
+        written = ScrapeCache(self.stale_after)
 
         def metrics(environ, start_response):
             names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-            body = exposition(
-                metric_families(self.latest(), stale_after_s=self.stale_after),
-                set(names) if names else None,
-            )
+            body = written.text(self.latest(), set(names) if names else None)
             captured = {}
 
             def keep(status, headers, exc_info=None):
