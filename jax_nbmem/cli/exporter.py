@@ -11,8 +11,9 @@ explicit ``--insecure``.
 It is the node's one source (README, "Metrics"): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
 :mod:`jax_nbmem.tenants.publishers`). Its health is in its metrics: a snapshot older than
-``stale_after`` seconds (NVML hung) makes ``jax_nbmem_up`` 0 and takes the GPU-derived series
-away; its own ``process_*`` figures are there too.
+``stale_after`` seconds makes ``jax_nbmem_up`` 0 and takes the GPU-derived series away, its age
+counted from the start of the refresh under way if one is (a slow refresh on a loaded machine
+is not stale, a hung NVML is); its own ``process_*`` figures are there too.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Exporter:
         self.share_dir = share_dir
         self.defer_to_servers = defer_to_servers
         self._latest: Snapshot | None = None
+        self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
 
@@ -143,11 +145,13 @@ class Exporter:
     def _refresh_forever(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
+            self._looking_since = time.time()
             try:
                 self._latest = self.take_snapshot()
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
+            self._looking_since = None
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
     def serve(self, ready=None) -> None:
@@ -170,7 +174,12 @@ class Exporter:
 
         def metrics(environ, start_response):
             names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-            body = written.text(self.latest(), set(names) if names else None)
+            # Staleness counts from the refresh under way, if any: a slow one (a loaded
+            # machine) keeps the last snapshot fresh, a hung one not. Read before latest().
+            looking_since = self._looking_since
+            body = written.text(
+                self.latest(), set(names) if names else None, looking_since=looking_since
+            )
             captured = {}
 
             def keep(status, headers, exc_info=None):

@@ -156,15 +156,25 @@ class ScrapeCache:
         self.writes = 0  # how many times the families were built (for tests and benchmarks)
 
     def text(
-        self, snapshot: Snapshot | None, names: set[str] | None = None, *, now: float | None = None
+        self,
+        snapshot: Snapshot | None,
+        names: set[str] | None = None,
+        *,
+        now: float | None = None,
+        looking_since: float | None = None,
     ) -> bytes:
-        """``snapshot``'s families as text (``names``: only these), from what is kept if it can."""
+        """``snapshot``'s families as text (``names``: only these), from what is kept if it can.
+
+        ``looking_since``: when the look under way began (see :func:`.metrics.is_fresh`).
+        """
         now = time.time() if now is None else now
-        key = (snapshot, is_fresh(snapshot, now, self.stale_after_s))
+        key = (snapshot, is_fresh(snapshot, now, self.stale_after_s, looking_since))
         with self._lock:
             if self._key is None or self._key[0] is not snapshot or self._key[1] != key[1]:
                 stale_after_s = self.stale_after_s
-                self._families = metric_families(snapshot, now=now, stale_after_s=stale_after_s)
+                self._families = metric_families(
+                    snapshot, now=now, stale_after_s=stale_after_s, looking_since=looking_since
+                )
                 self._key, self._texts, self._whole = key, {}, None
                 # The writer is kept (the last snapshots' texts reused) until what it keeps
                 # outgrows a few snapshots' worth: values that changed since, processes gone.

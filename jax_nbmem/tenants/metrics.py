@@ -3,8 +3,9 @@
 Pure (no prometheus_client here but in :func:`prometheus_collector`): :func:`metric_families`
 turns a :class:`Snapshot` (a report of :func:`jax_nbmem.tenants.status.collect`, when it was
 taken, and which processes this source speaks for) into :class:`Family` records, each a gauge
-with its help text, label names and samples. The names and labels are a contract (README,
-"Metrics"); :data:`FAMILIES` lists every name, so a registry can describe them unasked.
+with its help text, label names and samples (:mod:`.exposition` writes them as Prometheus's
+text). The names and labels are a contract (README, "Metrics"); :data:`FAMILIES` lists every
+name, so a registry can describe them unasked.
 
 One source per fact: the node exporter speaks for every process on the node (less those it
 leaves to their own Jupyter server, see :mod:`.publishers`); a server extension in ``kernels``
@@ -199,19 +200,32 @@ def _notebook_label(process: Mapping[str, Any]) -> str:
     return shown
 
 
-def is_fresh(snapshot: Snapshot | None, now: float, stale_after_s: float) -> bool:
-    """Whether *snapshot* may be served as fresh at *now* (None, before the first: not)."""
-    return snapshot is not None and now - snapshot.taken_at <= stale_after_s
+def is_fresh(
+    snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None = None
+) -> bool:
+    """Whether *snapshot* may be served as fresh at *now* (None, before the first: not).
+
+    ``looking_since``: when the look under way began (Unix seconds; None: none under way). Age
+    is counted from the later of that and the snapshot's own start, so a look that is merely
+    slow (a loaded machine) keeps the last snapshot fresh, and one that takes longer than the
+    horizon (NVML hung) does not.
+    """
+    if snapshot is None:
+        return False
+    since = snapshot.taken_at if looking_since is None else max(looking_since, snapshot.taken_at)
+    return now - since <= stale_after_s
 
 
-def _health(snapshot: Snapshot | None, now: float, stale_after_s: float) -> tuple[list, bool]:
+def _health(
+    snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None
+) -> tuple[list, bool]:
     up = Family("jax_nbmem_up", ())
     nvml_up = Family("jax_nbmem_nvml_up", ("reason",))
     taken = Family("jax_nbmem_snapshot_timestamp_seconds", ())
     took = Family("jax_nbmem_snapshot_duration_seconds", ())
     build = Family("jax_nbmem_build_info", ("version", "jax", "jaxlib"))
     build.add(_build(), 1.0)
-    fresh = is_fresh(snapshot, now, stale_after_s)
+    fresh = is_fresh(snapshot, now, stale_after_s, looking_since)
     up.add((), 1.0 if fresh else 0.0)
     nvml_ok = False
     if snapshot is not None:
@@ -227,11 +241,19 @@ def _health(snapshot: Snapshot | None, now: float, stale_after_s: float) -> tupl
 
 
 def metric_families(
-    snapshot: Snapshot | None, *, now: float | None = None, stale_after_s: float = float("inf")
+    snapshot: Snapshot | None,
+    *,
+    now: float | None = None,
+    stale_after_s: float = float("inf"),
+    looking_since: float | None = None,
 ) -> list[Family]:
-    """Every family, from a snapshot (None before the first: health only)."""
+    """Every family, from a snapshot (None before the first: health only).
+
+    ``looking_since``: when the look that will replace it began, if one is under way (see
+    :func:`is_fresh`).
+    """
     now = time.time() if now is None else now
-    families, gpu_data = _health(snapshot, now, stale_after_s)
+    families, gpu_data = _health(snapshot, now, stale_after_s, looking_since)
     if not gpu_data:
         return families
     report, node = snapshot.report, snapshot.own_pids is None

@@ -10,6 +10,7 @@ from jax_nbmem.tenants.metrics import (
     KERNEL_LABELS,
     NVML_REASONS,
     Snapshot,
+    is_fresh,
     metric_families,
     nvml_reason,
 )
@@ -126,6 +127,19 @@ def test_a_stale_snapshot_is_not_served_as_fresh_and_its_gpu_series_leave():
     before_any = families(None)
     assert samples(before_any, "jax_nbmem_up") == [({}, 0.0)]
     assert not samples(before_any, "jax_nbmem_snapshot_timestamp_seconds")
+
+
+def test_staleness_counts_from_the_look_under_way():
+    snapshot = Snapshot(report(), NOW - 20, 0.02)  # older than the 15 s horizon
+    assert not is_fresh(snapshot, NOW, 15)
+    # A refresh began 5 s ago and is still running (a loaded machine): not stale yet.
+    found = families(snapshot, looking_since=NOW - 5)
+    assert samples(found, "jax_nbmem_up") == [({}, 1.0)] and "jax_nbmem_warnings" in found
+    # One that began 16 s ago has not ended (NVML hung): stale.
+    assert samples(families(snapshot, looking_since=NOW - 16), "jax_nbmem_up") == [({}, 0.0)]
+    # A look under way older than the snapshot itself changes nothing; nor does one before any.
+    assert not is_fresh(snapshot, NOW, 15, looking_since=NOW - 30)
+    assert not is_fresh(None, NOW, 15, looking_since=NOW)
 
 
 @pytest.mark.parametrize(
