@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from functools import cache
 
 from jax_nbmem.tenants.metrics import FAMILIES, Family, Snapshot, is_fresh, metric_families
 
@@ -26,18 +27,21 @@ _INF = float("inf")
 _EXACT = 2**53  # an int below this is exactly a float, and its repr is "N.0"
 
 
+def _go_int(value: int) -> str:
+    """An int from 1e6 to 2**53 as Go writes its float: ``1.073741824e+09``."""
+    digits = str(value)
+    kept = digits.rstrip("0")
+    mantissa = f"{kept[0]}.{kept[1:]}" if len(kept) > 1 else kept
+    return f"{mantissa}e+{len(digits) - 1:02d}"
+
+
 def go_float(value: float) -> str:
     """*value* as Prometheus's text writes it (prometheus_client's ``floatToGoString``).
 
     Python's shortest repr, but with an exponent from 1e+06 on, as Go writes it.
     """
     if type(value) is int and 0 < value < _EXACT:  # bytes, mostly: no float to take apart
-        if value < 1_000_000:
-            return f"{value}.0"
-        digits = str(value)
-        kept = digits.rstrip("0")
-        mantissa = f"{kept[0]}.{kept[1:]}" if len(kept) > 1 else kept
-        return f"{mantissa}e+{len(digits) - 1:02d}"
+        return f"{value}.0" if value < 1_000_000 else _go_int(value)
     value = float(value)
     if value == _INF:
         return "+Inf"
@@ -54,21 +58,10 @@ def go_float(value: float) -> str:
 
 
 def _value_text(value: float) -> bytes:
+    """The end of a sample's line: a space, the value, a newline."""
+    if type(value) is int and 1_000_000 <= value < _EXACT:
+        return f" {_go_int(value)}\n".encode()
     return f" {go_float(value)}\n".encode()
-
-
-class _Memo(dict):
-    """A dict that makes a missing value with ``make(key)`` and keeps it."""
-
-    __slots__ = ("_make",)
-
-    def __init__(self, make) -> None:
-        super().__init__()
-        self._make = make
-
-    def __missing__(self, key):
-        made = self[key] = self._make(key)
-        return made
 
 
 def _escape(value: str) -> str:
@@ -92,12 +85,10 @@ def _label_writer(names: tuple[str, ...]):
     return write
 
 
+@cache
 def _header(name: str) -> bytes:
     help_text = FAMILIES[name].replace("\\", "\\\\").replace("\n", "\\n")
     return f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode()
-
-
-_HEADERS = _Memo(_header)
 
 
 class _Writer:
@@ -112,23 +103,30 @@ class _Writer:
     """
 
     def __init__(self) -> None:
-        self._labels: dict[tuple[str, ...], _Memo] = {}
-        self._values = _Memo(_value_text)
+        self._labels: dict[tuple[str, ...], dict[tuple[str, ...], bytes]] = {}
+        self._values: dict[float, bytes] = {}
 
     def kept(self) -> int:
         """How many texts it keeps (label sets and values)."""
         return len(self._values) + sum(map(len, self._labels.values()))
 
     def family(self, family: Family) -> bytes:
-        labels = self._labels.get(family.labels)
-        if labels is None:
-            labels = self._labels[family.labels] = _Memo(_label_writer(family.labels))
-        values, name = self._values, family.name.encode()
         if not family.samples:
-            return _HEADERS[family.name]
+            return _header(family.name)
+        labels = self._labels.setdefault(family.labels, {})
+        values, samples = self._values, family.samples
+        # What is not written yet, written first, in one pass each (no call per lookup after).
+        new_labels = {v for v, _ in samples if v not in labels}
+        if new_labels:
+            write = _label_writer(family.labels)
+            for v in new_labels:
+                labels[v] = write(v)
+        for x in {x for _, x in samples if x not in values}:
+            values[x] = _value_text(x)
+        name = family.name.encode()
         # A zero apart: 0.0 and -0.0 are one key of a dict but two texts.
-        rests = [labels[v] + (values[x] if x else _value_text(x)) for v, x in family.samples]
-        return b"".join((_HEADERS[family.name], name, name.join(rests)))
+        rests = [labels[v] + (values[x] if x else _value_text(x)) for v, x in samples]
+        return b"".join((_header(family.name), name, name.join(rests)))
 
 
 def exposition(families: Iterable[Family], names: set[str] | None = None) -> bytes:

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
@@ -188,7 +188,11 @@ def _build() -> tuple[str, str, str]:
 
 def _notebook_label(process: Mapping[str, Any]) -> str:
     """The notebook as its server shows it (else ``~/…``, else ``…/dir/file``), bounded."""
-    shown = process.get("notebook_shown") or process.get("notebook") or ""
+    return _bounded_notebook(process.get("notebook_shown") or process.get("notebook") or "")
+
+
+@lru_cache(maxsize=4096)  # a node's notebooks, the same from one snapshot to the next
+def _bounded_notebook(shown: str) -> str:
     if shown.startswith("/"):  # an absolute path outside its owner's home: its tail
         parts = [p for p in shown.split("/") if p]
         shown = "…/" + "/".join(parts[-2:]) if len(parts) > 2 else shown

@@ -126,6 +126,21 @@ def test_a_scrape_again_before_the_next_snapshot_writes_nothing_anew():
     assert cache.writes == 2
 
 
+def test_what_is_kept_between_snapshots_stays_bounded():
+    cache = ScrapeCache(stale_after_s=15)
+    for i in range(600):  # every snapshot's idle times and bytes new, a new process in each
+        moved = report()
+        for process in moved["processes"]:
+            process["idle_s"] = process["idle_s"] and process["idle_s"] + i
+            process["used_bytes"] = process["used_bytes"] and process["used_bytes"] + i
+        moved["processes"][2] = {**moved["processes"][2], "pid": 1000 + i}
+        snapshot = Snapshot(moved, NOW + i)
+        text = cache.text(snapshot, now=NOW + i)
+        assert text == exposition(metric_families(snapshot, now=NOW + i, stale_after_s=15))
+    samples = sum(len(f.samples) for f in metric_families(snapshot, now=NOW + 599))
+    assert cache.writes == 600 and cache._writer.kept() <= 6 * samples + 1024
+
+
 def test_a_kept_text_goes_stale_with_its_snapshot():
     cache = ScrapeCache(stale_after_s=15)
     snapshot = Snapshot(report(), NOW - 1)
