@@ -259,8 +259,8 @@ def _parser() -> argparse.ArgumentParser:
         "--stale-after",
         type=float,
         metavar="S",
-        help="seconds after which a snapshot is stale: jax_nbmem_up 0, no GPU series "
-        "(default: 3 intervals)",
+        help="seconds after which a snapshot is stale (counted from the start of the refresh "
+        "under way, if one is): jax_nbmem_up 0, no GPU series (default: 3 intervals)",
     )
     exporter.add_argument(
         "--defer-to-servers",

@@ -11,8 +11,9 @@ explicit ``--insecure``.
 It is the node's one source (README, "Metrics"): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
 :mod:`jax_nbmem.tenants.publishers`). Its health is in its metrics: a snapshot older than
-``stale_after`` seconds (NVML hung) makes ``jax_nbmem_up`` 0 and takes the GPU-derived series
-away; its own ``process_*`` figures are there too.
+``stale_after`` seconds makes ``jax_nbmem_up`` 0 and takes the GPU-derived series away, its age
+counted from the start of the refresh under way if one is (a slow refresh on a loaded machine
+is not stale, a hung NVML is); its own ``process_*`` figures are there too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.metrics import Snapshot, exposition, metric_families
+from jax_nbmem.tenants.exposition import ScrapeCache
+from jax_nbmem.tenants.metrics import Snapshot
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
@@ -122,6 +124,7 @@ class Exporter:
         self.share_dir = share_dir
         self.defer_to_servers = defer_to_servers
         self._latest: Snapshot | None = None
+        self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
 
@@ -142,11 +145,13 @@ class Exporter:
     def _refresh_forever(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
+            self._looking_since = time.time()
             try:
                 self._latest = self.take_snapshot()
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
+            self._looking_since = None
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
     def serve(self, ready=None) -> None:
@@ -160,17 +165,20 @@ class Exporter:
         )
 
         registry = CollectorRegistry(auto_describe=True)
-        # Our families are written by `exposition` (fast with thousands of samples); the
-        # registry holds the exporter's own process_* figures.
+        # Our families are written by a ScrapeCache (fast with thousands of samples, and once
+        # per snapshot); the registry holds the exporter's own process_* figures.
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         own = make_wsgi_app(registry)
+        written = ScrapeCache(self.stale_after)
 
         def metrics(environ, start_response):
             names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-            body = exposition(
-                metric_families(self.latest(), stale_after_s=self.stale_after),
-                set(names) if names else None,
+            # Staleness counts from the refresh under way, if any: a slow one (a loaded
+            # machine) keeps the last snapshot fresh, a hung one not. Read before latest().
+            looking_since = self._looking_since
+            body = written.text(
+                self.latest(), set(names) if names else None, looking_since=looking_since
             )
             captured = {}
 

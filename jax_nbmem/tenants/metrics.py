@@ -3,8 +3,9 @@
 Pure (no prometheus_client here but in :func:`prometheus_collector`): :func:`metric_families`
 turns a :class:`Snapshot` (a report of :func:`jax_nbmem.tenants.status.collect`, when it was
 taken, and which processes this source speaks for) into :class:`Family` records, each a gauge
-with its help text, label names and samples. The names and labels are a contract (README,
-"Metrics"); :data:`FAMILIES` lists every name, so a registry can describe them unasked.
+with its help text, label names and samples (:mod:`.exposition` writes them as Prometheus's
+text). The names and labels are a contract (README, "Metrics"); :data:`FAMILIES` lists every
+name, so a registry can describe them unasked.
 
 One source per fact: the node exporter speaks for every process on the node (less those it
 leaves to their own Jupyter server, see :mod:`.publishers`); a server extension in ``kernels``
@@ -25,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
@@ -40,7 +41,7 @@ __all__ = [
     "NVML_REASONS",
     "Family",
     "Snapshot",
-    "exposition",
+    "is_fresh",
     "metric_families",
     "nvml_reason",
     "prometheus_collector",
@@ -159,7 +160,7 @@ class Family:
 
 
 def _strings(values: Sequence[Any]) -> tuple[str, ...]:
-    return tuple("" if v is None else str(v) for v in values)
+    return tuple(["" if v is None else str(v) for v in values])  # a list: faster than a genexpr
 
 
 def nvml_reason(state: Mapping[str, Any]) -> str:
@@ -192,7 +193,11 @@ def _build() -> tuple[str, str, str]:
 
 def _notebook_label(process: Mapping[str, Any]) -> str:
     """The notebook as its server shows it (else ``~/…``, else ``…/dir/file``), bounded."""
-    shown = process.get("notebook_shown") or process.get("notebook") or ""
+    return _bounded_notebook(process.get("notebook_shown") or process.get("notebook") or "")
+
+
+@lru_cache(maxsize=4096)  # a node's notebooks, the same from one snapshot to the next
+def _bounded_notebook(shown: str) -> str:
     if shown.startswith("/"):  # an absolute path outside its owner's home: its tail
         parts = [p for p in shown.split("/") if p]
         shown = "…/" + "/".join(parts[-2:]) if len(parts) > 2 else shown
@@ -204,14 +209,32 @@ def _notebook_label(process: Mapping[str, Any]) -> str:
     return shown
 
 
-def _health(snapshot: Snapshot | None, now: float, stale_after_s: float) -> tuple[list, bool]:
+def is_fresh(
+    snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None = None
+) -> bool:
+    """Whether *snapshot* may be served as fresh at *now* (None, before the first: not).
+
+    ``looking_since``: when the look under way began (Unix seconds; None: none under way). Age
+    is counted from the later of that and the snapshot's own start, so a look that is merely
+    slow (a loaded machine) keeps the last snapshot fresh, and one that takes longer than the
+    horizon (NVML hung) does not.
+    """
+    if snapshot is None:
+        return False
+    since = snapshot.taken_at if looking_since is None else max(looking_since, snapshot.taken_at)
+    return now - since <= stale_after_s
+
+
+def _health(
+    snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None
+) -> tuple[list, bool]:
     up = Family("jax_nbmem_up", ())
     nvml_up = Family("jax_nbmem_nvml_up", ("reason",))
     taken = Family("jax_nbmem_snapshot_timestamp_seconds", ())
     took = Family("jax_nbmem_snapshot_duration_seconds", ())
     build = Family("jax_nbmem_build_info", ("version", "jax", "jaxlib"))
     build.add(_build(), 1.0)
-    fresh = snapshot is not None and now - snapshot.taken_at <= stale_after_s
+    fresh = is_fresh(snapshot, now, stale_after_s, looking_since)
     up.add((), 1.0 if fresh else 0.0)
     nvml_ok = False
     if snapshot is not None:
@@ -227,11 +250,19 @@ def _health(snapshot: Snapshot | None, now: float, stale_after_s: float) -> tupl
 
 
 def metric_families(
-    snapshot: Snapshot | None, *, now: float | None = None, stale_after_s: float = float("inf")
+    snapshot: Snapshot | None,
+    *,
+    now: float | None = None,
+    stale_after_s: float = float("inf"),
+    looking_since: float | None = None,
 ) -> list[Family]:
-    """Every family, from a snapshot (None before the first: health only)."""
+    """Every family, from a snapshot (None before the first: health only).
+
+    ``looking_since``: when the look that will replace it began, if one is under way (see
+    :func:`is_fresh`).
+    """
     now = time.time() if now is None else now
-    families, gpu_data = _health(snapshot, now, stale_after_s)
+    families, gpu_data = _health(snapshot, now, stale_after_s, looking_since)
     if not gpu_data:
         return families
     report, node = snapshot.report, snapshot.own_pids is None
@@ -300,7 +331,7 @@ def metric_families(
         flag = process.get("preallocated")
         if flag is not None:
             mode = process.get("mode") or process.get("mode_at_start") or ""
-            preallocated.add((*labels, mode), 1.0 if flag else 0.0)
+            preallocated.add_strings((*labels, str(mode)), 1.0 if flag else 0.0)
         idle_s = process.get("idle_s")
         idle.add_strings(labels, idle_s)
         if idle_s is not None:
@@ -340,38 +371,6 @@ def _gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:
         str(mig.get("gpu_instance_id", "")),
         mig.get("profile") or "",
     )
-
-
-def _escape(value: str) -> str:
-    if "\\" not in value and "\n" not in value and '"' not in value:
-        return value  # nearly every label: nothing to escape, no copies made
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def exposition(families: list[Family], names: set[str] | None = None) -> bytes:
-    """The families in Prometheus's text format (0.0.4), as prometheus_client writes it.
-
-    Written here rather than by prometheus_client's generic writer, which checks and escapes
-    every label of every sample and takes ~20x as long with a node's thousands of samples.
-    ``names``: only these families (``/metrics?name[]=...``).
-    """
-    out: list[str] = []
-    cache: dict[tuple[int, int], str] = {}  # one label set, rendered once for all its families
-    for family in families:
-        if names is not None and family.name not in names:
-            continue
-        out.append(f"# HELP {family.name} {_escape(family.documentation)}\n")
-        out.append(f"# TYPE {family.name} gauge\n")
-        for values, value in family.samples:
-            key = (id(family.labels), id(values))  # the tuples live as long as `families`
-            labels = cache.get(key)
-            if labels is None:
-                pairs = ",".join(
-                    [f'{n}="{_escape(v)}"' for n, v in zip(family.labels, values, strict=True)]
-                )
-                labels = cache[key] = "{" + pairs + "}" if pairs else ""
-            out.append(f"{family.name}{labels} {value!r}\n")
-    return "".join(out).encode()
 
 
 def prometheus_collector(

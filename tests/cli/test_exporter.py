@@ -1,6 +1,7 @@
 """`jax-nbmem exporter`: the node's GPU metrics on a loopback port, and nothing else listening."""
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -226,3 +227,32 @@ def test_a_mig_instance_carries_dcgm_exporter_s_labels_and_promtool_finds_nothin
     done = promtool("check", "metrics", stdin=text)
     said = [line for line in (done.stdout + done.stderr).splitlines() if "jax_nbmem" in line]
     assert said == [], said
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_but_answering_nvml_keeps_the_snapshot_fresh(sim_state, simgpu_env):
+    """A loaded machine: each refresh takes most of the horizon, yet ends and is never stale.
+
+    With a 2 s horizon and refreshes of ~1.3 s back to back, a snapshot is ~2.6 s old just
+    before the next lands: judged from its own start it went stale between every two
+    refreshes (its series gone for a scrape); judged from the start of the refresh under way,
+    it stays fresh, and only a refresh that takes longer than the horizon makes it stale.
+    """
+    sim_state.gpu(0, total=80 * GIB).write()
+    with running_exporter(simgpu_env, "--interval", "0.5", "--stale-after", "2") as url:
+        wait_for("a first snapshot", lambda: scrape(url)["jax_nbmem_up"][0][1])
+        sim_state.slow("processes", 0.65).write()  # each refresh asks it twice
+        wait_for("a slow refresh served", lambda: (
+            scrape(url)["jax_nbmem_snapshot_duration_seconds"][0][1] > 1.0))  # fmt: skip
+        seen, ages, took = [], [], set()
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            found = scrape(url)
+            seen.append(found["jax_nbmem_up"][0][1])
+            ages.append(time.time() - found["jax_nbmem_snapshot_timestamp_seconds"][0][1])
+            took.add(found["jax_nbmem_snapshot_duration_seconds"][0][1])
+            time.sleep(0.1)
+        print(json.dumps({"scrapes": len(seen), "stale": seen.count(0.0),
+                          "oldest_s": round(max(ages), 2), "took_s": sorted(took)}))  # fmt: skip
+        assert max(ages) > 2  # the served snapshot did outlive the horizon...
+        assert seen.count(0.0) == 0, seen  # ... and was fresh all along: a refresh was under way
