@@ -335,3 +335,18 @@ def test_the_gpu_table_marks_lower_bounds_and_says_which_modes_a_note_concerns()
     assert "platform: timed out: stopped after the 10 min 00 s timeout" in lines
     assert lines[-1] == "Use on: the only mode that finished the cell; platform timed out."
     assert modes[0].fragmentation == "largest free block 30.0 GiB of 100 GiB free in the pool (30%)"
+
+
+def test_the_kernel_s_own_memory_on_a_mig_instance_is_named_by_its_label(
+    simgpu_in_process, cpu_env
+):
+    sim = simgpu_in_process
+    sim.gpu(0, total=141 * GIB, mig=True)
+    sim.mig(0, 1, 18 * GIB, name="NVIDIA H200 MIG 1g.18gb")
+    sim.mig(0, 2, 71 * GIB, name="NVIDIA H200 MIG 3g.71gb")
+    sim.process(0, os.getpid(), 2 * GIB, mig=2).write()
+    result = run_compare("x = 1", ["off"], env=cpu_env)
+    assert (
+        "this kernel holds 2.00 GiB on MIG 3g.71gb instance 2 of GPU 0 while the modes run; "
+        "modes that preallocate have that much less room"
+    ) in result.notes

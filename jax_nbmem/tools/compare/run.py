@@ -162,14 +162,15 @@ def _child_env(base: Mapping[str, str], mode: AllocatorMode) -> dict[str, str]:
 
 def _kernel_gpu_notes() -> list[str]:
     """Warn when the calling kernel itself holds GPU memory the subprocesses cannot use."""
-    notes = []
-    for process in nvml.processes():
-        if process.pid == os.getpid() and process.used_bytes:
-            notes.append(
-                f"this kernel holds {format_bytes(process.used_bytes)} on GPU {process.gpu} "
-                "while the modes run; modes that preallocate have that much less room"
-            )
-    return notes
+    mine = [p for p in nvml.processes() if p.pid == os.getpid() and p.used_bytes]
+    # A MIG instance is named by its label ("MIG 3g.71gb instance 2 of GPU 0"), not its number.
+    labels = {gpu.index: gpu.label for gpu in nvml.gpus()} if mine else {}
+    return [
+        f"this kernel holds {format_bytes(process.used_bytes)} on "
+        f"{labels.get(process.gpu, f'GPU {process.gpu}')} "
+        "while the modes run; modes that preallocate have that much less room"
+        for process in mine
+    ]
 
 
 def _run_mode(
