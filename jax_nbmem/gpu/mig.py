@@ -22,6 +22,7 @@ __all__ = [
     "gpu_label",
     "mig_dict",
     "profile_from_name",
+    "shown_order",
 ]
 
 # What a user other than root is told about a GPU in MIG mode (NVML: NO_PERMISSION).
@@ -72,6 +73,14 @@ def gpu_label(gpu: Any) -> str:
     # A GPU instance split further into compute instances: each is a device; say which.
     compute = f" compute instance {mig.compute_instance_id}" if mig.compute_instance_id else ""
     return f"{profile} instance {mig.gpu_instance_id}{compute} of GPU {mig.parent_index}"
+
+
+def shown_order(index: int, parent_index: int | None) -> tuple[int, int]:
+    """Where a GPU is listed: a MIG instance right after the GPU it splits, in its own order.
+
+    ``parent_index`` is the instance's parent GPU's NVML index, ``None`` for a whole GPU.
+    """
+    return (index, -1) if parent_index is None else (parent_index, index)
 
 
 def mig_dict(mig: MigInstance | None) -> dict[str, Any] | None:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
+from jax_nbmem.gpu.mig import shown_order
+
 __all__ = [
     "GIB",
     "GPU_SERIES",
@@ -55,8 +57,16 @@ _GRID_S = 0.1
 
 
 def gpu_indices(samples: Sequence[Any]) -> list[int]:
-    """NVML indices of every GPU seen in *samples*, sorted; empty when no GPU was seen."""
-    return sorted({gpu.index for sample in samples for gpu in sample.gpus})
+    """NVML indices of every GPU seen in *samples*; empty when no GPU was seen.
+
+    In the order the status lists them: a MIG instance right after the GPU it splits.
+    """
+    parents = {
+        gpu.index: getattr(getattr(gpu, "mig", None), "parent_index", None)
+        for sample in samples
+        for gpu in sample.gpus
+    }
+    return sorted(parents, key=lambda index: shown_order(index, parents[index]))
 
 
 def scale(samples: Sequence[Any], gpu_index: int | None) -> tuple[str, int]:

@@ -44,6 +44,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,9 @@ _UPDATE_BUDGET = 0.02
 _IDLE_CHECK_S = 1.0
 _TABLE_CELLS = 10
 _FIRST_SAMPLE_WAIT_S = 0.5
+# The GPU selector: ipywidgets' description column (80 px) and a margin, then about 8 px per
+# character of the widest name at JupyterLab's 13 px font; never narrower than "GPU 12".
+_SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX, _SELECTOR_CHAR_PX = 160, 90, 8
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up the saved file
 # Until then the snapshot is redrawn on the cell's path, from a budget that fills with this
@@ -173,6 +177,12 @@ def _gpu_option(latest: Any, index: int) -> str:
     """The selector's name for a GPU: "GPU 1", "MIG 3g.71gb instance 1 of GPU 0"."""
     gpu = latest.gpu(index) if latest is not None else None
     return gpu_label(gpu) if gpu is not None else f"GPU {index}"
+
+
+def _selector_width(labels: Iterable[str]) -> str:
+    """Wide enough for its longest name ("MIG 3g.71gb instance 2 of GPU 0" is 31 characters)."""
+    longest = max((len(label) for label in labels), default=0)
+    return f"{max(_SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX + _SELECTOR_CHAR_PX * longest)}px"
 
 
 def _unique(lines: list[str]) -> list[str]:
@@ -285,7 +295,9 @@ class _LivePanel:
         self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))
         self.banner = widgets.HTML()
         self.banner.add_class("jax-nbmem-banner")
-        self.gpu_selector = widgets.Dropdown(description="GPU", layout={"width": "160px"})
+        self.gpu_selector = widgets.Dropdown(
+            description="GPU", layout={"width": f"{_SELECTOR_MIN_PX}px"}
+        )
         self.gpu_selector.observe(self._on_gpu_chosen, names="value")
         self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
         self.pause.observe(self._on_pause, names="value")
@@ -424,6 +436,7 @@ class _LivePanel:
             options = [(_gpu_option(latest, i), i) for i in indices]
             if list(self.gpu_selector.options) != options:
                 self.gpu_selector.options = options
+                self.gpu_selector.layout.width = _selector_width(label for label, _ in options)
             if self.gpu_selector.value != self.gpu_index and self.gpu_index is not None:
                 self.gpu_selector.value = self.gpu_index
             self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"

@@ -17,7 +17,7 @@ import psutil
 
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
-from jax_nbmem.gpu.mig import mig_dict
+from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
@@ -228,7 +228,7 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
 def _shown_order(gpu: Mapping[str, Any]) -> tuple[int, int]:
     """A MIG instance is shown right after the GPU it splits."""
     mig = gpu.get("mig")
-    return (mig["parent_index"], gpu["index"]) if mig else (gpu["index"], -1)
+    return shown_order(gpu["index"], mig["parent_index"] if mig else None)
 
 
 def warning_line(warning: Mapping[str, Any]) -> str:
