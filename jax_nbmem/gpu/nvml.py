@@ -3,9 +3,10 @@
 Every failure comes back as a value: an empty list, ``None`` fields, and a one-line reason from
 ``status()`` that a person can act on. Nothing here raises to the caller. NVML is initialized
 lazily, once, under a lock; device handles, UUIDs and names are cached for that session, so
-``memory()`` costs only the memory calls. When a GPU is lost or the driver stops answering,
-calls keep answering politely and the session is rebuilt after a short, growing pause, so the
-numbers come back by themselves when NVML does.
+``memory()`` costs only the memory calls (and, every few seconds, a look whether a GPU was
+split anew into MIG instances, which lists them again). When a GPU is lost or the driver stops
+answering, calls keep answering politely and the session is rebuilt after a short, growing
+pause, so the numbers come back by themselves when NVML does.
 
 Numbers NVML cannot mean (used above total, 2**64 - 1, a petabyte card) are dropped to ``None``
 with a ``problem`` rather than passed on, and a name that is not valid UTF-8 is shown with
@@ -34,14 +35,21 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
-from jax_nbmem.gpu.nvml_session import RETRY_FIRST_S, SLOW_CALL_S, Device, Nvml, Session
+from jax_nbmem.gpu.nvml_session import (
+    LAYOUT_CHECK_S,
+    RETRY_FIRST_S,
+    SLOW_CALL_S,
+    Device,
+    Nvml,
+    Session,
+)
 
 __all__ = [
     "SLOW_CALL_S",
@@ -108,8 +116,9 @@ def _never_raise(default: Callable[[], _T]) -> Callable[[Callable[..., _T]], Cal
 def _selected(session: Session, indices: Iterable[int] | None) -> list[Device]:
     if indices is None:
         return list(session.devices)
-    count = len(session.devices)
-    return [session.devices[index] for index in indices if 0 <= index < count]
+    # By number, not position: a MIG instance keeps its number when the GPUs are listed again.
+    by_index = {device.index: device for device in session.devices}
+    return [by_index[index] for index in indices if index in by_index]
 
 
 @_never_raise(list)
@@ -128,6 +137,8 @@ def memory(indices: Iterable[int] | None = None) -> list[GpuMemory]:
 
 def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
     nv, session = _nvml.session()
+    if session is not None and _nvml.layout_changed(nv, session):
+        nv, session = _nvml.session()  # a GPU was split anew: list its instances again
     if session is None:
         return []
     result = []
@@ -136,12 +147,17 @@ def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
             result.append(unreadable(device, device.problem))
             continue
         try:
-            result.append(read_memory(nv, session, device, _nvml.log_once))
+            reading = read_memory(nv, session, device, _nvml.log_once)
         except nv.NVMLError as error:
             if device.mig_mode and error_name(nv, error) == "NO_PERMISSION":
-                result.append(unreadable(device, _split_gpu_problem(device.index)))
+                problem = gpu_problem(_split_gpu_problem(device.index), device.problem)
+                result.append(unreadable(device, problem))
                 continue
             result.append(unreadable(device, _nvml.device_failed(nv, session, device, error)))
+            continue
+        if device.problem:  # a GPU in MIG mode with an instance that could not be read
+            reading = replace(reading, problem=gpu_problem(reading.problem, device.problem))
+        result.append(reading)
     return result
 
 
@@ -239,8 +255,10 @@ def shutdown() -> None:
     _nvml.shutdown()
 
 
-def _reset_for_tests(retry_first_s: float = RETRY_FIRST_S) -> None:
+def _reset_for_tests(
+    retry_first_s: float = RETRY_FIRST_S, layout_check_s: float = LAYOUT_CHECK_S
+) -> None:
     """Shut down and forget all state (cached handles, reasons, pauses); tests only."""
     global _nvml
     _nvml.shutdown()
-    _nvml = Nvml(_import_pynvml, retry_first_s)
+    _nvml = Nvml(_import_pynvml, retry_first_s, layout_check_s)

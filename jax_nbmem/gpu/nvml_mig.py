@@ -4,6 +4,7 @@ Imports no pynvml (the functions take it as ``nv``). A GPU in MIG mode has insta
 NVML devices of their own (``nvmlDeviceGetMigDeviceHandleByIndex``); each is read here once per
 session: its UUID, name, GPU and compute instance ids and its profile. A driver or pynvml
 without the MIG calls has no MIG GPU; an instance that cannot be read is left out and said.
+:func:`mig_layout` is the cheap look that tells a session its GPU was split anew.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from jax_nbmem.gpu.mig import MigInstance, profile_from_name
 from jax_nbmem.gpu.nvml_errors import error_name, error_text
 
-__all__ = ["MigDevice", "in_mig_mode", "mig_devices"]
+__all__ = ["MigDevice", "in_mig_mode", "mig_devices", "mig_layout"]
 
 
 class MigDevice:
@@ -88,3 +89,29 @@ def mig_devices(
         found.append(MigDevice(mig_handle, uuid, name, place))
     found.sort(key=lambda device: (device.mig.gpu_instance_id, device.mig.compute_instance_id or 0))
     return found, problems
+
+
+def mig_layout(nv: Any, handle: Any) -> tuple[int, ...] | None:
+    """The GPU instance ids the GPU at ``handle`` has now, by position; ``None`` out of MIG mode.
+
+    A GPU in MIG mode whose positions cannot be counted is ``()``; an instance whose id cannot
+    be read is ``-1``. Costs one call, and on a GPU in MIG mode one per position (seven on an
+    H100) and one per instance: no name or UUID is read.
+    """
+    if not in_mig_mode(nv, handle):
+        return None
+    try:
+        positions = _number(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except nv.NVMLError:
+        return ()
+    found = []
+    for position in range(positions):
+        try:
+            mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, position)
+        except nv.NVMLError:
+            continue
+        try:
+            found.append(_number(nv.nvmlDeviceGetGpuInstanceId(mig_handle)))
+        except nv.NVMLError:
+            found.append(-1)
+    return tuple(found)

@@ -2,7 +2,10 @@
 
 NVML is initialized lazily, once, under a lock; device handles, UUIDs and names are cached for
 that session. When a GPU is lost or the driver stops answering, the session is rebuilt after a
-short, growing pause. Imports no pynvml: :class:`Nvml` is handed the function that imports it.
+short, growing pause; when a GPU is split anew into MIG instances (its mode, or which instances
+it has, changed since the session opened: looked at every ``LAYOUT_CHECK_S`` by the readings),
+at once. A MIG instance keeps its number across rebuilds; a new one gets a number never used
+before in this process. Imports no pynvml: :class:`Nvml` is handed the function that imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from jax_nbmem.gpu.nvml_errors import (
     error_name,
     error_text,
 )
-from jax_nbmem.gpu.nvml_mig import in_mig_mode, mig_devices
+from jax_nbmem.gpu.nvml_mig import mig_devices, mig_layout
 
 __all__ = ["SLOW_CALL_S", "Device", "Nvml", "Session", "device_string", "text"]
 
@@ -35,6 +38,8 @@ _RETRY_MAX_S = 30.0
 PYNVML_MISSING = "nvidia-ml-py (pynvml) is not installed, so GPU memory cannot be read"
 # A call slower than this is worth telling users about: a healthy driver answers in ms.
 SLOW_CALL_S = 0.5
+# How often the readings look whether a GPU's MIG layout changed (a few cheap calls a GPU).
+LAYOUT_CHECK_S = 5.0
 
 
 @dataclass
@@ -42,7 +47,9 @@ class Device:
     """One GPU of a session: its handle (``None`` once the GPU failed), identity and problem.
 
     A MIG instance is a device too, numbered after the whole GPUs, with ``mig`` saying where it
-    lives; ``mig_mode`` marks a GPU split into instances (its own lists are root's alone).
+    lives; ``mig_mode`` marks a GPU split into instances (its own lists are root's alone). A GPU
+    in MIG mode whose instances could not all be read keeps its handle and says so in
+    ``problem``.
     """
 
     index: int
@@ -60,6 +67,8 @@ class Session:
 
     devices: list[Device]
     driver: str | None
+    # Each readable whole GPU's MIG layout when the session opened (see nvml_mig.mig_layout).
+    layout: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
     memory_v2: bool = True
     process_version: dict[str, int] = field(default_factory=lambda: {"Compute": 0, "Graphics": 0})
 
@@ -90,10 +99,15 @@ class Nvml:
     """Lazily initialized NVML with cached handles; rebuilds itself after failures."""
 
     def __init__(
-        self, import_pynvml: Callable[[], Any], retry_first_s: float = RETRY_FIRST_S
+        self,
+        import_pynvml: Callable[[], Any],
+        retry_first_s: float = RETRY_FIRST_S,
+        layout_check_s: float = LAYOUT_CHECK_S,
     ) -> None:
         self._import_pynvml = import_pynvml  # returns pynvml, or None when it is not installed
         self._retry_first_s = retry_first_s
+        self._layout_check_s = layout_check_s
+        self._layout_due = 0.0
         self._lock = threading.Lock()
         self._pynvml: Any = None
         self._session: Session | None = None
@@ -172,32 +186,78 @@ class Nvml:
                 uuid, name = (known.uuid, known.name) if known else (None, None)
                 problem = device_problem(nv, index, error)
                 devices.append(Device(index, None, uuid, name, problem))
-        self._add_mig_instances(nv, devices)
+        layout = self._add_mig_instances(nv, devices, old)
         try:
             driver = text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             driver = None
-        return Session(devices, driver)
+        self._layout_due = time.monotonic() + self._layout_check_s
+        return Session(devices, driver, layout=layout)
 
     @staticmethod
-    def _add_mig_instances(nv: Any, devices: list[Device]) -> None:
-        """Mark the GPUs in MIG mode and append their instances, numbered after the GPUs."""
+    def _add_mig_instances(
+        nv: Any, devices: list[Device], old: Session | None
+    ) -> dict[int, tuple[int, ...] | None]:
+        """Mark the GPUs in MIG mode and append their instances; return each GPU's layout.
+
+        Instances are numbered after the whole GPUs; one the old session knew (by UUID) keeps
+        its number, so a sampler's or a panel's GPU stays the same GPU after a rebuild.
+        """
+        known = {d.uuid: d.index for d in old.devices if d.mig and d.uuid} if old else {}
+        fresh = max([len(devices), *(index + 1 for index in known.values())])
+        layout: dict[int, tuple[int, ...] | None] = {}
+
+        def read(handle: Any, function: str, getter: Callable[[Any], Any]) -> str:
+            return device_string(nv, handle, function, getter)
+
         for parent in list(devices):
-            if parent.handle is None or not in_mig_mode(nv, parent.handle):
+            if parent.handle is None:
+                continue
+            layout[parent.index] = mig_layout(nv, parent.handle)
+            if layout[parent.index] is None:
                 continue
             parent.mig_mode = True
-
-            def read(handle: Any, function: str, getter: Callable[[Any], Any]) -> str:
-                return device_string(nv, handle, function, getter)
-
             found, problems = mig_devices(nv, parent.index, parent.uuid, parent.handle, read)
-            for problem in problems:
-                _log.info("%s", problem)
+            # Said like a lost GPU's problem (the status, the reason) and tried again later.
+            parent.problem = "; ".join(problems) or None
             for instance in found:
+                index = known.get(instance.uuid)
+                if index is None:
+                    index, fresh = fresh, fresh + 1
                 devices.append(
-                    Device(len(devices), instance.handle, instance.uuid, instance.name,
-                           mig=instance.mig)
-                )  # fmt: skip
+                    Device(index, instance.handle, instance.uuid, instance.name, mig=instance.mig)
+                )
+        return layout
+
+    def layout_changed(self, nv: Any, session: Session) -> bool:
+        """Whether a GPU's MIG layout changed since ``session`` opened; then it is rebuilt next.
+
+        Looks at most every ``LAYOUT_CHECK_S`` (else answers False at once), outside the lock,
+        so a reading that asks never waits behind another thread for it.
+        """
+        now = time.monotonic()
+        if now < self._layout_due:
+            return False
+        self._layout_due = now + self._layout_check_s
+        try:
+            changed = [
+                device.index
+                for device in list(session.devices)
+                if device.mig is None
+                and device.handle is not None
+                and device.index in session.layout
+                and mig_layout(nv, device.handle) != session.layout[device.index]
+            ]
+        except nv.NVMLError:
+            return False  # the readings meet the same failure and say it
+        if not changed:
+            return False
+        with self._lock:
+            if self._session is not session:
+                return True  # another thread rebuilt it meanwhile
+            _log.info("MIG layout of GPU %s changed: listing the GPUs again", changed)
+            self._refresh_wanted, self._retry_at = True, 0.0
+        return True
 
     def _fail(self, reason: str) -> None:
         self.reason = reason

@@ -104,6 +104,40 @@ def test_a_mig_instance_is_a_gpu_in_the_status(sim_state, simgpu_env, sleeper):
     assert lines[0].endswith("free 41.0 GiB of 71.0 GiB")
 
 
+# A cell in which an administrator makes a 2g.35gb instance in GPU 0's free slices.
+SPLIT_ANEW_CELL = f"""\
+import os, time
+from jax_nbmem.simgpu import GIB, SimState
+state = SimState(os.environ["JAX_NBMEM_SIMGPU_STATE"] + ".new")
+state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+state.mig(0, 1, 18 * GIB, uuid="{SMALL_MIG}", name="NVIDIA H200 MIG 1g.18gb")
+state.mig(0, 2, 71 * GIB, uuid="{BIG_MIG}", name="NVIDIA H200 MIG 3g.71gb")
+state.mig(0, 3, 35 * GIB, uuid="MIG-33333333-4444-5555-8666-777777777777",
+          name="NVIDIA H200 MIG 2g.35gb")
+state.process(0, os.getpid(), 9 * GIB, mig=2).write()
+os.replace(state.path, os.environ["JAX_NBMEM_SIMGPU_STATE"])
+time.sleep(6)  # the readings look at the layout every 5 s (nvml_session.LAYOUT_CHECK_S)
+"""
+
+
+def test_an_instance_made_under_a_running_kernel_is_shown(sim_state, simgpu_env, sleeper):
+    _split_gpu(sim_state, sleeper).write()
+    env = {**simgpu_env, "CUDA_VISIBLE_DEVICES": BIG_MIG}
+    cells = ["%load_ext jax_nbmem", "%jaxmem status", SPLIT_ANEW_CELL, "%jaxmem status", "%jaxmem"]
+    out = run_cells(cells, env=env)
+    assert all(o.error is None for o in out), [o.text for o in out]
+    assert "MIG 2g.35gb" not in out[1].stdout
+    after = out[3].stdout
+    assert "MIG 2g.35gb instance 3 of GPU 0: NVIDIA H200 MIG 2g.35gb — 0 B used of 35.0 GiB" in (
+        after
+    )
+    assert "MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb — 9.00 GiB used" in after
+    # The kernel's panel still draws its own instance, with its memory as it is now.
+    header = out[4].stdout.splitlines()[0]
+    assert header.startswith("MIG 3g.71gb instance 2 of GPU 0: NVIDIA H200 MIG 3g.71gb · ")
+    assert header.endswith("free 62.0 GiB of 71.0 GiB")
+
+
 def test_a_user_other_than_root_sees_the_instances_and_is_told_why_not_the_gpu(
     sim_state, simgpu_env, sleeper
 ):
