@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from jax_nbmem.simgpu import GIB
 from tests.ipython_session import run_cells
 
@@ -168,6 +170,44 @@ def test_the_warning_names_the_instance_and_counts_in_its_memory(sim_state, simg
     # 75% of the instance's 71 GiB, not of the GPU's 141 GiB; the process on it is named
     assert "will ask for 75% of MIG 3g.71gb instance 2 of GPU 0 (53.2 GiB)" in warning["message"]
     assert "only 41.0 GiB is free" in warning["message"] and f"PID {sleeper}" in warning["message"]
+
+
+SIBLING_CODE = """\
+import json
+from jax_nbmem.tenants.advice import oom_diagnosis
+from jax_nbmem.tenants.status import collect, format_status
+report = collect(in_kernel=True)
+ours = {gpu["index"] for gpu in report["gpus"] if gpu["ours"]}
+oom = oom_diagnosis(report.tenants(), [g for g in report.gpu_memory() if g.index in ours])
+print(json.dumps({"warnings": report["warnings"], "text": format_status(report), "oom": oom,
+                  "ours": sorted(ours), "on": {p["pid"]: p["gpu"] for p in report["processes"]}}))
+"""
+
+
+@pytest.mark.parametrize("root", [True, False], ids=["root", "not-root"])
+def test_a_process_on_a_sibling_instance_is_not_on_your_gpu(sim_state, simgpu_env, sleeper, root):
+    # The other instance of the same GPU is nearly full (as if JAX had preallocated 75% of
+    # it): our kernel, on the small instance, is alone.
+    sim_state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
+    sim_state.mig(0, 1, 18 * GIB, uuid=SMALL_MIG, name="NVIDIA H200 MIG 1g.18gb")
+    sim_state.mig(0, 2, 71 * GIB, uuid=BIG_MIG, name="NVIDIA H200 MIG 3g.71gb")
+    sim_state.process(0, sleeper, 70 * GIB, mig=2)
+    sim_state.unprivileged(not root).write()
+    env = {**simgpu_env, "CUDA_VISIBLE_DEVICES": SMALL_MIG, "JAX_PLATFORMS": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", SIBLING_CODE], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["ours"] == [2] and seen["on"] == {str(sleeper): 3}  # on its own instance only
+    assert seen["warnings"] == []  # no "will fail", no "blocking", no one sharing
+    assert f"PID {sleeper}" not in seen["oom"] and "MIG 3g.71gb" not in seen["oom"]
+    assert "MIG 1g.18gb instance 1 of GPU 0 (NVIDIA H200 MIG 1g.18gb): 0 B used" in seen["oom"]
+    # The status lists the sibling under its own instance, which is not this process's.
+    ours, theirs = seen["text"].split("MIG 1g.18gb instance 1 of GPU 0: ", 1)[1].split("\nMIG ")
+    assert "no processes" in ours and str(sleeper) not in ours
+    assert theirs.startswith("3g.71gb instance 2 of GPU 0: ") and "(not visible" in theirs
+    assert str(sleeper) in theirs and "No warnings." in seen["text"]
 
 
 def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, simgpu_lib, sleeper):
