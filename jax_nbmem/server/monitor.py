@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from jax_nbmem.server.kernel_state import with_states
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
@@ -132,7 +133,8 @@ class ServerMonitor:
                     self._snapshot["server"]["problem"] = f"refresh failed: {exc}"
             return
         now = time.time()
-        report["kernels"] = _join_kernels(kernels, report.get("processes", []), now)
+        joined = _join_kernels(kernels, report.get("processes", []), now)
+        report["kernels"] = with_states(joined, report)
         report["server"] = {
             "url": self.server_url,
             "taken_at": now,

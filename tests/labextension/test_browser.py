@@ -1,0 +1,136 @@
+"""The JupyterLab extension in Debian chromium, on the simulated GPU: a notebook's status-bar
+item turns amber when its kernel preallocates on a shared GPU and red when a neighbour's arrival
+makes it block others, one notification says so, the sidebar lists both kernels and shuts the
+user's own down, and the item goes back to normal."""
+
+import json
+import re
+import time
+
+import psutil
+import pytest
+
+from jax_nbmem.simgpu import GIB, SimState
+from tests.jupyterlab import (
+    artifacts_dir,
+    open_notebook,
+    run_all_cells,
+    screenshot,
+    wait_kernel_connected,
+    write_notebook,
+)
+from tests.notebook.test_panel_kernel import OTHER_PID
+from tests.server.test_extension import kernel_pids
+
+pytestmark = [pytest.mark.browser, pytest.mark.kernel]
+pytest_plugins = ("tests.jupyterlab",)
+
+ITEM = ".jax-nbmem-item"
+SIDEBAR = "#jax-nbmem-sidebar"
+NOTICE = "keeps others off"  # what the blocking notification says
+TRAIN = [
+    "%load_ext jax_nbmem\n%jaxalloc fraction 0.2",
+    "import jax.numpy as jnp\nx = jnp.ones(1024)",
+]
+
+
+def wait_state(page, state: str, timeout_s: float = 60) -> str:
+    """Wait until the status-bar item's state is *state*; return its text."""
+    page.wait_for_function(
+        "([s, state]) => document.querySelector(s)?.dataset.state === state",
+        arg=[ITEM, state],
+        timeout=timeout_s * 1000,
+    )
+    return page.locator(ITEM).inner_text()
+
+
+def notifications(page) -> int:
+    """How many of the notification centre's entries tell that a kernel blocks others."""
+    return page.evaluate(
+        """notice => {
+            const toasts = [...document.querySelectorAll('.Toastify__toast')];
+            return toasts.filter(t => t.innerText.includes(notice)).length;
+        }""",
+        NOTICE,
+    )
+
+
+def gib(nbytes: int) -> str:
+    """Bytes as the sidebar writes them (the board's rule)."""
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+@pytest.fixture
+def demo(tmp_path, monkeypatch):
+    """The quickstart's simulated GPU (80 GiB), with another user's 2 GiB process on it."""
+    from tests.simgpu.test_mirror import shell_env
+
+    env = shell_env(tmp_path / "sim")
+    state = env["JAX_NBMEM_SIMGPU_STATE"]
+    SimState(state).gpu(0, total=80 * GIB).process(0, OTHER_PID, 2 * GIB).write()
+    for name in ("LD_LIBRARY_PATH", "IPYTHONDIR", "JAX_NBMEM_SIMGPU_STATE"):
+        monkeypatch.setenv(name, env[name])  # start_tenant's neighbour sees the same GPU
+    return {**env, "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.mark.timeout(420)
+def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_page, demo):
+    from jax_nbmem.simgpu.simulator import start_tenant
+
+    state = demo["JAX_NBMEM_SIMGPU_STATE"]
+    server = start_lab_server(env=demo)
+    write_notebook(server.root_dir / "train.ipynb", TRAIN)
+    kernel = open_notebook(lab_page, server, "train.ipynb")
+    run_all_cells(lab_page, timeout=120)
+    text = wait_state(lab_page, "amber")
+    assert re.match(r"^GPU 0: 1\d\.\d GiB · \d+\.\d GiB free · fraction 0\.2$", text), text
+    lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-amber.png"))
+
+    neighbour, held = start_tenant(state, notebook="hog.ipynb")  # default mode: 75%
+    try:
+        text = wait_state(lab_page, "red")
+        time.sleep(7)  # two more looks at the server: the notification is raised once
+        assert notifications(lab_page) == 1
+        lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-red.png"))
+        screenshot(lab_page, "labext-red-and-notification")
+
+        # A click on the item opens the sidebar: both kernels, their notebooks and bytes.
+        lab_page.locator(ITEM).click()
+        sidebar = lab_page.locator(SIDEBAR)
+        sidebar.wait_for(state="visible")
+        sim = SimState.read(state)
+        train_pid = kernel_pids(server)[kernel["id"]]
+        for notebook, owner_pid in (("train.ipynb", train_pid), ("hog.ipynb", neighbour)):
+            row = sidebar.locator("li", has_text=notebook)
+            row.wait_for()
+            assert gib(sim.process_bytes(owner_pid)) in row.inner_text(), row.inner_text()
+        assert "blocking-preallocation" in sidebar.inner_text()
+        # Only the user's own kernel can be shut down from here.
+        assert sidebar.get_by_role("button", name=f"Shut down PID {neighbour}").count() == 0
+        sidebar.screenshot(path=str(artifacts_dir() / "labext-sidebar.png"))
+        screenshot(lab_page, "labext-sidebar-page")
+
+        # A reload shows the same state, and tells no second time.
+        lab_page.reload(wait_until="domcontentloaded")
+        wait_kernel_connected(server, 90, notebook="train.ipynb")
+        wait_state(lab_page, "red")
+        time.sleep(4)
+        assert notifications(lab_page) == 0
+
+        lab_page.locator(ITEM).click()
+        sidebar.get_by_role("button", name=f"Shut down PID {train_pid}").click()
+        confirm = sidebar.get_by_role("button", name=f"Confirm: shut down PID {train_pid}")
+        confirm.wait_for()
+        assert psutil.pid_exists(train_pid)  # nothing happens before the confirmation
+        confirm.click()
+        sidebar.get_by_text(f"Stopped kernel PID {train_pid}.").wait_for(timeout=30_000)
+        assert kernel["id"] not in [k["id"] for k in server.api("kernels")]
+        text = wait_state(lab_page, "normal")
+        assert "train.ipynb" not in sidebar.inner_text()
+        screenshot(lab_page, "labext-after-shutdown")
+        print(json.dumps({"after_shutdown": text}))
+    finally:
+        try:
+            psutil.Process(neighbour).kill()
+        except psutil.Error:
+            pass
