@@ -50,10 +50,18 @@ const statusItem: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker,
     statusBar: IStatusBar | null
   ) => {
-    if (!statusBar) {
-      return; // Notebook 7 without a status bar: the sidebar still is there
-    }
     const item = new GpuStatusItem(model, tracker, () => app.shell.activateById(SIDEBAR_ID));
+    tracker.currentChanged.connect(() => model.refresh());
+    if (!statusBar) {
+      // Notebook 7 has no status bar: the item goes in its top bar, beside the notebook's name.
+      item.addClass('jax-nbmem-item-top');
+      app.shell.add(item, 'top', { rank: 1000 });
+      const follow = () => item.setHidden(!item.shown);
+      model.changed.connect(follow);
+      tracker.currentChanged.connect(follow);
+      follow();
+      return;
+    }
     statusBar.registerStatusItem('jax_nbmem:status-item', {
       item,
       align: 'left',
@@ -61,7 +69,6 @@ const statusItem: JupyterFrontEndPlugin<void> = {
       isActive: () => item.shown,
       activeStateChanged: model.changed
     });
-    tracker.currentChanged.connect(() => model.refresh());
   }
 };
 

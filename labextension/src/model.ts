@@ -33,6 +33,7 @@ export class GpuStatus implements IGpuStatus {
       auto: true,
       factory: () => this._look(),
       frequency: { interval: REFRESH_MS, backoff: true, max: 60000 },
+      linger: 0, // no look once the tab is hidden
       name: 'jax_nbmem:status',
       standby: 'when-hidden'
     });

@@ -11,17 +11,25 @@ const REMEMBERED = 'jax_nbmem:notified';
 const KEEP = 200; // keys remembered; the oldest are forgotten first
 
 /** The (kernel, GPU) pairs that block others in this snapshot, keyed "kernel_id:gpu". */
-export function blockingKernels(status: IStatus): Map<string, { path: string | null; id: string; text: string }> {
-  const found = new Map<string, { path: string | null; id: string; text: string }>();
+interface IBlocking {
+  path: string | null;
+  id: string;
+  text: string;
+}
+
+export function blockingKernels(status: IStatus): Map<string, IBlocking> {
+  const found = new Map<string, IBlocking>();
   for (const kernel of status.kernels || []) {
     for (const warning of kernel.warnings || []) {
       if (warning.kind !== 'blocking-preallocation' || warning.gpu === null) {
         continue;
       }
       const where = kernel.notebook ? `Your kernel of ${kernel.notebook}` : 'Your kernel';
+      const gpu = (status.gpus || []).find(g => g.index === warning.gpu);
       const text =
         `${where} holds ${gib(kernel.gpu_memory_bytes)} of GPU ${warning.gpu} and keeps ` +
-        `others off it. ${warning.message}`;
+        `others off it: ${gib(gpu ? gpu.free_bytes : null)} is free. Shut it down, or ` +
+        'restart it with `%jaxalloc off` in its first cell.';
       found.set(`${kernel.kernel_id}:${warning.gpu}`, {
         path: kernel.notebook,
         id: kernel.kernel_id,

@@ -4,7 +4,7 @@
 // can be stopped from here; another user's notebook is shown, never opened).
 import { Widget } from '@lumino/widgets';
 
-import { IGpu, IProcess, IStatus } from './api';
+import { IGpu, IKernel, IProcess, IStatus } from './api';
 import { duration, element, gib, mode, owner } from './format';
 import { IGpuStatus } from './model';
 
@@ -21,12 +21,7 @@ export class GpuSidebar extends Widget {
     this.title.caption = 'GPU memory (jax_nbmem)';
     this.node.setAttribute('role', 'region');
     this.node.setAttribute('aria-label', 'GPU memory');
-    this.node.append(
-      element('h2', 'GPU memory'),
-      this._message,
-      this._warnings,
-      this._gpus
-    );
+    this.node.append(element('h2', 'GPU memory'), this._message, this._gpus, this._warnings);
     this._message.setAttribute('role', 'status');
     _model.changed.connect(this._render, this);
     this._render();
@@ -80,7 +75,7 @@ export class GpuSidebar extends Widget {
     if (gpu.problem) {
       section.append(element('div', gpu.problem, { class: 'jax-nbmem-note' }));
     }
-    const own = new Set((status.kernels || []).map(k => k.kernel_id));
+    const own = new Map((status.kernels || []).map(k => [k.kernel_id, k]));
     const list = element('ul', null, { class: 'jax-nbmem-processes' });
     for (const process of on) {
       list.append(this._process(process, own));
@@ -92,16 +87,21 @@ export class GpuSidebar extends Widget {
     return section;
   }
 
-  private _process(process: IProcess, own: Set<string>): HTMLElement {
-    const mine = !!process.kernel_id && own.has(process.kernel_id);
+  private _process(process: IProcess, own: Map<string, IKernel>): HTMLElement {
+    const kernel = process.kernel_id ? own.get(process.kernel_id) : undefined;
+    const mine = !!kernel;
     const item = element('li', null, { class: mine ? 'jax-nbmem-mine' : '' });
     const shown = process.notebook_shown || process.notebook || process.cmdline || '';
     const name = `${process.kind} PID ${process.pid}`;
     const head = element('div', null, { class: 'jax-nbmem-row' });
-    if (mine && process.notebook) {
-      // The server's own path: a click opens the user's own notebook.
-      const link = element('button', shown, { class: 'jax-nbmem-link', type: 'button' });
-      const path = process.notebook;
+    if (kernel && kernel.notebook) {
+      // This server's path of the user's own notebook: a click opens it.
+      const path = kernel.notebook;
+      const link = element('button', path, {
+        class: 'jax-nbmem-link',
+        type: 'button',
+        title: `Open ${path}`
+      });
       link.addEventListener('click', () => this._openNotebook(path));
       head.append(link);
     } else {

@@ -134,3 +134,103 @@ def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_pa
             psutil.Process(neighbour).kill()
         except psutil.Error:
             pass
+
+
+def count_status_requests(page) -> None:
+    """From now on, count the page's requests to the status route (as the browser times them)."""
+    page.evaluate(
+        """() => {
+            window.jaxNbmemRequests = 0;
+            new PerformanceObserver(list => {
+                for (const entry of list.getEntries()) {
+                    if (entry.name.includes('/jax-nbmem/api/status')) { window.jaxNbmemRequests++; }
+                }
+            }).observe({ type: 'resource' });
+        }"""
+    )
+
+
+def status_requests(page) -> int:
+    return page.evaluate("() => window.jaxNbmemRequests")
+
+
+def set_hidden(page, hidden: bool) -> None:
+    """Make the tab hidden (or visible again) as the browser says it when one switches tabs."""
+    page.evaluate(
+        """hidden => {
+            Object.defineProperty(document, 'hidden', { value: hidden, configurable: true });
+            Object.defineProperty(document, 'visibilityState',
+                { value: hidden ? 'hidden' : 'visible', configurable: true });
+            document.dispatchEvent(new Event('visibilitychange'));
+        }""",
+        hidden,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_one_request_every_few_seconds_for_all_notebooks_and_none_while_hidden(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 2 * GIB).write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    names = [f"n{index}.ipynb" for index in range(4)]
+    for name in names:
+        write_notebook(server.root_dir / name, ["x = 1"])
+    open_notebook(lab_page, server, names[0])
+    for name in names[1:]:  # the workspace keeps the ones opened before
+        lab_page.goto(server.notebook_url(name), wait_until="domcontentloaded")
+        wait_kernel_connected(server, 90, notebook=name)
+    lab_page.locator(".jp-NotebookPanel").nth(len(names) - 1).wait_for(state="attached")
+    assert lab_page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").count() >= len(names)
+    assert len(server.api("sessions")) == len(names)
+    wait_state(lab_page, "normal")
+
+    count_status_requests(lab_page)
+    window_s = 15.0
+    time.sleep(window_s)
+    visible = status_requests(lab_page)
+    set_hidden(lab_page, True)
+    time.sleep(1.0)  # a request already under way may still finish
+    hidden_from = status_requests(lab_page)
+    time.sleep(10.0)
+    hidden = status_requests(lab_page) - hidden_from
+    set_hidden(lab_page, False)
+    back = time.monotonic()
+    while status_requests(lab_page) == hidden_from + hidden and time.monotonic() < back + 10:
+        time.sleep(0.1)
+    resumed_s = time.monotonic() - back
+    print(
+        json.dumps({
+            "notebooks": len(names), "window_s": window_s, "requests_visible": visible,
+            "requests_hidden_10s": hidden, "resumed_after_s": round(resumed_s, 2),
+        })
+    )  # fmt: skip
+    assert 2 <= visible <= window_s / 3 + 1  # one poll for the tab, every 3 s
+    assert hidden == 0
+    assert resumed_s < 5
+
+
+@pytest.mark.timeout(300)
+def test_notebook_7_shows_the_item_and_the_sidebar(start_lab_server, lab_page, demo):
+    pytest.importorskip("notebook", minversion="7")
+    server = start_lab_server(env=demo)
+    write_notebook(server.root_dir / "nb7.ipynb", TRAIN)
+    lab_page.goto(
+        f"{server.base_url}/notebooks/nb7.ipynb?token={server.token}",
+        wait_until="domcontentloaded",
+    )
+    lab_page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+    kernel = wait_kernel_connected(server, 90, notebook="nb7.ipynb")
+    lab_page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+    lab_page.get_by_role("menuitem", name="Run", exact=True).click()
+    lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+    text = wait_state(lab_page, "amber", timeout_s=120)
+    assert "fraction 0.2" in text, text
+    lab_page.locator(ITEM).click()
+    sidebar = lab_page.locator(SIDEBAR)
+    sidebar.wait_for(state="visible")
+    pid = kernel_pids(server)[kernel["id"]]
+    row = sidebar.locator("li", has_text="nb7.ipynb")
+    row.wait_for()
+    assert f"kernel PID {pid}" in row.inner_text()
+    screenshot(lab_page, "labext-notebook7")
