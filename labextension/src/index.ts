@@ -32,9 +32,14 @@ const sidebar: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   requires: [IGpuStatus],
   activate: (app: JupyterFrontEnd, model: IGpuStatus) => {
-    const widget = new GpuSidebar(model, opener(app));
-    widget.title.icon = gpuIcon;
-    app.shell.add(widget, 'left', { rank: 900 });
+    // Added once the server has answered, and only if it has the jax_nbmem extension.
+    void model.ready.then(() => {
+      if (model.available) {
+        const widget = new GpuSidebar(model, opener(app));
+        widget.title.icon = gpuIcon;
+        app.shell.add(widget, 'left', { rank: 900 });
+      }
+    });
   }
 };
 

@@ -1,7 +1,7 @@
 // One poll of the server's status for the whole browser tab: the status-bar item, the sidebar
 // and the notifications all read the same snapshot, so a tab with many notebooks open makes one
 // request every few seconds. The poll stands by while the tab is hidden.
-import { Token } from '@lumino/coreutils';
+import { PromiseDelegate, Token } from '@lumino/coreutils';
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -22,6 +22,8 @@ export interface IGpuStatus {
   /** False once the server said it has no jax_nbmem extension: then nothing is shown. */
   readonly available: boolean;
   readonly changed: ISignal<IGpuStatus, void>;
+  /** Resolves once the server has answered (or failed to) for the first time. */
+  readonly ready: Promise<void>;
   /** Look now (after a shutdown), instead of at the next tick. */
   refresh(): Promise<void>;
   shutdown(kernelId: string): Promise<string | null>;
@@ -55,9 +57,20 @@ export class GpuStatus implements IGpuStatus {
     return this._changed;
   }
 
+  get ready(): Promise<void> {
+    return this._ready.promise;
+  }
+
   async refresh(): Promise<void> {
-    await this._poll.refresh();
-    await this._poll.tick;
+    if (this._poll.isDisposed) {
+      return;
+    }
+    try {
+      await this._poll.refresh();
+      await this._poll.tick;
+    } catch {
+      // a failed look is said in `problem`; a poll disposed meanwhile has nothing to say
+    }
   }
 
   async shutdown(kernelId: string): Promise<string | null> {
@@ -68,6 +81,7 @@ export class GpuStatus implements IGpuStatus {
 
   private async _look(): Promise<void> {
     const reply = await fetchStatus();
+    this._ready.resolve();
     switch (reply.kind) {
       case 'ok':
         this._status = reply.status;
@@ -83,7 +97,7 @@ export class GpuStatus implements IGpuStatus {
         this._available = false;
         this._status = null;
         this._changed.emit();
-        this._poll.dispose();
+        setTimeout(() => this._poll.dispose()); // once this look is over: no more looks
         return;
       case 'failed':
         this._problem = reply.why;
@@ -105,4 +119,5 @@ export class GpuStatus implements IGpuStatus {
   private _problem: string | null = null;
   private _available = true;
   private _changed = new Signal<IGpuStatus, void>(this);
+  private _ready = new PromiseDelegate<void>();
 }

@@ -33,7 +33,7 @@ export class GpuSidebar extends Widget {
     }
     const status = this._model.status;
     if (!this._model.available) {
-      this._gpus.replaceChildren(element('p', 'The jax_nbmem server extension is not enabled.'));
+      this.dispose(); // no server extension: nothing to show (the console said why)
       return;
     }
     if (!status) {
