@@ -56,7 +56,7 @@ const statusItem: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null
   ) => {
     const item = new GpuStatusItem(model, tracker, () => app.shell.activateById(SIDEBAR_ID));
-    tracker.currentChanged.connect(() => model.refresh());
+    // Switching notebooks redraws from the last snapshot: no request of its own.
     if (!statusBar) {
       // Notebook 7 has no status bar: the item goes in its top bar, beside the notebook's name.
       item.addClass('jax-nbmem-item-top');
