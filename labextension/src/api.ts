@@ -42,7 +42,7 @@ export interface IWarning {
   message: string;
 }
 
-export type KernelState = 'normal' | 'shared-preallocation' | 'blocking';
+export type KernelState = 'normal' | 'shared-preallocation' | 'blocking' | 'will-not-fit';
 
 export interface IKernel {
   kernel_id: string;

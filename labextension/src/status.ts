@@ -18,7 +18,8 @@ export interface IItemView {
 const COLOURS: Record<string, IItemView['state']> = {
   normal: 'normal',
   'shared-preallocation': 'amber',
-  blocking: 'red'
+  blocking: 'red',
+  'will-not-fit': 'red'
 };
 
 export function itemView(status: IStatus, kernelId: string | undefined): IItemView {

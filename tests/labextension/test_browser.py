@@ -262,3 +262,23 @@ def test_without_the_server_extension_nothing_shows_and_the_console_says_why_onc
     assert lab_page.locator(ITEM).count() == 0 or not lab_page.locator(ITEM).is_visible()
     assert lab_page.locator(SIDEBAR).count() == 0
     assert lab_page.locator(".jp-NotebookPanel .jp-Cell").count() == 1  # the notebook is fine
+
+
+@pytest.mark.timeout(240)
+def test_a_mode_that_will_not_fit_is_red_before_jax_starts(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 50 * GIB).write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    write_notebook(server.root_dir / "later.ipynb", ["%load_ext jax_nbmem\n%jaxalloc on"])
+    open_notebook(lab_page, server, "later.ipynb")
+    run_all_cells(lab_page, timeout=90)
+    wait_state(lab_page, "red")
+    lab_page.wait_for_function(  # the beacon follows %jaxalloc within a second or two
+        "s => document.querySelector(s).innerText.endsWith('· on (JAX not started)')",
+        arg=ITEM,
+        timeout=30_000,
+    )
+    title = lab_page.locator(ITEM).get_attribute("title")
+    assert "will take 75% of GPU 0" in title and "of 80.0 GiB is free" in title, title
+    lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-will-not-fit.png"))

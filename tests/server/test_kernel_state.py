@@ -62,3 +62,38 @@ def test_the_report_is_not_changed():
     kernels = [kernel(1)]
     with_states(kernels, {"processes": [row(1)], "warnings": []})
     assert "state" not in kernels[0]
+
+
+def gpu(index=0, total=80 * GIB, free=20 * GIB, ours=True):
+    return {"index": index, "total_bytes": total, "free_bytes": free, "ours": ours}
+
+
+def test_a_kernel_whose_mode_will_not_fit_is_red_before_its_jax_starts():
+    report = {"processes": [row(9, used=60 * GIB)], "warnings": [], "gpus": [gpu(free=20 * GIB)]}
+    pending = {1: ("on", 0.75), 2: ("fraction 0.2", 0.2), 3: ("off", 0.0)}
+    found = {
+        k["kernel_id"]: k for k in with_states([kernel(1), kernel(2), kernel(3)], report, pending)
+    }
+    assert found["k1"]["state"] == "will-not-fit"
+    assert (
+        "75% of GPU 0" in found["k1"]["state_reason"] and "20.0 GiB" in found["k1"]["state_reason"]
+    )
+    assert found["k1"]["mode_shown"] == "on (JAX not started)"
+    assert found["k2"]["state"] == "normal"  # 16 GiB fits in 20
+    assert found["k3"]["state"] == "normal" and found["k3"]["mode_shown"] == "off (JAX not started)"
+
+
+def test_a_gpu_the_kernel_does_not_see_or_an_unknown_free_says_nothing():
+    report = {
+        "processes": [],
+        "warnings": [],
+        "gpus": [gpu(0, free=None), gpu(1, free=1 * GIB, ours=False)],
+    }
+    found = with_states([kernel(1)], report, {1: ("on", 0.75)})
+    assert found[0]["state"] == "normal"
+
+
+def test_a_kernel_already_on_the_gpu_is_judged_by_what_it_holds_not_its_beacon():
+    report = {"processes": [row(1, used=GIB)], "warnings": [], "gpus": [gpu(free=GIB)]}
+    found = with_states([kernel(1)], report, {1: ("on", 0.75)})
+    assert found[0]["state"] == "normal"
