@@ -282,3 +282,18 @@ def test_a_mode_that_will_not_fit_is_red_before_jax_starts(
     title = lab_page.locator(ITEM).get_attribute("title")
     assert "will take 75% of GPU 0" in title and "of 80.0 GiB is free" in title, title
     lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-will-not-fit.png"))
+
+
+@pytest.mark.timeout(240)
+def test_without_a_gpu_the_item_says_so_and_stays_quiet(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    sim_state.no_driver().write()
+    server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
+    write_notebook(server.root_dir / "cpu.ipynb", ["x = 1"])
+    open_notebook(lab_page, server, "cpu.ipynb")
+    assert wait_state(lab_page, "none") == "GPU: none"
+    assert "No GPU seen" in lab_page.locator(ITEM).get_attribute("title")
+    count_status_requests(lab_page)
+    time.sleep(10)
+    assert status_requests(lab_page) == 0  # it looks again only once a minute
