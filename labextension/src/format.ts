@@ -41,15 +41,6 @@ export function kernelOf(status: IStatus, kernelId: string | undefined): IKernel
   return kernelId ? (status.kernels || []).find(k => k.kernel_id === kernelId) : undefined;
 }
 
-/** The warnings that name a process as blocking others, by PID. */
-export function blockingPids(status: IStatus): Set<number> {
-  return new Set(
-    (status.warnings || [])
-      .filter(w => w.kind === 'blocking-preallocation' && w.pid !== null)
-      .map(w => w.pid as number)
-  );
-}
-
 export function element(
   tag: string,
   text?: string | number | null,
