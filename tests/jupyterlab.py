@@ -265,6 +265,24 @@ def _wait_until_up(server: LabServer, timeout: float) -> bool:
     raise TimeoutError(f"JupyterLab did not answer in {timeout:.0f}s:\n{server.log_tail()}")
 
 
+def _use_checkout_labextension(state_dir: Path, env: dict[str, str]) -> None:
+    """Serve this checkout's built JupyterLab extension, whatever copy pip installed.
+
+    A folder first on ``JUPYTER_PATH`` holds ``labextensions/jax_nbmem``, a link to
+    ``jax_nbmem/labextension`` here: JupyterLab and Notebook 7 take it over an installed copy
+    of the same name (an editable install copies the built files once, when it runs).
+    """
+    built = REPO_ROOT / "jax_nbmem" / "labextension"
+    if not (built / "package.json").is_file():
+        return
+    data = state_dir / "jupyter-data"
+    (data / "labextensions").mkdir(parents=True, exist_ok=True)
+    link = data / "labextensions" / "jax_nbmem"
+    if not link.exists():
+        link.symlink_to(built, target_is_directory=True)
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data), env.get("JUPYTER_PATH")]))
+
+
 def start_lab(
     root_dir: Path,
     state_dir: Path,
@@ -285,6 +303,7 @@ def start_lab(
     server_env = dict(os.environ if env is None else env)
     server_env.setdefault("JUPYTER_CONFIG_DIR", str(state_dir / "config"))
     server_env["JUPYTER_RUNTIME_DIR"] = str(state_dir / "runtime")
+    _use_checkout_labextension(state_dir, server_env)
     log_path = state_dir / "server.log"
     for _attempt in range(3):  # another process may grab the free port before the server does
         port, token = _free_port(), secrets.token_hex(24)

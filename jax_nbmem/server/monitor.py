@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from jax_nbmem.server.kernel_state import with_states
+from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
@@ -132,7 +134,8 @@ class ServerMonitor:
                     self._snapshot["server"]["problem"] = f"refresh failed: {exc}"
             return
         now = time.time()
-        report["kernels"] = _join_kernels(kernels, report.get("processes", []), now)
+        joined = _join_kernels(kernels, report.get("processes", []), now)
+        report["kernels"] = with_states(joined, report, self._pending(joined))
         report["server"] = {
             "url": self.server_url,
             "taken_at": now,
@@ -155,6 +158,22 @@ class ServerMonitor:
                 self._on_snapshot(report)
             except Exception:
                 log.warning("jax_nbmem: after a status refresh", exc_info=True)
+
+    def _pending(self, kernels: list[dict[str, Any]]) -> dict[int, tuple]:
+        """Mode and pool fraction of our kernels whose JAX has not started, from their beacons."""
+        waiting = [k["pid"] for k in kernels if k.get("pid") and not k.get("gpus")]
+        if not waiting:
+            return {}
+        try:
+            beacons = read_beacons(beacon_dirs(self.share_dir), pids=waiting)
+        except Exception:  # never raises, says its doc; a snapshot must not fail on it anyway
+            log.debug("jax_nbmem: beacons of kernels not on a GPU", exc_info=True)
+            return {}
+        return {
+            pid: (b.mode_requested or "default", b.pool_fraction)
+            for pid, b in beacons.items()
+            if b.mode_in_effect is None
+        }
 
     def _session(self, kernel: Mapping[str, Any]) -> ServerKernel:
         path = kernel.get("path")

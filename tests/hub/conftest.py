@@ -146,6 +146,7 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.Spawner.environment.update({{
     "JAX_PLATFORMS": "cpu", "JAX_NBMEM_SIMGPU_STATE": {str(folder / "simgpu" / "gpu.state")!r},
+    "JUPYTER_PATH": {str(folder / "jupyter-data")!r},  # the checkout's JupyterLab extension
 }})
 c.Spawner.args = ["--ServerApp.terminals_enabled=False", "--LabApp.news_url=None"]
 # The culler runs from the tests, one round at a time; the hub only knows its token.
@@ -195,6 +196,15 @@ def start_servers(hub: Hub, *users: HubUser) -> None:
         raise TimeoutError(f"the servers of {names} did not start:\n{hub.log_tail()}")
 
 
+def _serve_labextension(data: Path, package_root: Path) -> None:
+    """The built JupyterLab extension of the package the users run, first on their JUPYTER_PATH."""
+    (data / "labextensions").mkdir(parents=True)
+    data.chmod(0o755)
+    (data / "labextensions").chmod(0o755)
+    built = package_root / "jax_nbmem" / "labextension"
+    (data / "labextensions" / "jax_nbmem").symlink_to(built, target_is_directory=True)
+
+
 @pytest.fixture(scope="session")
 def hub(simgpu_lib):
     """The running hub (see the module); everything it made is removed afterwards."""
@@ -229,6 +239,7 @@ def hub(simgpu_lib):
             "JAX_PLATFORMS": "cpu",
         })  # fmt: skip
         python, env = python_for(users[0], folder, base_env, _HUB_IMPORTS)
+        _serve_labextension(folder / "jupyter-data", Path(env["PYTHONPATH"]))
         tokens = (secrets.token_hex(24), secrets.token_hex(24))
         config = folder / "jupyterhub_config.py"
         config.write_text(

@@ -1,0 +1,193 @@
+// The GPU sidebar: every GPU of the node with a used/free bar (JAX's pools marked), every
+// process on it (user, notebook, mode, bytes, idle), the warnings, and a shut-down button, with
+// a confirmation, for this server's kernels: the board's rules (only a kernel of this server
+// can be stopped from here; another user's notebook is shown, never opened).
+import { Widget } from '@lumino/widgets';
+
+import { IGpu, IKernel, IProcess, IStatus } from './api';
+import { duration, element, gib, mode, owner } from './format';
+import { IGpuStatus } from './model';
+
+export const SIDEBAR_ID = 'jax-nbmem-sidebar';
+
+export class GpuSidebar extends Widget {
+  constructor(
+    private _model: IGpuStatus,
+    private _openNotebook: (path: string) => void
+  ) {
+    super();
+    this.id = SIDEBAR_ID;
+    this.addClass('jax-nbmem-sidebar');
+    this.title.caption = 'GPU memory (jax_nbmem)';
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', 'GPU memory');
+    this.node.append(element('h2', 'GPU memory'), this._message, this._gpus, this._warnings);
+    this._message.setAttribute('role', 'status');
+    _model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  private _render(): void {
+    if (this._confirming) {
+      return; // a confirmation on screen is not redrawn away
+    }
+    const status = this._model.status;
+    if (!this._model.available) {
+      this.dispose(); // no server extension: nothing to show (the console said why)
+      return;
+    }
+    if (!status) {
+      this._gpus.replaceChildren(element('p', this._model.problem || 'waiting for the server…'));
+      return;
+    }
+    this._warnings.replaceChildren(
+      ...(status.warnings || []).map(w =>
+        element('div', `${w.kind}: ${w.message}`, { class: 'jax-nbmem-warning' })
+      )
+    );
+    if (!status.nvml.available) {
+      const why = status.nvml.reason || 'NVML is unavailable';
+      this._gpus.replaceChildren(element('p', `No GPU seen: ${why}.`));
+      return;
+    }
+    this._gpus.replaceChildren(...status.gpus.map(gpu => this._gpu(gpu, status)));
+  }
+
+  private _gpu(gpu: IGpu, status: IStatus): HTMLElement {
+    const section = element('section', null, {
+      class: 'jax-nbmem-gpu',
+      'aria-label': `GPU ${gpu.index}`
+    });
+    const on = (status.processes || [])
+      .filter(p => p.gpu === gpu.index)
+      .sort((a, b) => (b.used_bytes || 0) - (a.used_bytes || 0));
+    const pools = on.reduce((sum, p) => sum + poolBytes(p), 0);
+    section.append(
+      element('h3', `GPU ${gpu.index}: ${gpu.name || 'name unknown'}`),
+      bar(gpu, pools),
+      element(
+        'div',
+        `${gib(gpu.used_bytes)} used (${gib(pools)} in JAX pools) · ${gib(gpu.free_bytes)} ` +
+          `free of ${gib(gpu.total_bytes)}`,
+        { class: 'jax-nbmem-note' }
+      )
+    );
+    if (gpu.problem) {
+      section.append(element('div', gpu.problem, { class: 'jax-nbmem-note' }));
+    }
+    const own = new Map((status.kernels || []).map(k => [k.kernel_id, k]));
+    const list = element('ul', null, { class: 'jax-nbmem-processes' });
+    for (const process of on) {
+      list.append(this._process(process, own));
+    }
+    if (!on.length) {
+      list.append(element('li', 'no processes', { class: 'jax-nbmem-note' }));
+    }
+    section.append(list);
+    return section;
+  }
+
+  private _process(process: IProcess, own: Map<string, IKernel>): HTMLElement {
+    const kernel = process.kernel_id ? own.get(process.kernel_id) : undefined;
+    const mine = !!kernel;
+    const item = element('li', null, { class: mine ? 'jax-nbmem-mine' : '' });
+    const shown = process.notebook_shown || process.notebook || process.cmdline || '';
+    const name = `${process.kind} PID ${process.pid}`;
+    const head = element('div', null, { class: 'jax-nbmem-row' });
+    if (kernel && kernel.notebook) {
+      // This server's path of the user's own notebook: a click opens it.
+      const path = kernel.notebook;
+      const link = element('button', path, {
+        class: 'jax-nbmem-link',
+        type: 'button',
+        title: `Open ${path}`
+      });
+      link.addEventListener('click', () => this._openNotebook(path));
+      head.append(link);
+    } else {
+      head.append(element('span', shown || name, { class: 'jax-nbmem-name' }));
+    }
+    head.append(element('span', gib(process.used_bytes), { class: 'jax-nbmem-bytes' }));
+    const details = [
+      name,
+      owner(process),
+      mode(process) ? `mode ${mode(process)}` : '',
+      process.idle_s !== null && process.idle_s !== undefined
+        ? `idle ${duration(process.idle_s)}`
+        : ''
+    ].filter(Boolean);
+    item.append(
+      head,
+      element('div', details.join(' · '), {
+        class: 'jax-nbmem-note',
+        ...(process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {})
+      })
+    );
+    if (mine) {
+      item.append(this._shutdown(process));
+    }
+    return item;
+  }
+
+  private _shutdown(process: IProcess): HTMLElement {
+    const cell = element('div', null, { class: 'jax-nbmem-actions' });
+    const kernelId = process.kernel_id as string;
+    const ask = element('button', `Shut down PID ${process.pid}`, { type: 'button' });
+    ask.addEventListener('click', () => {
+      this._confirming = true;
+      const confirm = element('button', `Confirm: shut down PID ${process.pid}`, {
+        type: 'button',
+        class: 'jax-nbmem-danger'
+      });
+      const cancel = element('button', 'Cancel', { type: 'button' });
+      confirm.addEventListener('click', async () => {
+        cell.replaceChildren(element('span', `Stopping kernel PID ${process.pid}…`));
+        const failed = await this._model.shutdown(kernelId);
+        this._confirming = false;
+        this._message.textContent = failed
+          ? `Could not stop kernel PID ${process.pid}: ${failed}`
+          : `Stopped kernel PID ${process.pid}.`;
+        this._render();
+      });
+      cancel.addEventListener('click', () => {
+        this._confirming = false;
+        this._render();
+      });
+      cell.replaceChildren(confirm, cancel);
+    });
+    cell.append(ask);
+    return cell;
+  }
+
+  private _confirming = false;
+  private _message = element('p', null, { class: 'jax-nbmem-message' });
+  private _warnings = element('div', null, { class: 'jax-nbmem-warnings' });
+  private _gpus = element('div');
+}
+
+/** JAX's pool in a process: its own account, else all it holds when it preallocated. */
+function poolBytes(process: IProcess): number {
+  const pool = process.jax?.pool_bytes;
+  if (pool !== null && pool !== undefined) {
+    return pool;
+  }
+  return process.preallocated ? process.used_bytes || 0 : 0;
+}
+
+/** The used/free bar: JAX's pools (hatched), other memory in use, then what is free. */
+function bar(gpu: IGpu, pools: number): HTMLElement {
+  const total = gpu.total_bytes || 0;
+  const used = gpu.used_bytes || 0;
+  const share = (bytes: number) => `${total ? Math.min(100, (100 * bytes) / total) : 0}%`;
+  const node = element('div', null, {
+    class: 'jax-nbmem-bar',
+    role: 'img',
+    'aria-label': `${gib(used)} of ${gib(total)} used, ${gib(pools)} of it in JAX pools`
+  });
+  const pool = element('div', null, { class: 'jax-nbmem-bar-pool', title: 'JAX pools' });
+  pool.style.width = share(Math.min(pools, used));
+  const rest = element('div', null, { class: 'jax-nbmem-bar-used', title: 'other memory in use' });
+  rest.style.width = share(Math.max(0, used - pools));
+  node.append(pool, rest);
+  return node;
+}
