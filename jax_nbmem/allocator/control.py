@@ -8,7 +8,7 @@ the settings it started with. No IPython here: the magics module only forwards e
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
 from jax_nbmem.allocator.jaxlib import (
@@ -127,6 +127,20 @@ class AllocatorReport:
         }
 
 
+def _snapshot_reader(environ: MutableMapping) -> Callable[[], tuple]:
+    """What reads the managed variables of *environ* before every cell, found once.
+
+    os.environ's own bytes table where there is one: os.environ[name] encodes the name on
+    every lookup, ten times the cost. Only compared, and decoded when JAX starts.
+    """
+    raw = getattr(environ, "_data", None) if environ is os.environ else None
+    if isinstance(raw, dict) and os.name == "posix":
+        get, keys = raw.get, _MANAGED_KEYS
+    else:
+        get, keys = environ.get, MANAGED_VARIABLES
+    return lambda: tuple(map(get, keys))
+
+
 class AllocatorControl:
     """The allocator mode of this process: request it, apply it, report what is in effect."""
 
@@ -139,6 +153,7 @@ class AllocatorControl:
         platforms=initialized_platforms,
     ) -> None:
         self._environ = os.environ if environ is None else environ
+        self._read_snapshot = _snapshot_reader(self._environ)
         self._jaxlib = jaxlib
         self._probe = probe
         self._platforms = platforms
@@ -171,15 +186,8 @@ class AllocatorControl:
         return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
 
     def _snapshot(self) -> tuple:
-        """The managed variables as they are, as cheaply as possible (before every cell).
-
-        os.environ's own bytes table where there is one: os.environ[name] encodes the name
-        on every lookup, ten times the cost. Only compared, and decoded when JAX starts.
-        """
-        raw = getattr(self._environ, "_data", None) if self._environ is os.environ else None
-        if isinstance(raw, dict) and os.name == "posix":
-            return tuple(map(raw.get, _MANAGED_KEYS))
-        return tuple(map(self._environ.get, MANAGED_VARIABLES))
+        """The managed variables as they are, as cheaply as possible (before every cell)."""
+        return self._read_snapshot()
 
     @staticmethod
     def _variables(snapshot: tuple) -> dict[str, str]:
