@@ -7,19 +7,21 @@ The wall-clock ratios of ``overhead.py`` move by 10-20% with what else runs on t
 Here the same long-lived shell runs under Valgrind's callgrind, which counts the instructions
 each thread executes; the same trivial cells ``x = 1`` are counted with the extension asleep
 and awake, in alternating rounds, and the ratio is taken for IPython's main thread, the one a
-cell runs on (the ratios of repeated rounds agree to within about 1%). The other threads (the
+cell runs on (repeated runs agree on it to about 1.5%: the sampler's thread, on its wall-clock
+schedule, changes a little of what the hooks do from run to run). The other threads (the
 sampler, the status watch, the beacon) are not counted: under Valgrind they run on a
 wall-clock schedule while everything is some 50x slower, so their count would say nothing of
 a native run; ``overhead.py`` measures the sampler's share of a core.
 
 What instructions cannot show: the time a cell waits to take the GIL back from a thread that
-it woke, and the cost of that wake in the kernel (futex calls); ``overhead.py``'s rows, and its
-per-thread CPU times, are for those.
+it woke, the cost of that wake in the kernel (futex calls), and the caches; ``overhead.py``'s
+wall-clock and CPU-time rows are for those.
 
 Needs ``valgrind`` (Debian: ``apt-get install valgrind``, which brings ``callgrind.h``) and a
 C compiler for the two-function library that marks the rounds. With ``--keep DIR`` the
-callgrind files stay there: ``callgrind_annotate DIR/cg.<pid>.<part>-01`` shows where a
-round's instructions went, by function (part 2 is the first awake round).
+callgrind files stay there: ``callgrind_annotate DIR/row<N>/cg.<pid>.<part>-01`` shows where a
+round's instructions went, by C function (part 1 is the warm-up, part 3 the first awake
+round, part 2 the asleep one before it).
 """
 
 from __future__ import annotations
