@@ -7,7 +7,9 @@ extension awake against the same cells with it asleep (hooks unregistered, threa
 nothing of it runs), in alternating rounds (asleep, awake, awake, asleep, ...) so that drift in
 the machine's speed hits both alike; medians of the per-round ratios are reported. The same
 process on both sides, with the same live JAX arrays and the same simulated GPUs: two
-processes differ in speed by themselves by more than what is measured here.
+processes differ in speed by themselves by more than what is measured here. In-process rows
+also give the main thread's own CPU time per cell (``time.thread_time``), which leaves out
+waiting for a core or the GIL; ``overhead_count.py`` counts the same cells' instructions.
 
 Rows (goals from the issue: <= 1.10x in-process, <= 1.05x through a kernel):
 
