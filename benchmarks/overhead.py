@@ -7,7 +7,9 @@ extension awake against the same cells with it asleep (hooks unregistered, threa
 nothing of it runs), in alternating rounds (asleep, awake, awake, asleep, ...) so that drift in
 the machine's speed hits both alike; medians of the per-round ratios are reported. The same
 process on both sides, with the same live JAX arrays and the same simulated GPUs: two
-processes differ in speed by themselves by more than what is measured here.
+processes differ in speed by themselves by more than what is measured here. In-process rows
+also give the main thread's own CPU time per cell (``time.thread_time``), which leaves out
+waiting for a core or the GIL; ``overhead_count.py`` counts the same cells' instructions.
 
 Rows (goals from the issue: <= 1.10x in-process, <= 1.05x through a kernel):
 
@@ -62,14 +64,24 @@ SHELL = textwrap.dedent(
             answer = {"error": repr(error) if error else None}
         elif "measure" in command:
             code, count = command.get("code", "x = 1"), command["measure"]
-            times = []
+            times, cpu = [], []
             for _ in range(count):
-                began = time.perf_counter()
+                began, began_cpu = time.perf_counter(), time.thread_time()
                 shell.run_cell(code, store_history=True)
+                cpu.append(time.thread_time() - began_cpu)
                 times.append(time.perf_counter() - began)
             answer = {"median": sorted(times)[len(times) // 2], "mean": sum(times) / len(times),
                       "max": max(times), "first": times[: count // 10 or 1],
-                      "last": times[-(count // 10 or 1):]}
+                      "last": times[-(count // 10 or 1):], "cpu": sorted(cpu)[count // 2]}
+        elif "count" in command:  # under callgrind: the cells' instructions, per thread
+            import ctypes
+            marks = ctypes.CDLL(command["marks"])
+            code, count = command.get("code", "x = 1"), command["count"]
+            marks.marks_zero()
+            for _ in range(count):
+                shell.run_cell(code, store_history=True)
+            marks.marks_dump(command["label"].encode())
+            answer = {}
         elif "sampler_cpu" in command:
             import psutil
             from jax_nbmem.gpu import nvml
@@ -108,9 +120,9 @@ SHELL = textwrap.dedent(
 class Shell:
     """One long-lived IPython shell in a subprocess, driven through its stdin."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], prefix: tuple[str, ...] = ()) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SHELL],
+            [*prefix, sys.executable, "-c", SHELL],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -207,21 +219,31 @@ def compare(make: Callable[[dict[str, str]], object], env, setup: str, loaded_se
         side.run(TOGGLE)
         side.ask(measure=max(5, cells // 10), code=code)  # warm the path
         asleep, awake, ratios = [], [], []
+        cpu: dict[bool, list[float]] = {False: [], True: []}  # in-process only
         for round_ in range(rounds):
             order = [(False, asleep), (True, awake)]
             for on, times in order if round_ % 2 == 0 else order[::-1]:
                 side.run(f"_jax_nbmem_awake({on})")
                 if on:
                     time.sleep(0.3)  # the sampler back at its steady rate
-                times.append(side.ask(measure=cells, code=code)["median"])
+                answer = side.ask(measure=cells, code=code)
+                times.append(answer["median"])
+                if "cpu" in answer:
+                    cpu[on].append(answer["cpu"])
             ratios.append(awake[-1] / asleep[-1])
     finally:
         side.close()
-    return {
+    figures = {
         "bare_s": statistics.median(asleep),
         "loaded_s": statistics.median(awake),
         "ratio": statistics.median(ratios),
     }
+    if cpu[True]:  # the main thread's own CPU time per cell: what load moves least
+        figures["bare_cpu_s"] = statistics.median(cpu[False])
+        figures["loaded_cpu_s"] = statistics.median(cpu[True])
+        pairs = zip(cpu[True], cpu[False], strict=True)
+        figures["cpu_ratio"] = statistics.median(a / b for a, b in pairs)
+    return figures
 
 
 def arrays(count: int) -> str:
@@ -383,6 +405,9 @@ def main() -> None:
             unit, scale = ("ms", 1e3) if figures["bare_s"] > 1e-3 else ("us", 1e6)
             bare, loaded = figures["bare_s"] * scale, figures["loaded_s"] * scale
             shown = f"{bare:9.1f} {unit} -> {loaded:9.1f} {unit}  {figures['ratio']:6.3f}x"
+            if "cpu_ratio" in figures:
+                bare, loaded = figures["bare_cpu_s"] * 1e6, figures["loaded_cpu_s"] * 1e6
+                shown += f"  (CPU {bare:.0f} -> {loaded:.0f} us {figures['cpu_ratio']:.3f}x)"
         elif "share" in figures:
             ours = figures["share"] - figures.get("nvml_share", 0.0)
             shown = (

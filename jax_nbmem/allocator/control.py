@@ -8,8 +8,9 @@ the settings it started with. No IPython here: the magics module only forwards e
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from jax_nbmem.allocator.jaxlib import (
     MANAGED_VARIABLES,
@@ -127,6 +128,18 @@ class AllocatorReport:
         }
 
 
+def _snapshot_reader(environ: MutableMapping) -> tuple[Callable[[Any], Any], tuple]:
+    """How to read the managed variables of *environ* before every cell: a getter, its keys.
+
+    os.environ's own bytes table where there is one: os.environ[name] encodes the name on
+    every lookup, ten times the cost. Only compared, and decoded when JAX starts.
+    """
+    raw = getattr(environ, "_data", None) if environ is os.environ else None
+    if isinstance(raw, dict) and os.name == "posix":
+        return raw.get, _MANAGED_KEYS
+    return environ.get, MANAGED_VARIABLES
+
+
 class AllocatorControl:
     """The allocator mode of this process: request it, apply it, report what is in effect."""
 
@@ -139,6 +152,7 @@ class AllocatorControl:
         platforms=initialized_platforms,
     ) -> None:
         self._environ = os.environ if environ is None else environ
+        self._env_get, self._env_keys = _snapshot_reader(self._environ)
         self._jaxlib = jaxlib
         self._probe = probe
         self._platforms = platforms
@@ -171,15 +185,8 @@ class AllocatorControl:
         return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
 
     def _snapshot(self) -> tuple:
-        """The managed variables as they are, as cheaply as possible (before every cell).
-
-        os.environ's own bytes table where there is one: os.environ[name] encodes the name
-        on every lookup, ten times the cost. Only compared, and decoded when JAX starts.
-        """
-        raw = getattr(self._environ, "_data", None) if self._environ is os.environ else None
-        if isinstance(raw, dict) and os.name == "posix":
-            return tuple(map(raw.get, _MANAGED_KEYS))
-        return tuple(map(self._environ.get, MANAGED_VARIABLES))
+        """The managed variables as they are, as cheaply as possible (before every cell)."""
+        return tuple(map(self._env_get, self._env_keys))
 
     @staticmethod
     def _variables(snapshot: tuple) -> dict[str, str]:
@@ -235,7 +242,9 @@ class AllocatorControl:
         a cell that sets a mode and then starts JAX is recorded with the mode it set.
         """
         if self.backend is None and not self._probe():
-            self._at_cell_start, self._cell = self._snapshot(), cell
+            # self._snapshot(), written out: this runs before every cell until JAX starts.
+            self._at_cell_start = tuple(map(self._env_get, self._env_keys))
+            self._cell = cell
 
     def observe_cell_end(self, cell: int | None) -> None:
         """If the cell started the backend, record what it started with."""

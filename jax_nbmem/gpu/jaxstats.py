@@ -146,6 +146,11 @@ def gpu_stats_now() -> list[DeviceStats]:
     Empty before the backend starts, before the sampler's thread has listed the devices, and
     on the CPU (whose devices keep no counters).
     """
+    cached = _devices_of
+    if cached is None or not cached[2]:
+        # Nothing listed yet, or no GPU among what was: the answer is empty whatever the
+        # backend's state (a hook never lists devices). The CPU's case, found in two steps.
+        return []
     return device_stats(may_wait=False, gpus_only=True)
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -110,12 +111,36 @@ def _never_raise(callback):
         try:
             callback(*args, **kwargs)
         except BaseException:
-            try:
-                log.debug("jax_nbmem: %s failed", callback.__name__, exc_info=True)
-            except BaseException:  # a second interrupt while logging: still nothing escapes
-                pass
+            _failed(callback.__name__)
 
     return guarded
+
+
+def _failed(name: str) -> None:
+    """Log the exception being handled at debug level; never raises."""
+    try:
+        log.debug("jax_nbmem: %s failed", name, exc_info=True)
+    except BaseException:  # a second interrupt while logging: still nothing escapes
+        pass
+
+
+def _execution_count_reader(shell) -> Callable[[], int | None]:
+    """A cheap way to read ``shell.execution_count`` before every cell.
+
+    The trait's descriptor costs ten times a look in traitlets' own table of values, which
+    is read when it holds the count (it does once the count is set, as IPython does at its
+    start); else the trait itself.
+    """
+    values = getattr(shell, "_trait_values", None)
+    if not isinstance(values, dict):
+        return lambda: shell.execution_count
+    get = values.get
+
+    def execution_count() -> int | None:
+        count = get("execution_count")
+        return shell.execution_count if count is None else count
+
+    return execution_count
 
 
 @magics_class
@@ -451,18 +476,28 @@ def load(shell) -> None:
         getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
 
-    @_never_raise
-    def pre_run_cell(info=None):
-        session.cell_started(shell.execution_count, getattr(info, "raw_cell", "") or "")
+    # The two callbacks run around every cell: their guard is written out (not _never_raise's
+    # wrapper, a call more each) and read the count from traitlets' table of values.
+    execution_count = _execution_count_reader(shell)
 
-    @_never_raise
+    def pre_run_cell(info=None):
+        try:
+            session.cell_started(execution_count(), getattr(info, "raw_cell", "") or "")
+        except BaseException:
+            _failed("pre_run_cell")
+
     def post_run_cell(result=None):
-        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        session.cell_finished(
-            bool(getattr(result, "success", error is None)),
-            error,
-            getattr(result, "execution_count", None),
-        )
+        try:
+            error = getattr(result, "error_in_exec", None) or getattr(
+                result, "error_before_exec", None
+            )
+            session.cell_finished(
+                bool(getattr(result, "success", error is None)),
+                error,
+                getattr(result, "execution_count", None),
+            )
+        except BaseException:
+            _failed("post_run_cell")
 
     callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
     for event, callback in callbacks.items():

@@ -183,14 +183,16 @@ class KernelSession:
 
     def cell_started(self, execution_count: int | None, source: str) -> None:
         """Called before every user cell."""
-        self.control.observe_cell_start(execution_count)
+        if self.control.backend is None:  # once JAX's start is recorded, nothing to observe
+            self.control.observe_cell_start(execution_count)
         self.ledger.cell_started(execution_count, source)
 
     def cell_finished(
         self, success: bool, error: BaseException | None, execution_count: int | None = None
     ) -> None:
         """Called after every user cell, also after a syntax error."""
-        self.control.observe_cell_end(execution_count)
+        if self.control.backend is None:
+            self.control.observe_cell_end(execution_count)
         self.ledger.cell_finished(success, error, execution_count)
         if error is not None:
             previous, self.error_hold = self.error_hold, self._hold_of(error, execution_count)

@@ -2,9 +2,9 @@
 
 The magics' ``pre_run_cell``/``post_run_cell`` callbacks call :meth:`Ledger.cell_started` and
 :meth:`Ledger.cell_finished`. Both are cheap and never wait for NVML: each takes a timestamp and
-the readings that cannot block (JAX's allocator counters, through the sampler's
-:meth:`~jax_nbmem.record.sampler.Sampler.quick_reading`), takes the sampler's latest sample as
-"before", and asks the sampler's thread for a complete reading after the cell
+the readings that cannot block (JAX's GPU allocator counters, through the sampler's
+:meth:`~jax_nbmem.record.sampler.Sampler.quick_gpu_reading`), takes the sampler's latest
+sample as "before", and asks the sampler's thread for a complete reading after the cell
 (``request_after``), which is folded into the record when it arrives, with its delay. When cells
 follow each other faster than that reading (Run All), the first cell's "after" is read while the
 next one runs and the next cell's "before" is the latest reading from before it started, which
@@ -223,7 +223,7 @@ class Ledger:
         if sampler is None:
             return
         try:
-            cell.quick_before = sampler.quick_reading()
+            cell.quick_before = sampler.quick_gpu_reading()
             # Between cells nothing of ours changes, so the sampler's latest sample stands
             # for "before" (it carries its own time). Without its thread, one is taken here.
             before = sampler.latest()
@@ -271,7 +271,7 @@ class Ledger:
         if sampler is not None:
             cell.after_state = "waiting"
             try:
-                cell.quick_after = sampler.quick_reading()
+                cell.quick_after = sampler.quick_gpu_reading()
                 cell.samples_at_end = sampler.samples_taken
                 sampler.set_busy(False)
             except Exception as exc:

@@ -73,7 +73,8 @@ class SamplerSource:
     host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
     pid: int = field(default_factory=os.getpid)
     # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock and
-    # GPU devices only. None: device_stats itself (a fake source's, in tests), or JAX's own.
+    # GPU devices only; asked before backend_initialized, so it must never start a backend.
+    # None: device_stats itself (a fake source's, in tests), or JAX's own.
     quick_device_stats: Callable[[], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:

@@ -275,6 +275,24 @@ class Sampler:
         stats = tuple(jax_gpus(found)) if found else ()
         return QuickReading(self._clock(), self._monotonic(), True, stats)
 
+    def quick_gpu_reading(self) -> QuickReading | None:
+        """:meth:`quick_reading` when it holds JAX's GPU counters, else None: what a cell needs.
+
+        A cell's record keeps only the counters of a quick reading, so one without any (before
+        the backend starts, on the CPU) is as good as none; this says so at the cost of one
+        lookup, where :meth:`quick_reading` builds a reading with the time in it.
+        """
+        source = self._source
+        try:
+            found = source.quick_device_stats()
+            if not found or not source.backend_initialized():
+                return None
+        except Exception as exc:
+            self._remember(exc)
+            return None
+        stats = tuple(jax_gpus(found))
+        return QuickReading(self._clock(), self._monotonic(), True, stats) if stats else None
+
     def request_after(self, callback: Callable[[Sample, float], Any]) -> None:
         """Have a complete sample taken as soon as possible and given to ``callback``.
 
@@ -283,7 +301,8 @@ class Sampler:
         reading is under way are served by the next. Without a running thread the sample is
         taken at once, on the caller's thread. Errors in ``callback`` are counted, not raised.
         """
-        if not self.running:
+        thread = self._thread  # self.running, without a property's call: a cell hook calls this
+        if thread is None or self._stop_event.is_set() or not thread.is_alive():
             started = self._monotonic()
             self._deliver([callback], self._record(force=True), started)
             return

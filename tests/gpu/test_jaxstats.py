@@ -277,3 +277,18 @@ def test_host_rss_grows_when_this_process_touches_memory():
     assert before is not None and before > 0
     assert after - before >= 48 * 1024**2
     del block
+
+
+def test_a_hooks_reading_is_empty_on_the_cpu_and_follows_a_new_backend(fake_jax):
+    jax, bridge = fake_jax
+    jax.devices_listed = [FakeDevice(0, {}, platform="cpu")]
+    assert jaxstats.gpu_stats_now() == []  # not listed yet
+    assert len(jaxstats.device_stats()) == 1  # the sampler's thread lists them
+    assert jaxstats.gpu_stats_now() == []  # the CPU keeps no counters
+    bridge._backends = {"cuda": object()}  # jax.clear_backends() and a start on the GPU
+    jax.devices_listed = [FakeDevice(0, {"bytes_in_use": 5})]
+    assert jaxstats.gpu_stats_now() == []  # listed by the sampler's thread first
+    jaxstats.device_stats()
+    assert [d.bytes_in_use for d in jaxstats.gpu_stats_now()] == [5]
+    bridge._backends.clear()
+    assert jaxstats.gpu_stats_now() == []

@@ -5,6 +5,7 @@ clock, so the schedule and the numbers are exact. The thread tests wait for even
 for a fixed time.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -624,6 +625,7 @@ def test_nothing_a_cell_hook_calls_waits_for_a_hung_nvml(world):
         tracker = sampler.track()
         sampler.set_busy(True)
         sampler.quick_reading()
+        sampler.quick_gpu_reading()
         sampler.request_after(lambda sample, started: arrived.append(sample))
         sampler.set_busy(False)
         tracker.close()
@@ -637,3 +639,29 @@ def test_nothing_a_cell_hook_calls_waits_for_a_hung_nvml(world):
     finally:
         release.set()
         sampler.stop()
+
+
+def test_a_cell_hook_reads_jaxs_gpu_counters_only_when_there_are_some(world, clock):
+    sampler = make_sampler(world, clock)
+    assert sampler.quick_gpu_reading() is None  # JAX not started
+    world.jax_up = True
+    world.jax_devices = [SimpleNamespace(id=0, platform="cpu", bytes_in_use=None)]
+    assert sampler.quick_gpu_reading() is None  # the CPU keeps no counters
+    assert sampler.quick_reading().jax == ()  # what the full reading says, at more cost
+    world.jax_devices = [jax_gpu(1, 2 * GIB), jax_gpu(0, GIB)]
+    reading = sampler.quick_gpu_reading()
+    assert [d.id for d in reading.jax] == [0, 1] and reading.jax_in_use() == 3 * GIB
+    assert reading.jax_up and (reading.t, reading.mono) == (1.7e9 + clock.now, clock.now)
+    world.jax_up = False  # jax.clear_backends(): the counters are no longer JAX's now
+    assert sampler.quick_gpu_reading() is None
+
+
+def test_a_cell_hooks_reading_from_a_broken_source_is_none_and_said(world, clock):
+    def broken():
+        raise RuntimeError("backend torn down")
+
+    world.jax_up = True
+    source = dataclasses.replace(world.source(), quick_device_stats=broken)
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    assert sampler.quick_gpu_reading() is None
+    assert sampler.last_error == "RuntimeError: backend torn down"
