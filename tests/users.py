@@ -12,6 +12,9 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import pytest
 
 from tests.jupyterlab import REPO_ROOT
 
-__all__ = ["User", "add_user", "python_for", "remove_user"]
+__all__ = ["User", "add_user", "library_for_others", "python_for", "remove_user"]
 
 
 @dataclass
@@ -104,3 +107,24 @@ def python_for(user: User, folder: Path, env: dict, imports: str = "jax_nbmem") 
     if why is not None:
         pytest.fail(f"{user.name} cannot run the copy of Python at {python}: {why}")
     return python, env
+
+
+@contextmanager
+def library_for_others(simgpu_lib: Path, prefix: str) -> Iterator[Path]:
+    """A folder every user can read, holding a copy of the simulated GPU's library in ``lib/``.
+
+    The suite's own build lives where another user cannot read it; the folder (also the place
+    for a state file and a HOME) is removed afterwards.
+    """
+    from jax_nbmem import simgpu
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        folder.chmod(0o755)
+        lib = folder / "lib" / simgpu.LIBRARY_NAME
+        lib.parent.mkdir(mode=0o755)
+        shutil.copy(simgpu_lib, lib)
+        lib.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from jax_nbmem import simgpu
 from jax_nbmem.simgpu import GIB
+from tests.users import library_for_others
 
 RESERVED = 500 * 1024**2  # the GPU's, which v1's "used" (pynvml's default) counts
 
@@ -135,13 +133,8 @@ def test_a_user_other_than_root_may_not_ask_the_split_gpu_itself(split_gpu):
 def test_a_real_user_other_than_root_gets_no_permission(split_gpu, other_user, simgpu_lib):
     state, _ = split_gpu
     _, uid, gid = other_user
-    folder = Path(tempfile.mkdtemp(prefix="jnm-mig-"))  # readable by the other user
-    try:
-        folder.chmod(0o755)
+    with library_for_others(simgpu_lib, "jnm-mig-") as folder:
         lib = folder / "lib" / simgpu.LIBRARY_NAME
-        lib.parent.mkdir(mode=0o755)
-        shutil.copy(simgpu_lib, lib)
-        lib.chmod(0o755)
         state.path = folder / "gpu.state"
         state.write()
         env = simgpu.env_for_subprocess(lib.parent, state.path)
@@ -157,8 +150,6 @@ def test_a_real_user_other_than_root_gets_no_permission(split_gpu, other_user, s
         split, _ = json.loads(done.stdout)["gpus"]
         assert split["memory"] == split["procs"] == "error: Insufficient Permissions"
         assert [i["memory"][0] for i in split["instances"]] == [18 * GIB, 71 * GIB]
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 _NVITOP = """

@@ -14,6 +14,7 @@ import pytest
 
 from jax_nbmem.simgpu import GIB
 from tests.ipython_session import run_cells
+from tests.users import library_for_others
 
 MIB = 1024**2
 BASE_USED = 0  # R510+ drivers (the simulated one's default): used is the processes' memory
@@ -211,20 +212,11 @@ def test_a_process_on_a_sibling_instance_is_not_on_your_gpu(sim_state, simgpu_en
 
 
 def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, simgpu_lib, sleeper):
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     from jax_nbmem import simgpu
 
     _, uid, gid = other_user
-    folder = Path(tempfile.mkdtemp(prefix="jnm-mig-status-"))  # readable by the other user
-    try:
-        folder.chmod(0o755)
+    with library_for_others(simgpu_lib, "jnm-mig-status-") as folder:
         lib = folder / "lib" / simgpu.LIBRARY_NAME
-        lib.parent.mkdir(mode=0o755)
-        shutil.copy(simgpu_lib, lib)
-        lib.chmod(0o755)
         sim_state.path = folder / "gpu.state"
         _split_gpu(sim_state, sleeper).write()
         env = {**simgpu.env_for_subprocess(lib.parent, sim_state.path), "HOME": str(folder),
@@ -244,5 +236,3 @@ def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, s
         assert split["used_bytes"] is None and "cannot be read without root" in split["problem"]
         assert big["ours"] and big["used_bytes"] == 30 * GIB
         assert "GPU 0 is in MIG mode: MIG instances other than yours" in done.stdout
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
