@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the JupyterLab extension from labextension/ into jax_nbmem/labextension/ (the prebuilt
 # extension the wheel installs), then write labextension/build-stamp.json: the hashes of the
-# sources and of what was built from them. tests/test_labextension_build.py fails when either
+# sources and of what was built from them. tests/labextension/test_build.py fails when either
 # changed without the other, so that the built files checked into git are always those of the
 # sources. Needs node >= 18 and npm (Debian's `nodejs npm`, or nodejs.org) and the npm registry;
 # `pip install` and JupyterLab need neither.

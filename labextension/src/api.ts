@@ -9,6 +9,8 @@ export interface IGpu {
   index: number;
   uuid: string | null;
   name: string | null;
+  label?: string | null; // 'GPU 0', or 'MIG 3g.71gb instance 1 of GPU 0' for a MIG instance
+  mig_mode?: boolean;
   total_bytes: number | null;
   used_bytes: number | null;
   free_bytes: number | null;

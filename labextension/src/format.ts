@@ -1,5 +1,5 @@
 // How figures and people are written, as the board writes them.
-import { IKernel, IProcess, IStatus } from './api';
+import { IGpu, IKernel, IProcess, IStatus } from './api';
 
 export function gib(bytes: number | null | undefined): string {
   if (bytes === null || bytes === undefined) {
@@ -20,6 +20,11 @@ export function duration(seconds: number | null | undefined): string {
   return seconds < 5400
     ? `${Math.round(seconds / 60)} min`
     : `${(seconds / 3600).toFixed(1)} h`;
+}
+
+/** How a GPU is named, as the board names it: a MIG instance is a GPU of its own. */
+export function gpuLabel(gpu: IGpu | undefined, index: number | null): string {
+  return (gpu && gpu.label) || `GPU ${gpu ? gpu.index : index}`;
 }
 
 /** The hub's user name where there is one (in container hubs every Unix user is `jovyan`). */

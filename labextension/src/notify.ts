@@ -4,7 +4,7 @@
 import { Notification } from '@jupyterlab/apputils';
 
 import { IStatus } from './api';
-import { gib } from './format';
+import { gib, gpuLabel } from './format';
 import { IGpuStatus } from './model';
 
 const REMEMBERED = 'jax_nbmem:notified';
@@ -27,7 +27,7 @@ export function blockingKernels(status: IStatus): Map<string, IBlocking> {
       const where = kernel.notebook ? `Your kernel of ${kernel.notebook}` : 'Your kernel';
       const gpu = (status.gpus || []).find(g => g.index === warning.gpu);
       const text =
-        `${where} holds ${gib(kernel.gpu_memory_bytes)} of GPU ${warning.gpu} and keeps ` +
+        `${where} holds ${gib(kernel.gpu_memory_bytes)} of ${gpuLabel(gpu, warning.gpu)} and keeps ` +
         `others off it: ${gib(gpu ? gpu.free_bytes : null)} is free. Shut it down, or ` +
         'restart it with `%jaxalloc off` in its first cell.';
       found.set(`${kernel.kernel_id}:${warning.gpu}`, {

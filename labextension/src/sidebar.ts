@@ -5,7 +5,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IKernel, IProcess, IStatus } from './api';
-import { duration, element, gib, mode, owner } from './format';
+import { duration, element, gib, gpuLabel, mode, owner } from './format';
 import { IGpuStatus } from './model';
 
 export const SIDEBAR_ID = 'jax-nbmem-sidebar';
@@ -56,14 +56,14 @@ export class GpuSidebar extends Widget {
   private _gpu(gpu: IGpu, status: IStatus): HTMLElement {
     const section = element('section', null, {
       class: 'jax-nbmem-gpu',
-      'aria-label': `GPU ${gpu.index}`
+      'aria-label': gpuLabel(gpu, gpu.index)
     });
     const on = (status.processes || [])
       .filter(p => p.gpu === gpu.index)
       .sort((a, b) => (b.used_bytes || 0) - (a.used_bytes || 0));
     const pools = on.reduce((sum, p) => sum + poolBytes(p), 0);
     section.append(
-      element('h3', `GPU ${gpu.index}: ${gpu.name || 'name unknown'}`),
+      element('h3', `${gpuLabel(gpu, gpu.index)}: ${gpu.name || 'name unknown'}`),
       bar(gpu, pools),
       element(
         'div',
@@ -80,7 +80,14 @@ export class GpuSidebar extends Widget {
     for (const process of on) {
       list.append(this._process(process, own));
     }
-    if (!on.length) {
+    if (gpu.mig_mode) {
+      // its processes are its instances', each of which is shown as a GPU of its own
+      list.append(
+        element('li', 'in MIG mode: its processes are listed under its instances', {
+          class: 'jax-nbmem-note'
+        })
+      );
+    } else if (!on.length) {
       list.append(element('li', 'no processes', { class: 'jax-nbmem-note' }));
     }
     section.append(list);

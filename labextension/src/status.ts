@@ -5,7 +5,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IStatus } from './api';
-import { gib, kernelOf } from './format';
+import { gib, gpuLabel, kernelOf } from './format';
 import { IGpuStatus } from './model';
 
 /** What the item says and its colour, for one kernel in one snapshot. */
@@ -39,7 +39,9 @@ export function itemView(status: IStatus, kernelId: string | undefined): IItemVi
   const on = kernel.gpus.length ? kernel.gpus : [];
   const where = status.gpus.filter(g => on.includes(g.index));
   const parts = where.length
-    ? where.map(g => `GPU ${g.index}: ${gib(kernel.gpu_memory_bytes)} · ${gib(g.free_bytes)} free`)
+    ? where.map(
+        g => `${gpuLabel(g, g.index)}: ${gib(kernel.gpu_memory_bytes)} · ${gib(g.free_bytes)} free`
+      )
     : [gpus[0] ? free(gpus[0]) : 'GPU'];
   const lines = [
     kernel.state_reason || 'This kernel blocks no one.',
@@ -50,7 +52,7 @@ export function itemView(status: IStatus, kernelId: string | undefined): IItemVi
 }
 
 function free(gpu: IGpu): string {
-  return `GPU ${gpu.index}: ${gib(gpu.free_bytes)} free`;
+  return `${gpuLabel(gpu, gpu.index)}: ${gib(gpu.free_bytes)} free`;
 }
 
 export class GpuStatusItem extends Widget {

@@ -297,3 +297,32 @@ def test_without_a_gpu_the_item_says_so_and_stays_quiet(
     count_status_requests(lab_page)
     time.sleep(10)
     assert status_requests(lab_page) == 0  # it looks again only once a minute
+
+
+@pytest.mark.timeout(240)
+def test_a_mig_instance_is_named_as_the_gpu_it_is(
+    start_lab_server, lab_page, sim_state, simgpu_env
+):
+    big = "MIG-5a1e0000-0000-0000-0000-000000000002"
+    sim_state.gpu(0, total=141 * GIB, mig=True)
+    sim_state.mig(0, 1, 18 * GIB, name="NVIDIA H200 MIG 1g.18gb")
+    sim_state.mig(0, 2, 71 * GIB, uuid=big, name="NVIDIA H200 MIG 3g.71gb")
+    sim_state.process(0, OTHER_PID, 30 * GIB, mig=2).write()
+    env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": big}
+    server = start_lab_server(env=env)
+    write_notebook(server.root_dir / "mig.ipynb", ["x = 1"])
+    open_notebook(lab_page, server, "mig.ipynb")
+    wait_kernel_connected(server, 90, notebook="mig.ipynb")
+    lab_page.wait_for_function(  # this kernel holds nothing: the item names the instance's room
+        "s => document.querySelector(s)?.innerText.startsWith('MIG 3g.71gb instance 2 of GPU 0:')",
+        arg=ITEM,
+        timeout=60_000,
+    )
+    assert f"{gib(41 * GIB)} free" in lab_page.locator(ITEM).inner_text()
+    lab_page.locator(ITEM).click()
+    instance = lab_page.get_by_role("region", name="MIG 3g.71gb instance 2 of GPU 0")
+    instance.wait_for(state="visible")
+    split = lab_page.get_by_role("region", name="GPU 0", exact=True)
+    assert "in MIG mode: its processes are listed under its instances" in split.inner_text()
+    assert "kernel PID" not in instance.inner_text() and "30.0 GiB" in instance.inner_text()
+    screenshot(lab_page, "labext-mig")
