@@ -41,14 +41,23 @@ def with_states(
     """
     processes = list(report.get("processes") or [])
     warnings = list(report.get("warnings") or [])
-    gpus = [g for g in report.get("gpus") or [] if g.get("ours", True)]
+    every = list(report.get("gpus") or [])
+    labels = {g.get("index"): g.get("label") or f"GPU {g.get('index')}" for g in every}
+    # A GPU split into MIG instances holds no pool itself: its instances are the GPUs JAX uses.
+    gpus = [g for g in every if g.get("ours", True) and not g.get("mig_mode")]
     return [
-        _with_state(dict(kernel), processes, warnings, gpus, pending or {}) for kernel in kernels
+        _with_state(dict(kernel), processes, warnings, gpus, labels, pending or {})
+        for kernel in kernels
     ]
 
 
 def _with_state(
-    kernel: dict[str, Any], processes: list, warnings: list, gpus: list, pending: Mapping
+    kernel: dict[str, Any],
+    processes: list,
+    warnings: list,
+    gpus: list,
+    labels: Mapping[Any, str],
+    pending: Mapping,
 ) -> dict[str, Any]:
     pid = kernel.get("pid")
     rows = [p for p in processes if pid is not None and p.get("pid") == pid]
@@ -63,7 +72,7 @@ def _with_state(
         gpu = short[0]
         kernel["state"] = "will-not-fit"
         kernel["state_reason"] = (
-            f"its mode will take {fraction:.0%} of GPU {gpu['index']} when JAX starts, but "
+            f"its mode will take {fraction:.0%} of {labels[gpu['index']]} when JAX starts, but "
             f"only {gpu['free_bytes'] / 2**30:.1f} GiB of {gpu['total_bytes'] / 2**30:.1f} "
             "GiB is free"
         )
@@ -72,14 +81,15 @@ def _with_state(
     if red:
         kernel["state"] = "blocking"
         gpus = sorted({w.get("gpu") for w in red if w.get("gpu") is not None})
-        where = ", ".join(f"GPU {index}" for index in gpus) or "a GPU"
+        where = ", ".join(labels.get(index, f"GPU {index}") for index in gpus) or "a GPU"
         kernel["state_reason"] = f"{red[0]['kind']}: this kernel keeps others off {where}"
         return kernel
     shared = [row for row in rows if row.get("preallocated") and _others_on(row, processes)]
     if shared:
         kernel["state"] = "shared-preallocation"
+        index = shared[0].get("gpu")
         kernel["state_reason"] = (
-            f"its JAX preallocated a pool on GPU {shared[0].get('gpu')}, which other "
+            f"its JAX preallocated a pool on {labels.get(index, f'GPU {index}')}, which other "
             "processes use too"
         )
         return kernel

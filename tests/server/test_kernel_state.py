@@ -97,3 +97,32 @@ def test_a_kernel_already_on_the_gpu_is_judged_by_what_it_holds_not_its_beacon()
     report = {"processes": [row(1, used=GIB)], "warnings": [], "gpus": [gpu(free=GIB)]}
     found = with_states([kernel(1)], report, {1: ("on", 0.75)})
     assert found[0]["state"] == "normal"
+
+
+def test_a_mig_instance_is_named_by_its_label_and_its_split_gpu_is_not_a_room():
+    label = "MIG 3g.71gb instance 2 of GPU 0"
+    gpus = [
+        {
+            "index": 0,
+            "label": "GPU 0",
+            "mig_mode": True,
+            "ours": True,
+            "free_bytes": 0,
+            "total_bytes": 141 * GIB,
+        },  # fmt: skip
+        {"index": 1, "label": label, "ours": True, "free_bytes": 41 * GIB, "total_bytes": 71 * GIB},
+    ]
+    processes = [row(1, gpu=1, preallocated=True, mode="on"), row(7, gpu=1)]
+    report = {"processes": processes, "warnings": [blocking(1, gpu=1)], "gpus": gpus}
+    (found,) = with_states([kernel(1)], report)
+    assert found["state_reason"] == f"blocking-preallocation: this kernel keeps others off {label}"
+    report["warnings"] = []
+    (found,) = with_states([kernel(1)], report)
+    assert found["state"] == "shared-preallocation" and label in found["state_reason"]
+    # JAX not started, 50% of the instance's 71 GiB fits its 41 GiB free; the split GPU's
+    # own 0 bytes free says nothing about where the pool will go
+    (found,) = with_states([kernel(5)], {**report, "processes": []}, {5: ("fraction 0.5", 0.5)})
+    assert found["state"] == "normal", found
+    (found,) = with_states([kernel(5)], {**report, "processes": []}, {5: ("on", 0.75)})
+    assert found["state"] == "will-not-fit"
+    assert found["state_reason"].startswith(f"its mode will take 75% of {label} when JAX starts")
