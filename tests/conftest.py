@@ -86,6 +86,31 @@ def _own_runtime_dir(tmp_path_factory):
         os.environ["JUPYTER_RUNTIME_DIR"] = before
 
 
+# --- The allocator's variables -----------------------------------------------------------------
+#
+# Every kernel, shell and CLI a test starts inherits this process's environment, and the mode JAX
+# will start with is read from it: one test that leaves XLA_PYTHON_CLIENT_ALLOCATOR=platform in
+# os.environ turns every later kernel's "on" into "platform". So each test must leave the managed
+# variables as it found them; one that does not is told so (and they are put back).
+
+
+@pytest.fixture(autouse=True)
+def _allocator_variables_left_as_found():
+    from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES
+
+    before = {name: os.environ.get(name) for name in MANAGED_VARIABLES}
+    yield
+    after = {name: os.environ.get(name) for name in MANAGED_VARIABLES}
+    if after != before:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        changed = f"{before} -> {after}"
+        pytest.fail(f"the test changed the allocator's variables in os.environ: {changed}")
+
+
 # --- Another user (as root only, as CI runs) --------------------------------------------------
 
 

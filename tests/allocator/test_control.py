@@ -28,7 +28,10 @@ class _Jax:
 @pytest.fixture(params=["os.environ", "mapping"])
 def environ(request, monkeypatch):
     for name in MANAGED_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        # Set first, so that monkeypatch records the name and takes away at the end what a
+        # test writes into os.environ itself (delenv of an absent name records nothing).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return os.environ if request.param == "os.environ" else {}
 
 
