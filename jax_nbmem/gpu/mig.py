@@ -13,6 +13,7 @@ Pure: no NVML, no JAX. :mod:`jax_nbmem.gpu.nvml_session` fills these in.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -73,6 +74,11 @@ def gpu_label(gpu: Any) -> str:
     # A GPU instance split further into compute instances: each is a device; say which.
     compute = f" compute instance {mig.compute_instance_id}" if mig.compute_instance_id else ""
     return f"{profile} instance {mig.gpu_instance_id}{compute} of GPU {mig.parent_index}"
+
+
+def report_label(gpu: Mapping[str, Any]) -> str:
+    """The label of a GPU entry of a status report (JSON): its ``label``, else "GPU N"."""
+    return gpu.get("label") or f"GPU {gpu.get('index')}"
 
 
 def shown_order(index: int, parent_index: int | None) -> tuple[int, int]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from jax_nbmem.gpu.mig import report_label
+
 __all__ = ["RED_WARNINGS", "with_states"]
 
 # The warnings that turn a kernel's item red when they name its process.
@@ -42,7 +44,7 @@ def with_states(
     processes = list(report.get("processes") or [])
     warnings = list(report.get("warnings") or [])
     every = list(report.get("gpus") or [])
-    labels = {g.get("index"): g.get("label") or f"GPU {g.get('index')}" for g in every}
+    labels = {g.get("index"): report_label(g) for g in every}
     # A GPU split into MIG instances holds no pool itself: its instances are the GPUs JAX uses.
     gpus = [g for g in every if g.get("ours", True) and not g.get("mig_mode")]
     return [

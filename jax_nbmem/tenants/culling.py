@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
+from jax_nbmem.gpu.mig import report_label
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
@@ -100,7 +101,7 @@ def candidates(report: Mapping[str, Any], policy: CullPolicy) -> list[Candidate]
             reason, holds = "idle-over-share", f"more than {policy.share:.0%} of the GPU"
         else:
             continue
-        where = gpu.get("label") or f"GPU {gpu['index']}"  # a MIG instance: its label
+        where = report_label(gpu)  # a MIG instance: its label
         why = (
             f"idle for {format_duration(idle)} (limit {format_duration(policy.idle_s)}), it "
             f"holds {holds} ({format_bytes(used)}) of {where}, where only "
