@@ -19,7 +19,7 @@ from jax_nbmem.allocator.jaxlib import (
     installed_jaxlib,
 )
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
-from jax_nbmem.gpu.jaxstats import GPU_PLATFORMS, backend_initialized, initialized_platforms
+from jax_nbmem.gpu.jaxstats import GPU_PLATFORMS, backend_probe, initialized_platforms
 
 __all__ = [
     "ENV_ALLOCATOR",
@@ -154,14 +154,15 @@ class AllocatorControl:
         environ: MutableMapping[str, str] | None = None,
         jaxlib: JaxlibInfo | None = None,
         *,
-        probe=backend_initialized,
+        probe: Callable[[], bool] | None = None,
         platforms=initialized_platforms,
     ) -> None:
         self._environ = os.environ if environ is None else environ
         # The managed variables as they are, as cheaply as possible (before every cell).
         self._snapshot = _snapshot_reader(self._environ)
         self._jaxlib = jaxlib
-        self._probe = probe
+        # Whether JAX's backend is up; asked around every cell until its start is recorded.
+        self._probe = backend_probe() if probe is None else probe
         self._platforms = platforms
         self._ours: dict[str, str] = {}
         self.requested: AllocatorMode | None = None

@@ -132,15 +132,11 @@ def _execution_count_reader(shell) -> Callable[[], int | None]:
     start); else the trait itself.
     """
     values = getattr(shell, "_trait_values", None)
-    if not isinstance(values, dict):
+    if not isinstance(values, dict) or values.get("execution_count") is None:
         return lambda: shell.execution_count
-    get = values.get
-
-    def execution_count() -> int | None:
-        count = get("execution_count")
-        return shell.execution_count if count is None else count
-
-    return execution_count
+    # A partial of a C method: the read costs a cell no Python frame. The post-cell hook
+    # takes the count from IPython's result anyway, which wins over this one.
+    return functools.partial(values.get, "execution_count")
 
 
 @magics_class
@@ -476,29 +472,9 @@ def load(shell) -> None:
         getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
 
-    # The two callbacks run around every cell: their guard is written out (not _never_raise's
-    # wrapper, a call more each) and read the count from traitlets' table of values.
-    execution_count = _execution_count_reader(shell)
-
-    def pre_run_cell(info=None):
-        try:
-            session.cell_started(execution_count(), getattr(info, "raw_cell", "") or "")
-        except BaseException:
-            _failed("pre_run_cell")
-
-    def post_run_cell(result=None):
-        try:
-            error = getattr(result, "error_in_exec", None) or getattr(
-                result, "error_before_exec", None
-            )
-            session.cell_finished(
-                bool(getattr(result, "success", error is None)),
-                error,
-                getattr(result, "execution_count", None),
-            )
-        except BaseException:
-            _failed("post_run_cell")
-
+    # The two callbacks run around every cell: the session writes them out in one function
+    # each, their guard included, and they read the count from traitlets' table of values.
+    pre_run_cell, post_run_cell = session.cell_callbacks(_execution_count_reader(shell), _failed)
     callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
     for event, callback in callbacks.items():
         shell.events.register(event, callback)

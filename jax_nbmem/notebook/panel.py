@@ -278,6 +278,9 @@ class _LivePanel:
         self.sampler = getattr(session, "sampler", None)
         self._session = session
         self._session_changed = False
+        # Set when a cell's end woke the update thread, cleared by the thread once it looks:
+        # cells in quick succession wake it once (an Event's set costs a cell microseconds).
+        self._woken_by_cell = False
         self._ledger = getattr(session, "ledger", None)
         self._timeline = LiveFigure(limits)  # keeps the history part between updates
         self._lock = threading.RLock()
@@ -364,7 +367,9 @@ class _LivePanel:
     def cell_finished(self) -> None:
         """A cell ended (on its path): mark the panel, leave the work to the update thread."""
         self._session_changed = True
-        self._dirty.set()
+        if not self._woken_by_cell:
+            self._woken_by_cell = True
+            self._dirty.set()
 
     def refresh_after_cell(self) -> None:
         """Bring the figure up to date now, on the main thread (see ``_refresh_snapshot``)."""
@@ -405,6 +410,7 @@ class _LivePanel:
             if self.pause.value:
                 if woken:
                     self._dirty.clear()
+                    self._woken_by_cell = False
                     self._render_banner(self.sampler.latest(), paused=True)
                 continue
             # A new look at who is on the GPU: its warnings reach the banner with no cell run.
@@ -413,6 +419,9 @@ class _LivePanel:
                 continue
             started, cpu = time.monotonic(), time.thread_time()
             self._dirty.clear()
+            # Reset before _session_changed is read: a cell that ends from here on wakes the
+            # thread again, and one that ended before is seen now.
+            self._woken_by_cell = False
             try:
                 if self._session_changed or news:  # a cell ended, or the watcher reported
                     self._session_changed = False

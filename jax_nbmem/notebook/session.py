@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
@@ -181,32 +182,65 @@ class KernelSession:
         if listener in self._cell_listeners:
             self._cell_listeners.remove(listener)
 
-    def cell_started(self, execution_count: int | None, source: str) -> None:
-        """Called before every user cell."""
-        if self.control.backend is None:  # once JAX's start is recorded, nothing to observe
-            self.control.observe_cell_start(execution_count)
-        self.ledger.cell_started(execution_count, source)
+    def cell_callbacks(
+        self, execution_count: Callable[[], int | None], failed: Callable[[str], None]
+    ) -> tuple[Callable[..., None], Callable[..., None]]:
+        """IPython's ``pre_run_cell`` and ``post_run_cell`` callbacks for this session.
 
-    def cell_finished(
-        self, success: bool, error: BaseException | None, execution_count: int | None = None
-    ) -> None:
-        """Called after every user cell, also after a syntax error."""
-        if self.control.backend is None:
-            self.control.observe_cell_end(execution_count)
-        self.ledger.cell_finished(success, error, execution_count)
-        if error is not None:
-            previous, self.error_hold = self.error_hold, self._hold_of(error, execution_count)
-            if is_resource_exhausted(error):
-                try:  # the diagnosis may fail; the panel's listeners must still hear of the cell
-                    self._explain_oom()
-                    self._say_error_holds(previous, self.error_hold, execution_count)
-                except Exception:
-                    log.debug("jax_nbmem: the out-of-memory diagnosis failed", exc_info=True)
-        for listener in self._cell_listeners:
+        *execution_count* reads the shell's count; *failed(name)* is called, inside the
+        ``except``, when a callback fails: nothing escapes into the user's cell (IPython prints
+        a traceback after every cell whose callback raised). They run around every cell, so
+        they do what the session does per cell themselves, in one call each (the ledger's
+        hooks aside): each call costs a cell more than its instructions, coming after
+        IPython's own work has pushed our code out of the processor's caches.
+        """
+        control, ledger, listeners = self.control, self.ledger, self._cell_listeners
+
+        def pre_run_cell(info: Any = None) -> None:
             try:
-                listener()
+                count = execution_count()
+                if control.backend is None:  # once JAX's start is recorded, nothing to observe
+                    control.observe_cell_start(count)
+                try:
+                    source = info.raw_cell or ""
+                except AttributeError:  # IPython before 8 gives no info
+                    source = ""
+                ledger.cell_started(count, source)
+            except BaseException:
+                failed("pre_run_cell")
+
+        def post_run_cell(result: Any = None) -> None:
+            try:
+                # IPython's ExecutionResult; its `success` is a property saying just this.
+                try:
+                    error = result.error_in_exec or result.error_before_exec
+                    count = result.execution_count
+                except AttributeError:
+                    error = count = None
+                if control.backend is None:
+                    control.observe_cell_end(count)
+                ledger.cell_finished(error is None, error, count)
+                if error is not None:
+                    self._cell_failed(error, count)
+                for listener in listeners:
+                    try:
+                        listener()
+                    except Exception:
+                        log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
+            except BaseException:
+                failed("post_run_cell")
+
+        return pre_run_cell, post_run_cell
+
+    def _cell_failed(self, error: BaseException, execution_count: int | None) -> None:
+        """After a cell that raised: keep what its frames hold; explain an out-of-memory."""
+        previous, self.error_hold = self.error_hold, self._hold_of(error, execution_count)
+        if is_resource_exhausted(error):
+            try:
+                self._explain_oom()
+                self._say_error_holds(previous, self.error_hold, execution_count)
             except Exception:
-                log.debug("jax_nbmem: cell listener %r failed", listener, exc_info=True)
+                log.debug("jax_nbmem: the out-of-memory diagnosis failed", exc_info=True)
 
     def started_mode(self):
         """The allocator settings JAX started with (or will start with, before it has)."""

@@ -21,12 +21,12 @@ may fall at different moments. A field is ``None`` when any of the GPUs could no
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
@@ -120,8 +120,9 @@ class CellRecord:
 class _Cell:
     """One cell while its record forms. The after reading arrives on the sampler's thread.
 
-    Attributes a cell only sometimes gets are class-level defaults: a hook sets only what it
-    read, which keeps the cost per cell down.
+    Attributes a cell only sometimes gets are class-level defaults, and the hook that opens
+    it sets the others itself (no ``__init__``: a call less per cell): ``execution_count``,
+    ``source``, ``started_at`` and ``started_mono``.
     """
 
     quick_before: Any = None
@@ -143,12 +144,10 @@ class _Cell:
     # The sampler's count of samples at both ends: equal when none came while it ran.
     samples_at_start = 0
     samples_at_end = 0
-
-    def __init__(self, execution_count: int | None, source: str, now: float, mono: float):
-        self.execution_count = execution_count
-        self.source = source  # its first line is found when the record is built
-        self.started_at = now
-        self.started_mono = mono
+    execution_count: int | None = None
+    source = ""  # its first line is found when the record is built
+    started_at = 0.0
+    started_mono = 0.0
 
 
 class Ledger:
@@ -179,6 +178,17 @@ class Ledger:
         self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
         self._ended_unrecorded_at: float | None = None
         self.last_error: str | None = None
+        # Cells whose reading after them has not come, oldest first: while the sampler's
+        # thread serves, a cell's end only queues itself here (no call), and the thread,
+        # which asks _has_unread at every wake and tick, hands each one its reading.
+        self._unread: deque[_Cell] = deque()
+        self._reads_unread = False
+        if sampler is not None:
+            try:
+                sampler.read_after_cells(self._has_unread, self._readings_arrived)
+                self._reads_unread = True
+            except Exception as exc:  # a sampler without it: a request per cell
+                self._remember(exc)
 
     @property
     def max_records(self) -> int:
@@ -203,18 +213,25 @@ class Ledger:
     def cell_started(self, execution_count: int | None, source: str | None) -> None:
         """Open a record for a cell about to run (from ``pre_run_cell``). Never raises.
 
-        Costs a few microseconds: two clocks, the sampler's quick reading and its latest
-        sample; nothing here takes a lock another thread may hold for long.
+        Costs about a microsecond: two clocks, the sampler's latest sample and its count
+        (attributes), and JAX's GPU counters where there are any; no lock, no system call.
+        Every call spared here counts: the hooks run when IPython's own work has pushed them
+        out of the processor's caches.
         """
         if self._open is not None:
             self.cell_finished(None, None)  # its end was never reported; keep what we know
+        cell = _Cell()
+        cell.execution_count = execution_count
+        cell.source = source or ""
         try:
-            cell = _Cell(execution_count, source or "", self._clock(), self._monotonic())
+            cell.started_at = self._clock()
+            cell.started_mono = self._monotonic()
         except Exception as exc:
             self._remember(exc)
             return
-        previous = self._records[-1] if self._records else None
-        if isinstance(previous, _Cell) and previous.after_state == "waiting":
+        records = self._records
+        previous = records[-1] if records else None
+        if type(previous) is _Cell and previous.after_state == "waiting":
             previous.next_started = cell.started_mono
         else:
             previous = None
@@ -223,18 +240,19 @@ class Ledger:
         if sampler is None:
             return
         try:
-            cell.quick_before = sampler.quick_gpu_reading()
+            if sampler.quick_gpus:
+                cell.quick_before = sampler.quick_gpu_reading()
             # Between cells nothing of ours changes, so the sampler's latest sample stands
             # for "before" (it carries its own time). Without its thread, one is taken here.
-            before = sampler.latest()
-            if before is None and not getattr(sampler, "running", True):
+            before = sampler.latest_sample
+            if before is None and not sampler.running:
                 before = sampler.sample_now()
             cell.before = before
             cell.samples_at_start = sampler.samples_taken
             if previous is not None and before is not None and previous.ended_at is not None:
                 # The previous cell's own reading has not come yet: the latest is older.
                 cell.before_early = before.t < previous.ended_at
-            sampler.set_busy(True)
+            sampler.busy = True
         except Exception as exc:
             self._remember(exc)
 
@@ -271,19 +289,42 @@ class Ledger:
         if sampler is not None:
             cell.after_state = "waiting"
             try:
-                cell.quick_after = sampler.quick_gpu_reading()
+                if sampler.quick_gpus:
+                    cell.quick_after = sampler.quick_gpu_reading()
                 cell.samples_at_end = sampler.samples_taken
-                sampler.set_busy(False)
+                sampler.busy = False
             except Exception as exc:
                 self._remember(exc)
         self._records.append(cell)
         self.finished += 1
         if sampler is not None:
             try:
-                sampler.request_after(functools.partial(self._after_arrived, cell))
+                if self._reads_unread and sampler.serving:
+                    self._unread.append(cell)
+                    if cell.ended_mono >= sampler.wake_after_at:
+                        sampler.wake_for_cells()
+                else:  # no thread: the reading is taken now, on this thread
+                    sampler.request_after(partial(self._after_arrived, cell))
             except Exception as exc:
                 self._remember(exc)
                 cell.after_state = "missed"
+
+    def _has_unread(self) -> bool:
+        return bool(self._unread)
+
+    def _readings_arrived(self, sample: Any, started: float) -> None:
+        """A reading that began at monotonic *started*: it is "after" for the cells that ended.
+
+        On the sampler's thread. Cells queue in the order they end; those that ended after the
+        reading began wait for the next.
+        """
+        unread = self._unread
+        while unread:
+            cell = unread[0]
+            if cell.ended_mono is not None and cell.ended_mono > started:
+                break
+            unread.popleft()
+            self._after_arrived(cell, sample, started)
 
     def _after_arrived(self, cell: _Cell, sample: Any, started: float) -> None:
         """The sampler's reading after ``cell`` (its thread, or ours without a thread).

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax_nbmem.gpu.jaxstats import gpu_stats_now
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
 from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
 from jax_nbmem.record.readings import (
@@ -72,6 +73,14 @@ class Sampler:
     only those; the complete reading after a cell is taken by the thread, woken at once
     (:meth:`request_after`).
 
+    What a cell hook reads and writes is kept in plain attributes, so that the hook pays no
+    call for it: ``latest_sample`` (what :meth:`latest` returns), ``samples_taken`` (grows by
+    one per sample), ``busy`` (what :meth:`set_busy` sets), ``quick_gpus`` (False when a
+    quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
+    GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
+    ``serving`` (the thread runs and serves requests) and ``wake_after_at`` (the monotonic
+    time from which a cell's end should wake the thread: see :meth:`read_after_cells`).
+
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
     ``live_array_budget``, the share of a core that reading ``jax.live_arrays()`` may take
@@ -106,10 +115,21 @@ class Sampler:
         # Appended by cell hooks and emptied by the thread, both without a lock (a deque's
         # append and popleft are atomic).
         self._after_requests: deque[Callable[[Sample, float], Any]] = deque()
-        self._last_forced = -math.inf
-        self._latest: Sample | None = None
+        # Cells in quick succession share a reading: the thread is woken for a reading after
+        # a cell no sooner than _MIN_AFTER_GAP_S after its last one began (it takes the cells
+        # that wait at its next tick then), and once until that reading begins (infinity).
+        # Every wake costs a cell a GIL hand-over.
+        self.wake_after_at = -math.inf
+        # Whether the thread serves requests: set by start(), cleared by stop() and by the
+        # thread's own end (it may die). A cell's request reads it instead of asking the
+        # thread and its stop event, which costs the cell four calls.
+        self.serving = False
+        # (waiting, deliver) pairs: see read_after_cells.
+        self._cell_readers: list[tuple[Callable[[], bool], Callable[[Sample, float], Any]]] = []
+        self.latest_sample: Sample | None = None
+        self.quick_gpus = True
         self.samples_taken = 0  # grows by one per sample: tells whether any came meanwhile
-        self._busy = False
+        self.busy = False  # a cell runs: see set_busy
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
@@ -175,6 +195,8 @@ class Sampler:
             self._thread = threading.Thread(
                 target=self._run, args=(self._stop_event,), name="jax_nbmem-sampler", daemon=True
             )
+            self.serving = True
+            self.wake_after_at = -math.inf
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -186,6 +208,7 @@ class Sampler:
         """
         with self._lock:
             thread = self._thread
+            self.serving = False
             self._stop_event.set()
             self._wake.set()
         self._join(thread, timeout)
@@ -199,25 +222,20 @@ class Sampler:
             if self._thread is thread and not thread.is_alive():
                 self._thread = None
 
-    @property
-    def busy(self) -> bool:
-        """Whether the process list is read at the busy rate now (see :meth:`set_busy`)."""
-        return self._busy
-
     def set_busy(self, busy: bool) -> None:
         """Read the process list every ``busy_process_interval`` while *busy* (a cell runs).
 
-        A plain assignment, no lock: a cell hook calls it.
+        The same as setting the ``busy`` attribute, which a cell hook does: no lock.
         """
-        self._busy = bool(busy)
+        self.busy = bool(busy)
 
     def latest(self) -> Sample | None:
         """The most recent sample, or ``None`` before the first."""
-        return self._latest
+        return self.latest_sample
 
     def recent(self, max_age_s: float) -> Sample | None:
         """The latest sample if the thread is running and took it at most ``max_age_s`` ago."""
-        latest = self._latest
+        latest = self.latest_sample
         if latest is None or not self.running or self._clock() - latest.t > max_age_s:
             return None
         return latest
@@ -301,18 +319,34 @@ class Sampler:
         reading is under way are served by the next. Without a running thread the sample is
         taken at once, on the caller's thread. Errors in ``callback`` are counted, not raised.
         """
-        thread = self._thread  # self.running, without a property's call: a cell hook calls this
-        if thread is None or self._stop_event.is_set() or not thread.is_alive():
+        if not self.serving:  # no thread, or it stopped or died
             started = self._monotonic()
             self._deliver([callback], self._record(force=True), started)
             return
-        first = not self._after_requests
         self._after_requests.append(callback)
-        # Cells in quick succession share a reading: the thread is woken for the first one
-        # only, and not again within _MIN_AFTER_GAP_S of its last reading (it takes the
-        # waiting ones at its next tick then). Every wake costs the cell a GIL hand-over.
-        if first and self._monotonic() - self._last_forced >= _MIN_AFTER_GAP_S:
-            self._wake.set()
+        if self._monotonic() >= self.wake_after_at:
+            self.wake_for_cells()
+
+    def read_after_cells(
+        self, waiting: Callable[[], bool], deliver: Callable[[Sample, float], Any]
+    ) -> None:
+        """Take a complete reading whenever ``waiting()`` says that cells ended unread.
+
+        A ledger's way to have a reading after every cell without a call per cell: a cell's
+        end queues the cell in the ledger and, when its monotonic end time has reached
+        ``wake_after_at``, calls :meth:`wake_for_cells` (at most once per reading). The thread
+        asks ``waiting()`` at each wake and tick, and calls ``deliver(sample, started)`` with
+        the reading, ``started`` being the monotonic time it began: the cells that ended
+        after that wait for the next. Only while ``serving``: without the thread, a caller
+        uses :meth:`request_after`. Errors in either are counted, not raised.
+        """
+        with self._lock:
+            self._cell_readers = [*self._cell_readers, (waiting, deliver)]
+
+    def wake_for_cells(self) -> None:
+        """Wake the thread for a reading after cells (see :meth:`read_after_cells`)."""
+        self.wake_after_at = math.inf  # until that reading begins: one wake is enough
+        self._wake.set()
 
     def tick(self) -> Sample:
         """Take one scheduled sample, as the thread does every ``interval``; notify subscribers.
@@ -346,13 +380,28 @@ class Sampler:
         requests = []
         while self._after_requests:
             requests.append(self._after_requests.popleft())
-        if not requests:
+        readers = [deliver for waiting, deliver in self._cell_readers if self._asks(waiting)]
+        if not requests and not readers:
             return
         started = self._monotonic()
-        self._last_forced = started
+        self.wake_after_at = started + _MIN_AFTER_GAP_S
         sample = self._record(force=True)
-        self._deliver(requests, sample, started)
+        self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
+
+    def _asks(self, waiting: Callable[[], bool]) -> bool:
+        try:
+            return bool(waiting())
+        except Exception as exc:
+            self.callback_errors += 1
+            self._remember(exc)
+            return False
+
+    def _reading_wanted(self) -> bool:
+        """Whether a request or a reader of cells waits for a reading."""
+        return bool(self._after_requests) or any(
+            self._asks(waiting) for waiting, _ in self._cell_readers
+        )
 
     def _deliver(self, requests: list, sample: Sample, started: float) -> None:
         for callback in requests:
@@ -370,7 +419,7 @@ class Sampler:
             sample = Sample(t=self._clock(), gpus=(), host=None)
         with self._lock:
             self._history.add(sample)
-            self._latest = sample
+            self.latest_sample = sample
             self.samples_taken += 1
             for tracker in self._trackers:
                 tracker.observe(sample)
@@ -397,7 +446,7 @@ class Sampler:
         # list (the costly NVML call) would say the same again.
         moved = used != self._used_at_process_read or None in used.values()
         due = self._process_due
-        if self._busy:  # a cell runs: the list is due a busy interval after the last one
+        if self.busy:  # a cell runs: the list is due a busy interval after the last one
             due = min(due, self._process_read_at + self.busy_process_interval)
         if moved_much(used, self._used_at_process_read):
             # Someone's bytes changed since the list: who holds what is stale. Read it again
@@ -413,6 +462,9 @@ class Sampler:
                 self._process_due = now + self.process_interval
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         gpu_stats = jax_gpus(stats)
+        # JAX's own quick reading (jaxstats.gpu_stats_now) finds GPU counters only where
+        # this listing found GPUs; another source's quick reading is always asked.
+        self.quick_gpus = bool(gpu_stats) or source.quick_device_stats is not gpu_stats_now
         if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
             # JAX's allocator counts its bytes itself: no need to walk every live array.
             self._live_bytes = None
@@ -448,10 +500,21 @@ class Sampler:
                 self._trackers.remove(tracker)
 
     def _run(self, stop_event: threading.Event) -> None:
+        try:
+            self._loop(stop_event)
+        finally:
+            with self._lock:
+                if self._stop_event is stop_event:  # not a thread started since
+                    self.serving = False
+            # Requests that came while it wound down are served here, not left waiting.
+            if self._reading_wanted():
+                self._serve_after()
+
+    def _loop(self, stop_event: threading.Event) -> None:
         deadline = self._monotonic()
         while not stop_event.is_set():
             try:
-                if self._after_requests:
+                if self._reading_wanted():
                     self._serve_after()
                 else:
                     self.tick()

@@ -292,3 +292,33 @@ def test_a_hooks_reading_is_empty_on_the_cpu_and_follows_a_new_backend(fake_jax)
     assert [d.bytes_in_use for d in jaxstats.gpu_stats_now()] == [5]
     bridge._backends.clear()
     assert jaxstats.gpu_stats_now() == []
+
+
+def test_the_per_cell_probe_answers_as_backend_initialized_does(fake_jax, monkeypatch):
+    jax, bridge = fake_jax
+    monkeypatch.delitem(sys.modules, "jax")
+    probe = jaxstats.backend_probe()
+    assert probe() is False == jaxstats.backend_initialized()  # JAX not imported
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    bridge._backends = {}
+    assert probe() is False  # imported, not started
+    bridge._backends["cpu"] = object()  # JAX fills its table in place when it starts
+    assert probe() is True
+    bridge._backends = {}  # jax.clear_backends() puts a new table in place: that one is read
+    assert probe() is False
+    bridge._backends = {"cuda": object()}
+    assert probe() is True
+    del bridge._backends  # internals moved: the careful question, and its answer
+    assert probe() is False == jaxstats.backend_initialized()
+    bridge.backends_are_initialized = lambda: True
+    assert probe() is True == jaxstats.backend_initialized()
+
+
+def test_the_per_cell_probe_waits_for_a_bridge_with_a_table(fake_jax):
+    _, bridge = fake_jax
+    table = bridge._backends
+    del bridge._backends
+    probe = jaxstats.backend_probe()
+    assert probe() is False
+    bridge._backends = table  # found later (a JAX still importing): read from then on
+    assert probe() is True

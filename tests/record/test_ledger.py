@@ -111,15 +111,23 @@ class SpySampler:
 
     def __init__(self, sampler):
         self.sampler = sampler
-        self.busy = []
+        self.busy_set = []  # what the ledger set the busy flag to, in order
         self.open_trackers = 0
 
     def __getattr__(self, name):  # everything else goes straight to the sampler
         return getattr(self.sampler, name)
 
+    @property
+    def busy(self):
+        return self.sampler.busy
+
+    @busy.setter
+    def busy(self, busy):
+        self.busy_set.append(busy)
+        self.sampler.busy = busy
+
     def set_busy(self, busy):
-        self.busy.append(busy)
-        self.sampler.set_busy(busy)
+        self.busy = busy
 
     def sample_now(self):
         return self.sampler.sample_now()
@@ -144,7 +152,7 @@ def test_a_syntax_error_still_closes_what_the_cell_opened():
     ledger.cell_finished(False, SyntaxError("invalid syntax"))
     (record,) = ledger.records()
     assert (record.success, record.error, record.oom) == (False, "SyntaxError", False)
-    assert spy.busy == [True, False]
+    assert spy.busy_set == [True, False]
     assert spy.open_trackers == 0
 
 
@@ -159,7 +167,7 @@ def test_a_cell_whose_end_never_came_is_kept_as_unfinished():
     assert (first.execution_count, first.success) == (1, None)
     assert (second.execution_count, second.success) == (2, True)
     assert spy.open_trackers == 0
-    assert spy.busy[-1] is False
+    assert spy.busy_set[-1] is False
 
 
 class JaxRuntimeError(RuntimeError):
@@ -316,3 +324,24 @@ def test_whether_a_cell_runs_and_when_the_last_one_ended_for_the_beacon():
     assert not nb.ledger.cell_running
     nb.clock.now += 30.0
     assert nb.ledger.last_finished_at == pytest.approx(ended)
+
+
+def test_with_the_thread_serving_a_cells_end_asks_nothing_and_its_reading_still_comes():
+    world = GpuWorld(FakeClock())  # real clocks; the world's only scripts the bytes
+    world.hold(0, OUR_PID, GIB)
+    sampler = Sampler(world.source(), interval=0.1)
+    ledger = Ledger(sampler)
+    sampler.start()
+    try:
+        for count in (1, 2, 3):  # Run All: cells end faster than a reading
+            ledger.cell_started(count, f"x = {count}")
+            ledger.cell_finished(True, None, count)
+        assert not sampler._after_requests  # queued by the ledger, no request per cell
+        assert ledger.settle(10)
+        records = ledger.records()
+        assert [r.execution_count for r in records] == [1, 2, 3]
+        for record in records:
+            assert record.gpu_self_after == GIB and record.gpu_after_delay_s >= 0, record
+            assert not any("not read" in note for note in record.notes), record
+    finally:
+        sampler.stop()

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from types import SimpleNamespace
 
 import pytest
@@ -665,3 +665,68 @@ def test_a_cell_hooks_reading_from_a_broken_source_is_none_and_said(world, clock
     sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
     assert sampler.quick_gpu_reading() is None
     assert sampler.last_error == "RuntimeError: backend torn down"
+
+
+def test_cells_are_read_after_without_a_request_each_and_only_by_a_later_reading(world):
+    """read_after_cells: the thread reads when cells wait, and a cell gets no earlier reading."""
+    ended = []  # monotonic end times of "cells", as a ledger queues them
+    delivered = []  # (started, [end times it answered])
+
+    def deliver(sample, started):
+        answered = [t for t in ended if t <= started]
+        del ended[: len(answered)]
+        delivered.append((started, answered, sample))
+
+    sampler = Sampler(world.source(), interval=30.0)  # no scheduled tick gets in the way
+    sampler.read_after_cells(lambda: bool(ended), deliver)
+    sampler.start()
+    try:
+        assert sampler.serving
+        deadline = time.monotonic() + 10
+        while sampler.latest_sample is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(3):  # three cells end in quick succession: one wake is enough
+            ended.append(time.monotonic())
+            if ended[-1] >= sampler.wake_after_at:
+                sampler.wake_for_cells()
+        assert sampler.wake_after_at == float("inf")  # woken once, until the reading begins
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started, answered, sample = delivered[0]
+        assert len(answered) == 3 and all(t <= started for t in answered)
+        assert sample.gpu(0) is not None and sampler.wake_after_at == started + 0.05
+        assert sampler._after_requests == deque()  # nothing was asked per cell
+    finally:
+        sampler.stop()
+    assert not sampler.serving
+
+
+def test_after_stop_a_request_is_answered_at_once_on_the_callers_thread(world, clock):
+    sampler = make_sampler(world, clock, interval=30.0)
+    sampler.start()
+    sampler.stop()
+    arrived = []
+    sampler.request_after(lambda sample, started: arrived.append(threading.current_thread()))
+    assert arrived == [threading.current_thread()]
+
+
+def test_quick_gpus_says_when_a_cells_quick_reading_can_hold_nothing(clock):
+    """JAX's own quick reading has GPU counters only where the sampler listed GPUs."""
+    from jax_nbmem.gpu import jaxstats
+
+    world = GpuWorld(clock)
+    source = dataclasses.replace(world.source(), quick_device_stats=jaxstats.gpu_stats_now)
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    assert sampler.quick_gpus  # nothing known yet: asked
+    sampler.tick()
+    assert not sampler.quick_gpus  # JAX's backend is down
+    world.jax_up, world.jax_devices = True, [SimpleNamespace(id=0, platform="cpu")]
+    sampler.tick()
+    assert not sampler.quick_gpus  # on the CPU
+    world.jax_devices = [jax_gpu(0, GIB)]
+    sampler.tick()
+    assert sampler.quick_gpus
+    # Another source's quick reading is always asked.
+    other = make_sampler(GpuWorld(clock), clock)
+    other.tick()
+    assert other.quick_gpus

@@ -104,7 +104,7 @@ def test_in_an_ipython_shell_the_sessions_sampler_is_used_and_keeps_running(simg
             "sampler.set_busy(False)\n"
             + BLOCK
             + "print(json.dumps({'figures': t.to_dict(), 'line': str(t),"
-            " 'busy': sampler._busy, 'rate': sampler.busy_process_interval}))",
+            " 'busy': sampler.busy, 'rate': sampler.busy_process_interval}))",
             "print(json.dumps({'running': sampler.running,"
             " 'same': jax_nbmem._session().sampler is sampler, 'jax': 'jax' in sys.modules}))",
         ],
