@@ -1,11 +1,13 @@
 """jax_nbmem's cost on the cells a user runs, as ratios against bare IPython in the same run.
 
-    python benchmarks/overhead.py [--cells 1000] [--rounds 4] [--only NAME ...] [--json PATH]
+    python benchmarks/overhead.py [--cells 100] [--rounds 40] [--only NAME ...] [--json PATH]
 
 Every figure compares, in one long-lived shell (or one real kernel), trivial cells with the
 extension awake against the same cells with it asleep (hooks unregistered, threads stopped:
 nothing of it runs), in alternating rounds (asleep, awake, awake, asleep, ...) so that drift in
-the machine's speed hits both alike; medians of the per-round ratios are reported. The same
+the machine's speed hits both alike; medians of the per-round ratios are reported. Many short
+rounds (40 of 100 cells by default) rather than a few long ones: on a shared machine the
+slow spells last seconds, and with many rounds one spell moves a few ratios, not the median. The same
 process on both sides, with the same live JAX arrays and the same simulated GPUs: two
 processes differ in speed by themselves by more than what is measured here. In-process rows
 also give the main thread's own CPU time per cell (``time.thread_time``), which leaves out
@@ -310,8 +312,8 @@ class Mover:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=int, default=1000, help="cells per round, in-process")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cells", type=int, default=100, help="cells per round, in-process")
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--only", nargs="*", help="run only the rows whose name has this text")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()

@@ -3,9 +3,10 @@
 The magics' ``pre_run_cell``/``post_run_cell`` callbacks call :meth:`Ledger.cell_started` and
 :meth:`Ledger.cell_finished`. Both are cheap and never wait for NVML: each takes a timestamp and
 the readings that cannot block (JAX's GPU allocator counters, through the sampler's
-:meth:`~jax_nbmem.record.sampler.Sampler.quick_gpu_reading`), takes the sampler's latest
-sample as "before", and asks the sampler's thread for a complete reading after the cell
-(``request_after``), which is folded into the record when it arrives, with its delay. When cells
+:meth:`~jax_nbmem.record.sampler.Sampler.quick_gpu_reading`, where there are any), takes the
+sampler's latest sample as "before", and leaves the complete reading after the cell to the
+sampler's thread (the cell queues itself; see ``Sampler.read_after_cells``), which is folded into
+the record when it arrives, with its delay. When cells
 follow each other faster than that reading (Run All), the first cell's "after" is read while the
 next one runs and the next cell's "before" is the latest reading from before it started, which
 may be from inside the previous cell: both records say so in their ``notes``, as does a record

@@ -506,9 +506,8 @@ class Sampler:
             with self._lock:
                 if self._stop_event is stop_event:  # not a thread started since
                     self.serving = False
-            # Requests that came while it wound down are served here, not left waiting.
-            if self._reading_wanted():
-                self._serve_after()
+            # Cells that ended while it wound down wait for the next start (their record says
+            # so, and the delay when it comes): a stop does not wait for one more reading.
 
     def _loop(self, stop_event: threading.Event) -> None:
         deadline = self._monotonic()
