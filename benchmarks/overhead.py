@@ -7,8 +7,8 @@ extension awake against the same cells with it asleep (hooks unregistered, threa
 nothing of it runs), in alternating rounds (asleep, awake, awake, asleep, ...) so that drift in
 the machine's speed hits both alike; medians of the per-round ratios are reported. Many short
 rounds (40 of 100 cells by default) rather than a few long ones: on a shared machine the
-slow spells last seconds, and with many rounds one spell moves a few ratios, not the median. The same
-process on both sides, with the same live JAX arrays and the same simulated GPUs: two
+slow spells last seconds, and with many rounds one spell moves a few ratios, not the median.
+The same process on both sides, with the same live JAX arrays and the same simulated GPUs: two
 processes differ in speed by themselves by more than what is measured here. In-process rows
 also give the main thread's own CPU time per cell (``time.thread_time``), which leaves out
 waiting for a core or the GIL; ``overhead_count.py`` counts the same cells' instructions.
