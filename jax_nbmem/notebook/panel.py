@@ -610,7 +610,8 @@ def cell_finished(session: Any) -> None:
             return
         if state.live is not None:
             state.live.cell_finished()
-            _refresh_snapshot(state)
+            if state.snapshot is not None and state.refresh_after_cells:  # not in a terminal
+                _refresh_snapshot(state)
         fallback = state.kind in ("static", "text") and state.refresh_after_cells
         if state.handle is not None and fallback:
             bundle = _fallback_bundle(session, state.kind == "static", state.timeline)

@@ -67,18 +67,15 @@ def _plot_view_class() -> type:
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(panel_id=uuid.uuid4().hex, **kwargs)
             self._views_lock = threading.Lock()
-            self._views_drawn = 0
+            # How many views have drawn the plot so far (a reload draws a new one). A plain
+            # attribute, not a property: the panel reads it after every cell.
+            self.views_drawn = 0
             self.on_msg(self._on_view_message)
-
-        @property
-        def views_drawn(self) -> int:
-            """How many views have drawn the plot so far (a reload draws a new one)."""
-            return self._views_drawn
 
         def _on_view_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
             if isinstance(content, dict) and content.get("event") == "rendered":
                 with self._views_lock:
-                    self._views_drawn += 1
+                    self.views_drawn += 1
 
         def show(self, parts: dict[str, Any], budget: int | None = UPDATE_BUDGET_BYTES) -> bool:
             """Sync the parts that differ from what was sent; False if some must wait.
