@@ -303,7 +303,7 @@ class Ledger:
                 if self._reads_unread and sampler.serving:
                     self._unread.append(cell)
                     if cell.ended_mono >= sampler.wake_after_at:
-                        sampler.wake_for_cells()
+                        sampler.wake_for_reading()
                 else:  # no thread: the reading is taken now, on this thread
                     sampler.request_after(partial(self._after_arrived, cell))
             except Exception as exc:

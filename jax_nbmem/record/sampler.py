@@ -325,7 +325,7 @@ class Sampler:
             return
         self._after_requests.append(callback)
         if self._monotonic() >= self.wake_after_at:
-            self.wake_for_cells()
+            self.wake_for_reading()
 
     def read_after_cells(
         self, waiting: Callable[[], bool], deliver: Callable[[Sample, float], Any]
@@ -334,7 +334,7 @@ class Sampler:
 
         A ledger's way to have a reading after every cell without a call per cell: a cell's
         end queues the cell in the ledger and, when its monotonic end time has reached
-        ``wake_after_at``, calls :meth:`wake_for_cells` (at most once per reading). The thread
+        ``wake_after_at``, calls :meth:`wake_for_reading` (at most once per reading). The thread
         asks ``waiting()`` at each wake and tick, and calls ``deliver(sample, started)`` with
         the reading, ``started`` being the monotonic time it began: the cells that ended
         after that wait for the next. Only while ``serving``: without the thread, a caller
@@ -343,8 +343,8 @@ class Sampler:
         with self._lock:
             self._cell_readers = [*self._cell_readers, (waiting, deliver)]
 
-    def wake_for_cells(self) -> None:
-        """Wake the thread for a reading after cells (see :meth:`read_after_cells`)."""
+    def wake_for_reading(self) -> None:
+        """Wake the thread for the reading that requests or cells wait for."""
         self.wake_after_at = math.inf  # until that reading begins: one wake is enough
         self._wake.set()
 
@@ -375,19 +375,23 @@ class Sampler:
         """
         return self._record(force=True, force_live=include_live_arrays)
 
-    def _serve_after(self) -> None:
-        """Take the sample that the cells which ended so far asked for, and hand it over."""
+    def _serve_after(self) -> bool:
+        """Take the sample that requests and waiting cells want, and hand it over.
+
+        Returns whether one was wanted (and taken).
+        """
         requests = []
         while self._after_requests:
             requests.append(self._after_requests.popleft())
         readers = [deliver for waiting, deliver in self._cell_readers if self._asks(waiting)]
         if not requests and not readers:
-            return
+            return False
         started = self._monotonic()
         self.wake_after_at = started + _MIN_AFTER_GAP_S
         sample = self._record(force=True)
         self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
+        return True
 
     def _asks(self, waiting: Callable[[], bool]) -> bool:
         try:
@@ -396,12 +400,6 @@ class Sampler:
             self.callback_errors += 1
             self._remember(exc)
             return False
-
-    def _reading_wanted(self) -> bool:
-        """Whether a request or a reader of cells waits for a reading."""
-        return bool(self._after_requests) or any(
-            self._asks(waiting) for waiting, _ in self._cell_readers
-        )
 
     def _deliver(self, requests: list, sample: Sample, started: float) -> None:
         for callback in requests:
@@ -513,9 +511,7 @@ class Sampler:
         deadline = self._monotonic()
         while not stop_event.is_set():
             try:
-                if self._reading_wanted():
-                    self._serve_after()
-                else:
+                if not self._serve_after():  # nothing waits for a reading: the schedule's
                     self.tick()
             except BaseException as exc:  # never out of the thread, whatever happens
                 self._remember(exc)

@@ -688,7 +688,7 @@ def test_cells_are_read_after_without_a_request_each_and_only_by_a_later_reading
         for _ in range(3):  # three cells end in quick succession: one wake is enough
             ended.append(time.monotonic())
             if ended[-1] >= sampler.wake_after_at:
-                sampler.wake_for_cells()
+                sampler.wake_for_reading()
         assert sampler.wake_after_at == float("inf")  # woken once, until the reading begins
         while not delivered and time.monotonic() < deadline:
             time.sleep(0.01)
