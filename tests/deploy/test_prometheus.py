@@ -1,7 +1,7 @@
-"""The metrics against a real Prometheus: the README's scrape config, the rules, the dashboard.
+"""The metrics against a real Prometheus: the docs' scrape config, the rules, the dashboard.
 
 Debian's prometheus scrapes, every second, the node exporter (TLS and basic auth, as the
-README's "JupyterHub node" config says, with ``--defer-to-servers``), a Jupyter server with
+docs' "JupyterHub node" config says, with ``--defer-to-servers``), a Jupyter server with
 two kernels on the simulated GPU (one preallocated, one ``off``), and a dcgm-exporter stand-in
 (a static page with dcgm's labels, in MiB); a neighbour process that is no kernel holds memory
 too. Then, through Prometheus's HTTP API: every byte counted once over all targets, every
@@ -43,10 +43,10 @@ PRE, OFF, NEIGHBOUR = 60 * GIB, 2 * GIB, 5 * GIB
 
 
 def readme_scrape_config(name: str) -> dict:
-    """The YAML block after ``<!-- scrape-config: NAME -->`` in the README."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The YAML block after ``<!-- scrape-config: NAME -->`` in the docs' metrics page."""
+    text = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
     match = re.search(rf"<!-- scrape-config: {name} -->\s*```yaml\n(.*?)```", text, re.S)
-    assert match, f"no scrape config {name!r} in the README"
+    assert match, f"no scrape config {name!r} in docs/metrics.md"
     return yaml.safe_load(match.group(1))
 
 

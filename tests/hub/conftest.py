@@ -1,4 +1,4 @@
-"""A real JupyterHub for the hub tests: the README's jupyterhub_config.py, two Unix users.
+"""A real JupyterHub for the hub tests: the docs' jupyterhub_config.py, two Unix users.
 
 One hub for the whole session (starting it and two servers is most of the time these tests
 take): ``configurable-http-proxy`` from npm (``.ci/hub-deps.sh``), ``LocalProcessSpawner``,
@@ -125,7 +125,7 @@ def request(url: str, method: str = "GET", body=None, token: str | None = None, 
 
 
 def _config(hub_port, api_port, proxy_port, folder, users, python, tokens) -> str:
-    """The README's jupyterhub_config.py, then what only this test sets."""
+    """The docs' jupyterhub_config.py, then what only this test sets."""
     admin_token, culler_token = tokens
     extra = f"""
 
