@@ -484,12 +484,17 @@ API nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory
     return end_info(state, NVML_SUCCESS);
 }
 
+/* A 13-digit board serial, as an H100's or H200's (nvmlDeviceGetHandleBySerial finds it). */
+static void serial_text(unsigned int index, char *text, size_t size) {
+    snprintf(text, size, "16549220%05u", index);
+}
+
 API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
     nvmlReturn_t ret;
     sim_state *state;
     char text[32];
     if (!begin_info(device, &state, &ret)) return ret;
-    snprintf(text, sizeof text, "16549220%05u", device->index);
+    serial_text(device->index, text, sizeof text);
     return end_info(state, copy_string(serial, length, text));
 }
 

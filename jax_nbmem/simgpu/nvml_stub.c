@@ -21,7 +21,8 @@
  *
  * Three parts, one library: this file (the types and the calls jax_nbmem makes), nvml_state.c
  * (the state file: its parser, the state in use, its canonical text) and nvml_clients.c (what
- * other clients ask, and MIG), included where they are needed.
+ * other clients ask, and MIG; nvml_query.c and nvml_host.c: what nvidia-smi -q asks), included
+ * where they are needed.
  *
  * One parsed state is shared by every thread (reference-counted, under a mutex), and parsed
  * again only when the file's text changes: a large state (8 GPUs x 1,000 processes) costs its
@@ -607,3 +608,4 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
 #endif
 
 #include "nvml_clients.c"
+#include "nvml_query.c"
