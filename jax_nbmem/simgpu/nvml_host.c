@@ -184,7 +184,8 @@ API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
 /* NVLink: an H200 SXM's 18 links (NVIDIA's datasheet), NVLink 4 (NVML_NVLINK_VERSION_4_0), each
  * up, to the board's NVSwitches. What each link can do (by NVML_NVLINK_CAP_*): peer-to-peer and
  * its atomics, no system memory over NVLink on an x86 host, no SLI bridge, valid (not
- * verified). A link past the 18th is INVALID_ARGUMENT (nvml.h: "link is invalid"). */
+ * verified). A link past the 18th is INVALID_ARGUMENT, the code nvml.h gives an invalid link
+ * (not verified). */
 static nvmlReturn_t nvlink_figure(nvmlDevice_t device, unsigned int link, unsigned int what,
                                   unsigned int *out) {
     static const unsigned int capabilities[6] = {1, 0, 1, 0, 0, 1};

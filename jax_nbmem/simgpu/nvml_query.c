@@ -2,7 +2,7 @@
  * What `nvidia-smi -q` asks, and the Python tools that redo it (pynvml_utils' DeviceQuery and
  * XmlDeviceQuery), and a few calls around them: brand, board, inforom, ECC, PCIe link, clocks and
  * their event reasons, temperature thresholds, power limits, energy, CPU and memory affinity,
- * process names, NVLink. Included by nvml_clients.c's includer, after the calls it builds on.
+ * process names, NVLink. Included by nvml_stub.c after nvml_clients.c, whose calls it uses.
  *
  * The figures are an H200 SXM's. Where each comes from:
  *  - enum values (brand, P-states, NVLink version, thresholds' kinds): nvidia-ml-py's pynvml.py,
@@ -18,8 +18,8 @@
 
 #define SIM_BRAND_NVIDIA 14          /* NVML_BRAND_NVIDIA; nvidia-smi: "Product Brand: NVIDIA" */
 #define SIM_PSTATE 0                 /* published (H100, H200): P0, idle or busy */
-#define SIM_MIN_POWER_LIMIT_MW 200000u /* published for an H100 SXM; not verified for an H200 */
-#define SIM_ACCOUNTING_BUFFER 4000u  /* published (H100): "Accounting Mode Buffer Size: 4000" */
+#define SIM_MIN_POWER_LIMIT_MW 200000u /* published (H100 SXM), not verified for an H200 */
+#define SIM_ACCOUNTING_BUFFER 4000u  /* published (H100), not verified for an H200 */
 #define SIM_PCIE_GEN 5               /* published (H100 SXM): Gen 5 */
 #define SIM_PCIE_WIDTH 16            /* published (H100 SXM): 16x */
 #define SIM_NVLINKS 18               /* an H200 SXM has 18 NVLink 4 links (NVIDIA's datasheet) */
@@ -45,7 +45,8 @@ static unsigned int figure_pstate(const sim_state *s, const sim_gpu *g, unsigned
     (void)s, (void)g, (void)i;
     return SIM_PSTATE;
 }
-/* Published (H100 SXM, bus 0x1B: "Board ID: 0x1b00"): the bus number, shifted. */
+/* Published (H100 SXM, bus 0x1B: "Board ID: 0x1b00"), not verified for an H200: the bus number,
+ * shifted. */
 static unsigned int figure_board_id(const sim_state *s, const sim_gpu *g, unsigned int i) {
     (void)s, (void)g;
     return pci_bus(i) << 8;
@@ -161,7 +162,8 @@ API nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char *ver
     return device_text(device, version, length, "G520.0200.00.05"); /* not verified */
 }
 
-/* Objects OEM, ECC, power (NVML_INFOROM_*). Published (H100 SXM): "2.1", "7.16", "N/A". */
+/* Objects OEM, ECC, power (NVML_INFOROM_*). Published (H100 SXM): "2.1", "7.16", "N/A"; not
+ * verified for an H200. */
 API nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t device, int object, char *version,
                                              unsigned int length) {
     static const char *const versions[2] = {"2.1", "7.16"};
