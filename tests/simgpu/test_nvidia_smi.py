@@ -6,11 +6,11 @@ H200 none of them is missing and each answers as an H200 does: the brand, the P-
 same from both calls), temperature thresholds that a temperature compares with, clocks, PCIe
 link, ECC, the names of the processes, the idle GPU said to be idle.
 
-pynvml_utils (12.0 and 13.0 alike) is older than two things a real H200 gives it: the brand
-NVML_BRAND_NVIDIA (14), which its table of brand names lacks (``KeyError: 14``), and
-nvidia-ml-py without ``nvmlClocksThrottleReasonUnknown`` (``NameError``). Both stop a full
-``DeviceQuery()`` on real hardware too; the child below shows both, then adds the two names as a
-user on a real H200 must, with the constant's value from the old nvml.h.
+pynvml_utils (12.0 and 13.0 alike) is older than two things it meets beside a real H200: the
+brand the GPU answers, NVML_BRAND_NVIDIA (14), which its table of brand names lacks
+(``KeyError: 14``), and nvidia-ml-py releases without ``nvmlClocksThrottleReasonUnknown``
+(``NameError``). Both stop a full ``DeviceQuery()`` on real hardware too; the child below shows
+both, then adds the two names as a user on a real H200 must.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import re
 import subprocess
 import sys
-import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -29,16 +28,12 @@ import pytest
 from jax_nbmem.simgpu import GIB
 
 # Looked for, not imported: importing pynvml_utils in pytest would load NVML in this process.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", FutureWarning)  # pynvml 13 says, on any look, it is deprecated
-    _UTILS = importlib.util.find_spec("pynvml_utils")
+_UTILS = importlib.util.find_spec("pynvml_utils")
 if _UTILS is None:
     pytest.skip(
         "pynvml_utils (the `pynvml` package, a test extra) is not installed",
         allow_module_level=True,
     )
-
-MIB = 1024**2
 
 _QUERY = """
 import contextlib, io, json
@@ -63,7 +58,8 @@ report = {
     }
 }
 smi.NVSMI_BRAND_NAMES.setdefault(pynvml.NVML_BRAND_NVIDIA, "NVIDIA")
-smi.nvmlClocksThrottleReasonUnknown = 0x8000000000000000  # nvml.h before it was dropped
+# Its value in nvml.h before it was dropped (recalled; any bit no GPU supports would do).
+smi.nvmlClocksThrottleReasonUnknown = 0x8000000000000000
 printed = io.StringIO()
 with contextlib.redirect_stdout(printed):
     report["query"] = attempt(query.DeviceQuery)
