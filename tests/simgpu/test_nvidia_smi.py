@@ -67,9 +67,10 @@ with contextlib.redirect_stdout(printed):
 report["printed"] = printed.getvalue()
 handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 report["pstate"] = [attempt(pynvml.nvmlDeviceGetPerformanceState, h) for h in handles]
+gpus = report["query"].get("gpu", []) if isinstance(report["query"], dict) else []
 report["by_serial"] = [
     attempt(lambda s: pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleBySerial(s)), g["serial"])
-    for g in report["query"].get("gpu", []) if isinstance(report["query"], dict)
+    for g in gpus
 ]
 print(json.dumps(report, default=str))
 """
@@ -173,7 +174,7 @@ def test_device_query_finds_every_call_and_an_h200s_answers(busy_gpus):
     ]
 
 
-def test_pynvml_utils_meets_the_brand_and_the_constant_a_real_h200_gives_it(busy_gpus):
+def test_without_two_names_pynvml_utils_stops_as_on_a_real_h200(busy_gpus):
     state, env, _ = busy_gpus
     state.write()
     unpatched = _query(env)["unpatched"]
@@ -299,10 +300,10 @@ def test_energy_affinity_nvlink_and_process_names(busy_gpus):
     report = json.loads(done.stdout)
     before, after = report["energy"]
     # millijoules: the GPU's draw over the 50 ms slept, give or take the call's own time
-    assert report["power"] * 0.05 <= after - before <= report["power"] * 0.5
+    assert report["power"] * 0.05 <= after - before <= report["power"] * 5
     node = Path("/sys/devices/system/node/node0/cpulist")
     near = _cpus_of(str(node) if node.exists() else "/sys/devices/system/cpu/online")
-    assert report["cpus"][0] == report["scoped"][0] == report["scoped"][1] == near[:64]
+    assert report["cpus"][0] == report["scoped"][0] == report["scoped"][1] == near
     assert report["nodes"][0] == [0]
     assert report["links"] == [[1, 0, 1, 0, 0, 1]] * 18  # P2P and its atomics, valid
     assert report["version"] == 6 and report["state"] == 1  # NVML_NVLINK_VERSION_4_0, up
@@ -312,14 +313,14 @@ def test_energy_affinity_nvlink_and_process_names(busy_gpus):
 
 
 def test_the_packages_own_tests_pass(busy_gpus, tmp_path):
-    """pynvml_utils' tests, as its authors run them on a GPU, less four that fail on any H200.
+    """pynvml_utils' tests, as its authors run them on a GPU, less four that an H200 fails.
 
-    Left out, each for a fault of its own: test_nvmlDeviceGetAttributes (its fixture calls
-    nvmlDeviceGetMigDeviceHandleByIndex without a device), test_nvml_nvlink_capability (it asks
-    all NVML_NVLINK_MAX_LINKS = 36 links; an H200 has 18), test_nvmlDeviceGetPcieThroughput (it
-    asks the NVML_PCIE_UTIL_COUNT sentinel, which nvml.h calls an invalid counter) and the
-    READ case of test_nvmlDeviceGetP2PStatus (nvidia-ml-py spells NVML_P2P_CAPS_INDEX_READ as
-    a tuple, ``= 0,``).
+    Two raise TypeError on any board with MIG or two GPUs: test_nvmlDeviceGetAttributes (its
+    fixture calls nvmlDeviceGetMigDeviceHandleByIndex without a device) and the READ case of
+    test_nvmlDeviceGetP2PStatus (nvidia-ml-py spells NVML_P2P_CAPS_INDEX_READ as a tuple,
+    ``= 0,``). Two ask what nvml.h calls invalid arguments: test_nvml_nvlink_capability (all
+    NVML_NVLINK_MAX_LINKS = 36 links; an H200 has 18) and test_nvmlDeviceGetPcieThroughput (the
+    NVML_PCIE_UTIL_COUNT sentinel as a counter).
     """
     state, env, _ = busy_gpus
     state.write()
