@@ -1,0 +1,86 @@
+"""Processes in PID namespaces of their own, as a container runtime makes them (root only)."""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.waiting import wait_for
+
+CLIENT = Path(__file__).with_name("agent_client.py")
+
+
+def need_namespaces() -> None:
+    """Skip unless this is root with ``unshare`` (as CI runs the suite)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("PID namespaces need root and unshare")
+
+
+class Contained:
+    """A process started in a PID namespace of its own: ``host_pid``, its lines on stdout."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+        self.host_pid = wait_for("the inner process", lambda: _inner(popen.pid), timeout=20)
+
+    def line(self) -> str:
+        """Its next line on stdout ('' once it ended)."""
+        return self.popen.stdout.readline().strip()
+
+    def kill(self) -> None:
+        """SIGKILL to its namespace's init: every process in it dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.host_pid, signal.SIGKILL)
+        self.popen.wait(20)
+
+
+def _inner(unshare_pid: int) -> int | None:
+    try:
+        children = psutil.Process(unshare_pid).children()
+    except psutil.Error:
+        return None
+    return children[0].pid if children else None
+
+
+@contextlib.contextmanager
+def contained(args, *, hostname="box", mount_proc=True, env=None, blank_proc=False):
+    """Run ``args`` as PID 1 of a new PID namespace (and UTS, mount), named ``hostname``.
+
+    ``mount_proc=False``: /proc stays the host's; ``blank_proc``: an empty /proc (none mounted).
+    """
+    need_namespaces()
+    inner = " ".join(_quote(a) for a in args)
+    script = f"hostname {hostname}; "
+    if blank_proc:
+        script += "mount -t tmpfs none /proc; "
+    script += f"exec {inner}"
+    flags = ["--pid", "--fork", "--uts", "--mount"]
+    if mount_proc:
+        flags.append("--mount-proc")
+    popen = subprocess.Popen(
+        ["unshare", *flags, "sh", "-c", script],
+        stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    box = Contained(popen)
+    try:
+        yield box
+    finally:
+        box.kill()
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(str(arg))
+
+
+def client_args(socket_path, patches="[{}]", share_dir=""):
+    """The command line of tests/tenants/agent_client.py."""
+    args = [sys.executable, str(CLIENT), str(socket_path), patches]
+    return [*args, str(share_dir)] if share_dir else args
