@@ -4,7 +4,8 @@
 
 It computes its own identity claims (PID namespace, PID in it, start ticks, boot id, host
 name), then sends one beacon line per entry of PATCHES (a JSON list of dicts: each is merged
-into the claims, ``{"pid": ...}`` into the beacon itself; ``[{}]`` is one honest line) and
+into the claims, ``{"pid": ...}`` and ``{"beacon": {...}}`` into the beacon itself; ``[{}]`` is
+one honest line; ``[]`` connects and proves nothing) and
 prints each answer as a line. With SHARE_DIR it also holds its alive lock and writes its
 beacon file there, under the contract's key. Then it prints READY and sleeps until killed.
 """
@@ -12,6 +13,7 @@ beacon file there, under the contract's key. Then it prints READY and sleeps unt
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -63,13 +65,15 @@ def beacon(identity: dict) -> dict:
 
 def main() -> None:
     path, patches = sys.argv[1], json.loads(sys.argv[2])
-    share = sys.argv[3] if len(sys.argv) > 3 else ""
+    share = sys.argv[3] if len(sys.argv) > 3 and not sys.argv[3].startswith("-") else ""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as a kernel does (PID 1 needs it)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     replies = sock.makefile("r")
     mine = claims()
     for patch in patches:
-        content = beacon({**mine, **{k: v for k, v in patch.items() if k != "pid"}})
+        claimed = {k: v for k, v in patch.items() if k not in ("pid", "beacon")}
+        content = {**beacon({**mine, **claimed}), **patch.get("beacon", {})}
         if "pid" in patch:
             content["pid"] = patch["pid"]
         sock.sendall(json.dumps(content).encode() + b"\n")

@@ -80,7 +80,16 @@ def _quote(arg: str) -> str:
     return shlex.quote(str(arg))
 
 
-def client_args(socket_path, patches="[{}]", share_dir=""):
-    """The command line of tests/tenants/agent_client.py."""
-    args = [sys.executable, str(CLIENT), str(socket_path), patches]
-    return [*args, str(share_dir)] if share_dir else args
+def client_args(socket_path, patches="[{}]", share_dir="", *, kernel_id=None, folder=None):
+    """The command line of tests/tenants/agent_client.py.
+
+    ``kernel_id`` (and a ``folder`` to copy it to): it looks like a Jupyter kernel from the
+    host (``.../ipykernel_launcher.py ... -f kernel-<id>.json``).
+    """
+    client = CLIENT
+    if kernel_id is not None:
+        client = Path(folder) / "ipykernel_launcher.py"
+        shutil.copy(CLIENT, client)
+    args = [sys.executable, str(client), str(socket_path), patches]
+    args = [*args, str(share_dir)] if share_dir else args
+    return [*args, "-f", f"/tmp/kernel-{kernel_id}.json"] if kernel_id is not None else args
