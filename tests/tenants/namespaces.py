@@ -25,9 +25,11 @@ def need_namespaces() -> None:
 class Contained:
     """A process started in a PID namespace of its own: ``host_pid``, its lines on stdout."""
 
-    def __init__(self, popen: subprocess.Popen) -> None:
+    def __init__(self, popen: subprocess.Popen, program: str) -> None:
         self.popen = popen
-        self.host_pid = wait_for("the inner process", lambda: _inner(popen.pid), timeout=20)
+        self.host_pid = wait_for(
+            f"{program} as the namespace's init", lambda: _inner(popen.pid, program), timeout=20
+        )
 
     def line(self) -> str:
         """Its next line on stdout ('' once it ended)."""
@@ -40,12 +42,14 @@ class Contained:
         self.popen.wait(20)
 
 
-def _inner(unshare_pid: int) -> int | None:
+def _inner(unshare_pid: int, program: str) -> int | None:
+    """The namespace's init once it runs ``program`` (before: unshare's fork, then sh)."""
     try:
         children = psutil.Process(unshare_pid).children()
+        started = children and children[0].cmdline()[:1] == [program]
     except psutil.Error:
         return None
-    return children[0].pid if children else None
+    return children[0].pid if started else None
 
 
 @contextlib.contextmanager
@@ -67,7 +71,7 @@ def contained(args, *, hostname="box", mount_proc=True, env=None, blank_proc=Fal
         ["unshare", *flags, "sh", "-c", script],
         stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
     )  # fmt: skip
-    box = Contained(popen)
+    box = Contained(popen, str(args[0]))
     try:
         yield box
     finally:
