@@ -18,6 +18,7 @@ the same numbers would name other processes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -173,7 +174,9 @@ def read_resolution(share_dir: str, now: float | None = None) -> tuple[dict | No
     path = os.path.join(directory, RESOLUTION_NAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return None, f"{path} is a symlink: ignored"
         return None, f"no resolution in {directory}"
     try:
         held = os.fstat(fd)
