@@ -39,7 +39,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry
-from jax_nbmem.tenants.agent_publish import build_resolution, clean_dead, write_resolution
+from jax_nbmem.tenants.agent_publish import ResolutionWriter, clean_dead, write_resolution
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.hostproof import HostProof
@@ -143,6 +143,7 @@ class Exporter:
         self._agent_wanted = agent
         self._agent_problem: str | None = None
         self.viewer = HostViewer()
+        self._resolution = ResolutionWriter()
 
     def latest(self) -> Snapshot | None:
         """The last snapshot, or None before the first."""
@@ -155,8 +156,9 @@ class Exporter:
         host = None
         registrations = {}
         if self.agent is not None:
-            registrations = self.agent.registry.proven()
-            host = HostProof.from_registry(registrations, self.viewer)
+            views: dict = {}
+            registrations = self.agent.registry.proven(views)
+            host = HostProof.from_registry(registrations, self.viewer, views)
         report = dict(collect(share_dir=self.share_dir, host=host))
         if self.agent is not None:
             self._publish(report, registrations, host)
@@ -196,13 +198,13 @@ class Exporter:
 
     def _publish(self, report: dict, registrations: dict, host: HostProof) -> None:
         """Write the resolution and clear what dead kernels left; a failure is logged."""
-        content = build_resolution(report, registrations, host.view, interval_s=self.interval)
+        text = self._resolution.text(report, registrations, host.view, interval_s=self.interval)
         try:
-            write_resolution(self.agent.directory, content)
+            write_resolution(self.agent.directory, text)
         except OSError as error:
             log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
         clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])
-        self.viewer.forget([p["pid"] for p in content["processes"]])
+        self.viewer.forget([*registrations, *(p["pid"] for p in report.get("processes", []))])
 
     def _refresh_forever(self) -> None:
         while not self._stop.is_set():

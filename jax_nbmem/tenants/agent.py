@@ -210,13 +210,19 @@ class Registry:
                 del self._by_pid[registration.pid]
         return gone
 
-    def proven(self) -> dict[int, Registration]:
-        """The registrations whose process still runs (same start ticks), by host PID."""
+    def proven(self, views: dict[int, HostView | None] | None = None) -> dict[int, Registration]:
+        """The registrations whose process still runs (same start ticks), by host PID.
+
+        ``views`` (a dict) gets the host's view of each PID read on the way (for a HostProof).
+        """
         with self._lock:
             current = dict(self._by_pid)
         alive = {}
         for pid, registration in current.items():
-            if self.viewer.start_ticks(pid) == registration.view.start_ticks:
+            seen = self.viewer.view(pid)
+            if views is not None:
+                views[pid] = seen
+            if seen is not None and seen.start_ticks == registration.view.start_ticks:
                 alive[pid] = registration
             else:
                 with self._lock:

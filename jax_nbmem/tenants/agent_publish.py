@@ -30,6 +30,7 @@ from jax_nbmem.tenants.hostview import HostView, boot_id
 
 __all__ = [
     "RESOLUTION_NAME",
+    "ResolutionWriter",
     "RESOLUTION_SCHEMA",
     "build_resolution",
     "clean_dead",
@@ -61,7 +62,89 @@ def container_entry(view: HostView | None) -> dict | None:
     """The resolution's ``container`` object for a host view (None: no container)."""
     if view is None or view.container is None:
         return None
-    return view.container.to_dict()
+    c = view.container
+    return {"id": c.id, "runtime": c.runtime, "name": c.name, "pod_uid": c.pod_uid, "pod": c.pod,
+            "namespace": c.namespace, "name_reason": c.name_reason}  # fmt: skip
+
+
+class ResolutionWriter:
+    """Writes the resolution's text; each process's entry is encoded once and reused.
+
+    An entry depends on the host's view of its PID (cached by PID and start), the GPUs NVML
+    lists it on and its registration (a new one each time its kernel says something new): as
+    long as these are the same objects, its JSON text is the same, so a steady refresh joins
+    texts instead of encoding 1,600 beacons again (see benchmarks/agent_resolve.py).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Any, Any, tuple, str]] = {}
+        self._agent = ""
+
+    def text(
+        self,
+        report: Mapping[str, Any],
+        registrations: Mapping[int, Registration],
+        view: Callable[[int], HostView | None],
+        *,
+        interval_s: float,
+        now: float | None = None,
+    ) -> str:
+        """The resolution (contract) from a status report and the proven kernels, as JSON.
+
+        ``view(pid)`` gives the host's view of a PID (a :class:`~.hostview.HostViewer`'s).
+        """
+        uuids = {gpu.get("index"): gpu.get("uuid") for gpu in report.get("gpus", [])}
+        on_gpus: dict[int, list[str]] = {}
+        for process in report.get("processes", []):
+            listed = on_gpus.setdefault(process.get("pid"), [])
+            uuid = uuids.get(process.get("gpu"))
+            if uuid and uuid not in listed:
+                listed.append(uuid)
+        pids = [pid for pid in on_gpus if isinstance(pid, int)]
+        pids += [pid for pid in registrations if pid not in on_gpus]
+        entries, kept = [], {}
+        for pid in pids:
+            seen = view(pid)
+            registration = registrations.get(pid)
+            if registration is not None and (
+                seen is None or seen.start_ticks != registration.view.start_ticks
+            ):
+                registration = None  # it ended (or the PID is another process's now)
+            gpus = tuple(on_gpus.get(pid, ()))
+            cached = self._entries.get(pid)
+            if cached and cached[0] is seen and cached[1] is registration and cached[2] == gpus:
+                text = cached[3]
+            else:
+                text = _dumps(_entry(pid, seen, gpus, registration))
+            kept[pid] = (seen, registration, gpus, text)
+            entries.append(text)
+        self._entries = kept  # only this pass's: bounded by what NVML and the registry hold
+        if not self._agent:
+            self._agent = _dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
+                                  "boot_id": boot_id(), "version": _version()})  # fmt: skip
+        written_at = time.time() if now is None else now
+        return (
+            f'{{"schema":{RESOLUTION_SCHEMA},"agent":{self._agent},'
+            f'"written_at":{_dumps(written_at)},"interval_s":{_dumps(interval_s)},'
+            f'"processes":[{",".join(entries)}]}}'
+        )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _entry(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
+    return {
+        "pid": pid,
+        "pid_in_container": seen.pid_in_container if seen else None,
+        "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
+        "start_ticks": seen.start_ticks if seen else None,
+        "gpus": list(gpus),
+        "container": container_entry(seen),
+        "kernel": registration.content if registration else None,
+        "source": "agent",
+    }
 
 
 def build_resolution(
@@ -72,59 +155,23 @@ def build_resolution(
     interval_s: float,
     now: float | None = None,
 ) -> dict:
-    """The resolution (contract) from a status report and the proven kernels.
+    """The resolution as a dict (see :meth:`ResolutionWriter.text`)."""
+    text = ResolutionWriter().text(report, registrations, view, interval_s=interval_s, now=now)
+    return json.loads(text)
 
-    ``view(pid)`` gives the host's view of a PID (a :class:`~.hostview.HostViewer`'s view).
+
+def write_resolution(directory: str, content: Mapping[str, Any] | str) -> str:
+    """Write ``content`` (or its JSON text) to ``directory/resolution.json``; its path.
+
+    Atomically (a temporary file renamed over it), mode 0644.
     """
-    uuids = {gpu.get("index"): gpu.get("uuid") for gpu in report.get("gpus", [])}
-    on_gpus: dict[int, list[str]] = {}
-    for process in report.get("processes", []):
-        listed = on_gpus.setdefault(process.get("pid"), [])
-        uuid = uuids.get(process.get("gpu"))
-        if uuid and uuid not in listed:
-            listed.append(uuid)
-    pids = [pid for pid in on_gpus if isinstance(pid, int)]
-    pids += [pid for pid in registrations if pid not in on_gpus]
-    processes = []
-    for pid in pids:
-        seen = view(pid)
-        registration = registrations.get(pid)
-        if registration is not None and (
-            seen is None or seen.start_ticks != registration.view.start_ticks
-        ):
-            registration = None  # it ended (or the PID is another process's now)
-        processes.append({
-            "pid": pid,
-            "pid_in_container": seen.pid_in_container if seen else None,
-            "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
-            "start_ticks": seen.start_ticks if seen else None,
-            "gpus": on_gpus.get(pid, []),
-            "container": container_entry(seen),
-            "kernel": registration.content if registration else None,
-            "source": "agent",
-        })  # fmt: skip
-    return {
-        "schema": RESOLUTION_SCHEMA,
-        "agent": {
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "boot_id": boot_id(),
-            "version": _version(),
-        },
-        "written_at": time.time() if now is None else now,
-        "interval_s": interval_s,
-        "processes": processes,
-    }
-
-
-def write_resolution(directory: str, content: Mapping[str, Any]) -> str:
-    """Write ``content`` to ``directory/resolution.json`` atomically, mode 0644; its path."""
     path = os.path.join(directory, RESOLUTION_NAME)
     fd, partial = tempfile.mkstemp(dir=directory, prefix=".resolution-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             os.fchmod(out.fileno(), 0o644)
-            json.dump(content, out, separators=(",", ":"))
+            # Text from dumps, not dump: the C encoder (dump iterates in Python, 6x slower).
+            out.write(content if isinstance(content, str) else _dumps(content))
         os.replace(partial, path)
     except BaseException:
         try:

@@ -86,22 +86,26 @@ class HostProof:
         viewer: HostViewer,
         proven: Mapping[int, ProvenKernel],
         resolution_reason: str | None = None,
+        views: Mapping[int, HostView | None] | None = None,
     ) -> None:
         self.viewer = viewer
         self.proven = dict(proven)
         self.resolution_reason = resolution_reason
-        self._views: dict[int, HostView | None] = {}
+        self._views: dict[int, HostView | None] = dict(views or {})
 
     @classmethod
     def from_registry(
-        cls, registrations: Mapping[int, Registration], viewer: HostViewer
+        cls,
+        registrations: Mapping[int, Registration],
+        viewer: HostViewer,
+        views: Mapping[int, HostView | None] | None = None,
     ) -> HostProof:
-        """The agent's own proof: its live registrations."""
+        """The agent's own proof: its live registrations (``views``: already read this pass)."""
         proven = {
             pid: ProvenKernel(pid, r.view.start_ticks, r.beacon, r.content)
             for pid, r in registrations.items()
         }
-        return cls(viewer, proven)
+        return cls(viewer, proven, views=views)
 
     def view(self, pid: int) -> HostView | None:
         """The host's view of ``pid`` (read once per proof)."""

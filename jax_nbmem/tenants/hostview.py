@@ -124,8 +124,12 @@ def parse_uid(status_text: str) -> int | None:
 
 
 def _read(path: str) -> str:
-    with open(path, "rb") as file:
-        return file.read(_MAX_PROC_BYTES).decode("utf-8", "replace")
+    # os.open/os.read: no file object to build (a steady refresh reads one stat file per PID).
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, _MAX_PROC_BYTES).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 class HostViewer:
