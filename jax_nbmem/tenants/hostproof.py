@@ -46,6 +46,8 @@ __all__ = [
 ENV_AGENT_USER = "JAX_NBMEM_AGENT_USER"
 _MAX_RESOLUTION_BYTES = 32 << 20
 _viewer: HostViewer | None = None
+# The last resolution parsed: [its file's key, its content, the beacons made of its entries].
+_parsed: list = [None, None, {}]
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,13 @@ def read_resolution(share_dir: str, now: float | None = None) -> tuple[dict | No
             return None, f"{path} is not the node agent's: ignored"
         if held.st_size > _MAX_RESOLUTION_BYTES:
             return None, f"{path} is over {_MAX_RESOLUTION_BYTES >> 20} MiB: ignored"
-        with os.fdopen(os.dup(fd), "rb") as file:
-            content = json.loads(file.read(_MAX_RESOLUTION_BYTES + 1))
+        key = (path, held.st_dev, held.st_ino, held.st_size, held.st_mtime_ns, held.st_uid)
+        if _parsed[0] == key:
+            content = _parsed[1]  # rewritten means renamed over: the same inode is the same file
+        else:
+            with os.fdopen(os.dup(fd), "rb") as file:
+                content = json.loads(file.read(_MAX_RESOLUTION_BYTES + 1))
+            _parsed[:] = [key, content, {}]
     except (OSError, ValueError, RecursionError):
         return None, f"{path} is unreadable or malformed"
     finally:
@@ -216,7 +223,10 @@ def _proven_from(content: Mapping[str, Any], viewer: HostViewer) -> dict[int, Pr
             continue
         if viewer.start_ticks(pid) != ticks:
             continue  # that process ended since: its PID names another now
-        beacon = beacon_from_content(entry["kernel"], pid)
+        made = _parsed[2] if _parsed[1] is content else {}
+        beacon = made.get(pid)
+        if beacon is None:
+            beacon = made[pid] = beacon_from_content(entry["kernel"], pid)
         if beacon is not None:
             proven[pid] = ProvenKernel(pid, ticks, beacon, entry["kernel"])
     return proven
