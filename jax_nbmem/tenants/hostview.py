@@ -21,6 +21,7 @@ is gone or unreadable: :meth:`HostViewer.view` gives None or a view with its rea
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -150,6 +151,8 @@ class HostViewer:
         self.names = ContainerNames() if names is None else names
         self.cache_max = cache_max
         self._cache: dict[tuple[int, int], HostView] = {}
+        # The agent's socket thread and the exporter's refresh share one viewer.
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
@@ -175,9 +178,10 @@ class HostViewer:
         found = self._read_view(pid, ticks)
         if found is None:
             return None
-        if len(self._cache) >= self.cache_max:
-            self._cache.clear()
-        self._cache[(pid, ticks)] = found
+        with self._lock:
+            if len(self._cache) >= self.cache_max:
+                self._cache.clear()
+            self._cache[(pid, ticks)] = found
         return found
 
     def views(self, pids: Iterable[int]) -> dict[int, HostView]:
@@ -191,8 +195,9 @@ class HostViewer:
     def forget(self, alive: Iterable[int]) -> None:
         """Drop the cached views of PIDs not in ``alive`` (a pass's PIDs)."""
         keep = set(alive)
-        for key in [key for key in self._cache if key[0] not in keep]:
-            del self._cache[key]
+        with self._lock:
+            for key in [key for key in self._cache if key[0] not in keep]:
+                del self._cache[key]
 
     def _read_view(self, pid: int, ticks: int) -> HostView | None:
         base = f"{self.proc}/{pid}"
