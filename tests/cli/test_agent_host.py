@@ -185,3 +185,14 @@ def test_plan_refuses_the_hub_for_an_unproven_kernel():
                     notebook=None, proven=False)  # fmt: skip
     with pytest.raises(StopError, match="nothing done"):
         plan(kernel, hub=object())
+
+
+@pytest.mark.timeout(120)
+def test_no_agent_leaves_the_share_directory_alone(sim_state, simgpu_env, share):
+    sim_state.gpu(0, total=80 * GIB).write()
+    (share / "agent").mkdir(mode=0o777)  # unsafe: refused by an agent, ignored without one
+    (share / "agent").chmod(0o777)
+    with running_exporter(simgpu_env, "--interval", "0.5", "--share-dir", str(share),
+                          "--no-agent") as url:  # fmt: skip
+        wait_for("a first snapshot", lambda: scrape(url)["jax_nbmem_up"][0][1])
+    assert os.listdir(share / "agent") == []
