@@ -317,10 +317,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="run only the rows whose name has this text")
     parser.add_argument("--json", help="also write every figure to this file")
     args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="jax_nbmem_bench_"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_NBMEM"))}
     base["JAX_PLATFORMS"] = "cpu"
+    # An IPython profile of its own, empty: no startup file runs in the shells and kernels
+    # measured (not the demo's mirror of `shell-env --kernels`, which looks after every cell
+    # on the simulated GPU only; not the user's), so the rows pay for jax_nbmem alone.
+    base["IPYTHONDIR"] = str(folder / "ipython")
     no_nvml = {**base, "LD_LIBRARY_PATH": "/nonexistent"}
-    folder = Path(tempfile.mkdtemp(prefix="jax_nbmem_bench_"))
     lib = simgpu.build(folder)
     one_gpu = simgpu.SimState(folder / "one.state").gpu(0, total=80 * simgpu.GIB)
     one_gpu.process(0, 4242, 2 * simgpu.GIB).write()

@@ -127,6 +127,34 @@ def test_preallocation_takes_the_pool_at_the_first_operation(demo_env):
     assert nvml_pids(demo_env) == []
 
 
+@pytest.mark.kernel
+@pytest.mark.timeout(180)
+def test_a_cell_that_allocates_and_returns_at_once_is_charged_with_its_own_bytes(demo_env):
+    """On a real GPU NVML sees an allocation at once; the mirror must not lag a cell behind.
+
+    Its thread looks every 0.25 s: without the look at each cell's end, the reading right
+    after a cell misses what the cell took, and a later cell is blamed for it.
+    """
+    with demo_kernel(demo_env) as (pid, client, state):
+        execute(client, "%load_ext jax_nbmem\n%jaxalloc off")
+        execute(client, "import jax.numpy as jnp\nblocks = [jnp.ones(4)]")  # the backend starts
+        held_by(state, pid, lambda held: held is not None)
+        for code in ["blocks.append(jnp.ones((1024, 1024, 16)))"] * 3 + ["pass"]:  # 64 MiB each
+            time.sleep(0.15)  # the reading after the previous cell is in (no overlap to note)
+            execute(client, code)
+        out, error = execute(
+            client,
+            "import json, jax_nbmem\nprint(json.dumps([c.to_dict() for c in jax_nbmem.cells()]))",
+        )
+        assert error is None, out
+    records = json.loads(out.strip().splitlines()[-1])
+    grows, after = records[-4:-1], records[-1]
+    seen = [(r["first_line"], r["gpu_self_retained"], r["notes"]) for r in records]
+    assert [r["gpu_self_retained"] for r in grows] == [64 * MIB] * 3, seen
+    assert after["gpu_self_retained"] == 0, seen  # the next cell is not blamed for them
+    assert grows[-1]["gpu_self_after"] == grows[0]["gpu_self_before"] + 3 * 64 * MIB
+
+
 def nvml_pids(env) -> list[int]:
     """The PIDs the simulated GPU 0 lists, asked through the real pynvml in a subprocess."""
     code = (
