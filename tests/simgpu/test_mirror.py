@@ -250,3 +250,30 @@ def test_on_a_mig_instance_the_mirror_holds_its_share_of_the_instance(
     SimState(other).gpu(0, total=141 * GIB, mig=True).mig(0, 1, 18 * GIB, uuid=small).write()
     mirror_module.Mirror(other).step()
     assert SimState.read(other).process_bytes(pid) is None
+
+
+def test_a_neighbour_started_with_stop_with_ends_once_that_process_has(tmp_path):
+    """`tenant --stop-with PID` (the quickstart script's): the neighbour outlives no script."""
+    script = subprocess.Popen(["sleep", "60"])  # stands for the script
+    code = (
+        f"import time; from jax_nbmem.simgpu.simulator import stop_when_gone\n"
+        f"stop_when_gone({script.pid}, interval=0.05)\ntime.sleep(60)"
+    )
+    neighbour = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.5)
+        assert neighbour.poll() is None  # the script runs: so does it
+        script.kill()
+        script.wait()
+        assert neighbour.wait(10) == -signal.SIGTERM
+    finally:
+        neighbour.kill()
+        script.kill()
+
+
+def test_tenant_refuses_a_bad_stop_with_and_starts_nothing(tmp_path):
+    state = tmp_path / "gpu.state"
+    SimState(state).gpu(0, total=80 * GIB).write()
+    with pytest.raises(ValueError, match="--stop-with needs a process ID"):
+        start_tenant(state, stop_with=0)
+    assert "proc" not in state.read_text()  # no neighbour
