@@ -230,11 +230,20 @@ def _jax_nbmem_awake(on):
 """
 
 
+# The demo's simulated-GPU mirror looks after every cell (the real driver's work, simulated):
+# never in a row, whatever the environment the benchmark was started from.
+NO_MIRROR = (
+    "import sys\n"
+    "assert 'jax_nbmem.simgpu.mirror' not in sys.modules, 'a startup file started the mirror'"
+)
+
+
 def compare(make: Callable[[dict[str, str]], object], env, setup: str, loaded_setup: str,
             cells: int, rounds: int, code: str = "x = 1") -> dict:  # fmt: skip
     """Asleep against awake in one process, alternating rounds; medians and per-round ratios."""
     side = make(env)
     try:
+        side.run(NO_MIRROR)
         side.run(setup)
         side.run("%load_ext jax_nbmem\n" + loaded_setup)
         side.run(TOGGLE)
