@@ -23,9 +23,10 @@ On a real GPU, NVML sees an allocation the moment it is made; the thread looks o
 0.25 s. So that a cell that allocates and returns at once is charged with its own bytes, in a
 kernel the mirror also looks when each cell has run: from IPython's ``post_execute`` event,
 which IPython fires before ``post_run_cell``, where jax_nbmem reads the cell's end, whatever
-order the two were registered in. That look writes the state file only when what the process
-would hold changed (as a real allocation is on the cell's path too), and only in a kernel the
-demo's startup file started: nothing else runs it (the overhead benchmark's kernels do not).
+order the two were registered in. That look counts the live arrays (about 1 µs each: 10 ms a
+cell with 10,000 of them, here) and writes the state file only when their bytes changed (as a
+real allocation is on the cell's path too); it runs only in a kernel the demo's startup file
+started: nothing else runs it (the overhead benchmark checks that its kernels do not).
 """
 
 from __future__ import annotations
