@@ -232,6 +232,35 @@ def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, mirror_m
     assert path.stat().st_mtime_ns == stamp
 
 
+def test_the_look_after_a_cell_writes_what_changed_and_nothing_else(
+    tmp_path, mirror_module, monkeypatch
+):
+    path = tmp_path / "gpu.state"
+    SimState(path).gpu(0, total=80 * GIB).write()
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    live = {"bytes": 64 * MIB}
+    monkeypatch.setattr(mirror_module, "_live_array_bytes", lambda: live["bytes"])
+    monkeypatch.setattr(mirror_module, "_backend_started", lambda: False)
+    mirror = mirror_module.Mirror(path)
+    mirror.after_cell()  # JAX has not started: nothing to count (counting would start it)
+    assert SimState.read(path).process_bytes(os.getpid()) is None
+    monkeypatch.setattr(mirror_module, "_backend_started", lambda: True)
+    mirror.after_cell()
+    assert SimState.read(path).process_bytes(os.getpid()) == CONTEXT_BYTES + 64 * MIB
+    stamp = path.stat().st_mtime_ns
+    mirror.after_cell()  # the same arrays: nothing written
+    assert path.stat().st_mtime_ns == stamp
+    live["bytes"] = 192 * MIB
+    mirror.after_cell()
+    assert SimState.read(path).process_bytes(os.getpid()) == CONTEXT_BYTES + 192 * MIB
+
+    def broken():
+        raise RuntimeError("a JAX that changed")
+
+    monkeypatch.setattr(mirror_module, "_live_array_bytes", broken)
+    mirror.after_cell()  # a hook never raises into the user's cell
+
+
 def test_on_a_mig_instance_the_mirror_holds_its_share_of_the_instance(
     tmp_path, mirror_module, monkeypatch
 ):
