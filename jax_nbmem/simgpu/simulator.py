@@ -199,6 +199,16 @@ def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
     return 0
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def stop_when_gone(pid: int, interval: float = 0.5) -> threading.Thread:
     """End this process (SIGTERM) once process *pid* has ended; a daemon thread watches.
 
@@ -211,13 +221,7 @@ def stop_when_gone(pid: int, interval: float = 0.5) -> threading.Thread:
         except FileNotFoundError:
             return True
         except OSError:  # no /proc: ask the kernel
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                return False
-            return False
+            return not _exists(pid)
         return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
 
     def watch() -> None:
@@ -250,8 +254,8 @@ def start_tenant(
 
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
-    if stop_with is not None and stop_with <= 0:
-        raise ValueError(f"--stop-with needs a process ID, not {stop_with}")
+    if stop_with is not None and (stop_with <= 0 or not _exists(stop_with)):
+        raise ValueError(f"--stop-with needs a running process's ID, not {stop_with}")
     state_path = Path(state_path).resolve()
     runtime = Path(jupyter_runtime_dir())
     runtime.mkdir(parents=True, exist_ok=True)

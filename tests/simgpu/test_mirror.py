@@ -303,6 +303,9 @@ def test_a_neighbour_started_with_stop_with_ends_once_that_process_has(tmp_path)
 def test_tenant_refuses_a_bad_stop_with_and_starts_nothing(tmp_path):
     state = tmp_path / "gpu.state"
     SimState(state).gpu(0, total=80 * GIB).write()
-    with pytest.raises(ValueError, match="--stop-with needs a process ID"):
-        start_tenant(state, stop_with=0)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (0, gone.pid):
+        with pytest.raises(ValueError, match="--stop-with needs a running process's ID"):
+            start_tenant(state, stop_with=pid)
     assert "proc" not in state.read_text()  # no neighbour
