@@ -50,6 +50,7 @@ __all__ = [
     "Beacon",
     "BeaconWriter",
     "beacon_dirs",
+    "beacon_from",
     "listed_keys",
     "parse_beacon_file",
     "read_beacons",
@@ -450,6 +451,15 @@ def _parse(data: bytes, path: str) -> Beacon | None:
         return _beacon_from(json.loads(data), path)
     except Exception:
         log.debug("jax_nbmem: malformed beacon %s", path, exc_info=True)
+        return None
+
+
+def beacon_from(content: Any, where: str) -> Beacon | None:
+    """A beacon from its parsed content (e.g. the node agent's copy); None when malformed."""
+    try:
+        return _beacon_from(content, where)
+    except Exception:  # whatever shape anyone gave it
+        log.debug("jax_nbmem: malformed beacon in %s", where, exc_info=True)
         return None
 
 
