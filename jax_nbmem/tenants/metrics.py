@@ -65,6 +65,7 @@ _WARNING_KINDS = (
     "self-preallocation",
     "prealloc-will-fail",
     "pid-namespace",
+    "agent-stale",
 )
 # jax_nbmem_nvml_up's reason: a fixed set, so that the label's values stay few.
 NVML_REASONS = (

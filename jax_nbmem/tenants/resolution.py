@@ -73,6 +73,13 @@ class ResolvedProcess:
     container: dict | None
     kernel: Beacon | None
 
+    @property
+    def shown_container(self) -> dict | None:
+        """Its container as public output shows it: ``name``, ``id``, ``pod``, ``namespace``."""
+        if not self.container:
+            return None
+        return {key: self.container.get(key) for key in ("name", "id", "pod", "namespace")}
+
 
 @dataclass(frozen=True)
 class Resolution:
