@@ -178,18 +178,21 @@ def _fix(tenant: Tenant) -> str:
 
 
 def _fix_elsewhere(tenant: Tenant, restart: str) -> str:
-    host = f"an administrator on the host with `jax-nbmem shutdown {tenant.pid}`"
+    host = f"on the host with `jax-nbmem shutdown {tenant.pid}`"
     if tenant.kind == "unknown":
-        return f"It runs outside this container. {_AGENT_ADVICE} It can be stopped by {host}."
+        return (
+            f"This container cannot tell which process host PID {tenant.pid} is. "
+            f"{_AGENT_ADVICE} An administrator can stop it {host}."
+        )
     owner = f" ({tenant.hub_user or tenant.user})" if tenant.hub_user or tenant.user else ""
     if tenant.source == "inferred":
         return (
             f"If that kernel is yours, {restart}; otherwise ask its owner{owner} to. An "
-            f"administrator can check which kernel it is and stop it: {host}."
+            f"administrator can check which kernel it is and stop it {host}."
         )
     return (
         f"It runs in another container: ask its owner{owner} to shut it down or to {restart}, "
-        f"or ask for it to be stopped by {host} (`%jaxmem shutdown` stops only kernels in "
+        f"or an administrator to stop it {host} (`%jaxmem shutdown` stops only kernels in "
         "this container)."
     )
 
@@ -209,7 +212,9 @@ def _why_preallocated(tenant: Tenant) -> str:
             "pool that mode preallocates"
         )
     if tenant.source == "memory size":
-        whose = "a process outside this container" if tenant.elsewhere else "another user's process"
+        whose = (
+            "a process known only by its host PID" if tenant.elsewhere else "another user's process"
+        )
         return (
             "probably JAX preallocation: its size matches the pool JAX takes by default "
             f"({DEFAULT_FRACTION:.0%} of the GPU, or a 0.9x step below it), and {whose} "

@@ -82,7 +82,11 @@ def attribute_in_container(
             fields = _neighbour(process, entry, total, uuid)
         tenants.append(_a.Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields))
     if not fresh:
-        tenants = _infer(tenants, list(claims), own, totals, uuids)
+        try:  # the other live kernels of this very container, by their beacons here
+            ours = [b for b in local_beacons(None).values() if b.pid != local_pid]
+        except Exception:
+            ours = []
+        tenants = _infer(tenants, list(claims), own, ours, totals, uuids)
     return tenants
 
 
@@ -115,10 +119,10 @@ def _unresolved(pid: int, resolution: Resolution | None) -> dict:
         why = "the node agent's resolution does not list it (yet)"
     else:
         detail = resolution.reason if resolution is not None else "no share directory is set"
-        why = f"no node agent resolves host PIDs here ({detail})"
+        why = f"no node agent resolves host PIDs here: {detail}"
     reason = (
-        f"{_a.PID_NAMESPACE_REASON}: host PID {pid}, and this kernel runs in a container "
-        f"(a PID namespace of its own): {why}"
+        f"{_a.PID_NAMESPACE_REASON}: host PID {pid}; this kernel runs in a container (a PID "
+        f"namespace of its own) and {why}"
     )
     return {"pid": pid, "kind": "unknown", "notebook": None, "preallocated": None,
             "reason": reason, "elsewhere": True}  # fmt: skip
@@ -222,8 +226,12 @@ def _could_hold(claim: Beacon, used: int | None, total: int | None, uuid: str | 
     return bool(_a._matches_a_pool(used, total, claim.pool_fraction))
 
 
-def _infer(tenants, claims, own, totals, uuids) -> list[_a.Tenant]:
-    """Without the agent: preallocation-sized memory, named where exactly one claim fits."""
+def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
+    """Without the agent: preallocation-sized memory, named where exactly one claim fits.
+
+    ``ours``: the beacons of the other kernels in this container. A row that this kernel or
+    one of them could hold is not said to be outside; nothing is named by its size alone.
+    """
     from dataclasses import replace
 
     candidates: dict[int, list[Beacon]] = {}
@@ -243,7 +251,18 @@ def _infer(tenants, claims, own, totals, uuids) -> list[_a.Tenant]:
         total, uuid = totals.get(tenant.gpu), uuids.get(tenant.gpu)
         if own is not None and _could_hold(own, tenant.used_bytes, total, uuid):
             reason = f"{tenant.reason}; its size is this kernel's own pool's: it may be this kernel"
-            result[i] = replace(tenant, reason=reason)
+            result[i] = replace(tenant, reason=reason, elsewhere=False)
+            continue
+        inside = [b for b in ours if _could_hold(b, tenant.used_bytes, total, uuid)]
+        if inside:
+            pids = ", ".join(str(b.pid) for b in inside)
+            reason = (
+                f"{tenant.reason}; its size fits the pool of kernel PID {pids} in this "
+                "container (not proven: it may be another process of the same size)"
+            )
+            result[i] = replace(
+                tenant, reason=reason, preallocated=True, source="memory size", elsewhere=False
+            )
             continue
         if len(matches) == 1 and fits[id(matches[0])] == 1:
             result[i] = _inferred(tenant, matches[0], total, uuid)
