@@ -79,6 +79,8 @@ class Container:
             env=full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.host_pid = wait_for(f"{name}'s shell", self._shell, 20)
+        info = os.stat(f"/proc/{self.host_pid}/ns/pid")
+        self.ns = [info.st_dev, info.st_ino]  # read while it lives
 
     def _shell(self) -> int | None:
         for child in psutil.Process(self.process.pid).children():
@@ -88,11 +90,6 @@ class Container:
             except psutil.Error:
                 pass
         return None
-
-    @property
-    def ns(self) -> list[int]:
-        info = os.stat(f"/proc/{self.host_pid}/ns/pid")
-        return [info.st_dev, info.st_ino]
 
     def pid_here(self, host_pid: int) -> int:
         with open(f"/proc/{host_pid}/status") as f:
