@@ -429,7 +429,7 @@ def attribute(
 
     ``resolution``: the node agent's (names its processes while fresh); ``identity``
     (default: ours) says whether this runs in a container, where NVML's host PIDs are never
-    looked up directly (:mod:`.containers`); ``dirs``: where beacons are.
+    looked up: :func:`.containers.from_container` attributes them; ``dirs``: beacons' place.
     """
     own_pid = os.getpid() if own_pid is None else own_pid
     environ = os.environ if environ is None else environ
@@ -439,11 +439,10 @@ def attribute(
     processes = list(processes)
     gpus = list(gpus)
     identity = own_identity() if identity is None else identity
-    if in_initial_namespace(identity) is False:
-        from jax_nbmem.tenants.containers import from_container  # it imports this module
-
-        return from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid,
-                              environ, sessions)  # fmt: skip
+    if in_initial_namespace(identity) is False:  # host PIDs: never looked up here
+        reason = f"{PID_NAMESPACE_REASON}: this process runs in a container; see .containers"
+        return [Tenant(p.pid, p.gpu, p.used_bytes, "unknown", None, None, reason=reason,
+                       elsewhere=True) for p in processes]  # fmt: skip
     fresh = resolution is not None and resolution.fresh
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
     uuids = {gpu.index: gpu.uuid for gpu in gpus}

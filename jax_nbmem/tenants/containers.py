@@ -92,10 +92,12 @@ def attribute_in_container(
 
 def from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid, environ,
                    sessions) -> list[_a.Tenant]:  # fmt: skip
-    """:func:`attribute_in_container` as :func:`~jax_nbmem.tenants.attribution.attribute` calls it.
+    """What :func:`~.attribution.attribute` is on the host, for a process in a container.
 
-    Reads the claims of kernels in other namespaces when the resolution is not fresh.
+    Reads the claims of kernels in other namespaces when the resolution is not fresh;
+    ``sessions`` as ``attribute`` takes them (None: the running Jupyter servers, on demand).
     """
+    sessions = _a._SessionsOnDemand() if sessions is None else sessions
     fresh = resolution is not None and resolution.fresh
     try:
         claims = [] if fresh else read_claims(dirs, identity)

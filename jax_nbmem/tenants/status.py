@@ -22,6 +22,7 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
+from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice
 from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
@@ -127,18 +128,22 @@ def collect(
         beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
     if own is not None:
         beacons[own_pid] = own
-    tenants = attribute(
-        processes,
-        gpus,
-        own_pid=own_pid,
-        environ=environ,
-        own_on_gpu=on_gpu if in_kernel else None,
-        beacons=beacons,
-        sessions=sessions,
-        resolution=resolution,
-        dirs=dirs,
-        identity=identity,
-    )
+    if in_container:  # NVML's PIDs are the host's: resolved, or inferred
+        tenants = from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid,
+                                 environ, sessions)  # fmt: skip
+    else:
+        tenants = attribute(
+            processes,
+            gpus,
+            own_pid=own_pid,
+            environ=environ,
+            own_on_gpu=on_gpu if in_kernel else None,
+            beacons=beacons,
+            sessions=sessions,
+            resolution=resolution,
+            dirs=dirs,
+            identity=identity,
+        )
     if own is not None:
         tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
     notes = [visible.note] if visible.note else []

@@ -22,6 +22,7 @@ from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute
+from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.identity import own_identity, start_ticks
 from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.tenants.servers import SessionIndex, shutdown_kernel
@@ -91,10 +92,10 @@ def own_entry(host_pid, pid_here, ticks):
     }  # fmt: skip
 
 
-def in_container(processes, used, share, resolution=None, **kwargs):
-    return attribute(
-        processes, [gpu(used)], sessions=NO_SERVERS, identity=our_identity(),
-        resolution=resolution, dirs=[str(share)], **kwargs,
+def in_container(processes, used, share, resolution=None, own_pid=None):
+    return from_container(
+        processes, [gpu(used)], our_identity(), resolution, [str(share)], {},
+        os.getpid() if own_pid is None else own_pid, os.environ, NO_SERVERS,
     )  # fmt: skip
 
 
@@ -359,3 +360,11 @@ def test_a_pool_that_a_kernel_of_this_container_fits_is_not_said_to_be_outside(
     (row,) = in_container([GpuProcess(900001, 0, POOL + 300 * MiB)], used, tmp_path)
     assert row.kind == "unknown" and row.hub_user is None and not row.elsewhere
     assert f"fits the pool of kernel PID {sleeper} in this container" in row.reason
+
+
+def test_attribute_itself_never_looks_up_a_host_pid_from_a_container(sleeper):
+    # The host's attribution, asked from a container, names nothing (see from_container).
+    (row,) = attribute([GpuProcess(sleeper, 0, GiB)], [gpu(GiB)], identity=our_identity(),
+                       sessions=NO_SERVERS)  # fmt: skip
+    assert row.kind == "unknown" and row.user is None and row.elsewhere
+    assert row.reason.startswith(PID_NAMESPACE_REASON)
