@@ -299,3 +299,80 @@ def test_jaxmem_shutdown_in_a_container_translates_or_refuses(node, tmp_path):
     assert f"PID {here} in this container" in stopped, stopped
     wait_for("the other kernel gone", lambda: not psutil.pid_exists(other)
              or psutil.Process(other).status() == psutil.STATUS_ZOMBIE, 10)  # fmt: skip
+
+
+class FakeAgent:
+    """A listener on S/agent/agent.sock as the node agent's: each line with its peer's host PID."""
+
+    def __init__(self, share) -> None:
+        import socket
+        import struct
+        import threading
+
+        agent = share / "agent"
+        agent.mkdir(mode=0o755, exist_ok=True)
+        self.path = str(agent / "agent.sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        os.chmod(self.path, 0o666)
+        self.server.listen()
+        self.lines: list[tuple[int, dict]] = []
+        self.connections = []
+
+        def serve(conn) -> None:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid = struct.unpack("3i", creds)[0]
+            with conn, conn.makefile("rb") as lines:
+                for line in lines:
+                    self.lines.append((pid, json.loads(line)))
+                    conn.sendall(json.dumps({"ok": True, "pid": pid}).encode() + b"\n")
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = self.server.accept()
+                except OSError:
+                    return
+                self.connections.append(conn)
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def restart(self) -> None:
+        """Drop every connection, as an agent that restarts does (the kernels connect again)."""
+        for conn in self.connections:
+            conn.close()
+        self.connections.clear()
+
+    def close(self) -> None:
+        self.server.close()
+        self.restart()
+
+
+def test_kernels_send_their_beacons_to_the_agent_which_sees_their_host_pids(node):
+    agent = FakeAgent(node.share)
+    try:
+        alice = node("alice-box", JUPYTERHUB_USER="alice")
+        bob = node("bob-box", JUPYTERHUB_USER="bob")
+
+        def sent_by(box):
+            return [line for pid, line in agent.lines if pid == box.host_pid]
+
+        for box in (alice, bob):
+            (first, *_) = wait_for(
+                f"{box.name}'s beacon at the agent", lambda b=box: sent_by(b), 20
+            )
+            identity = first["identity"]
+            assert identity["pid_in_ns"] == 1 and identity["pid_ns"] == box.ns
+            assert identity["start_ticks"] == start_ticks(f"/proc/{box.host_pid}/stat")
+            assert identity["hostname"] == box.name and first["hub_user"] == box.name[:-4]
+        # The agent's answer: the kernel now knows the host PID it was proven as.
+        proven = "import jax_nbmem; print(jax_nbmem._session().beacon.agent.proven_pid)"
+        assert bob.run(proven).strip() == str(bob.host_pid)
+
+        # The agent restarts: each kernel registers again, within the 5 s backoff (and a bit).
+        before = len(sent_by(bob))
+        agent.restart()
+        wait_for("bob registered again", lambda: len(sent_by(bob)) > before, 15)
+    finally:
+        agent.close()
