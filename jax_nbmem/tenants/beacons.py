@@ -5,6 +5,11 @@ another user, and cannot tell widget traffic from work. The kernel itself knows 
 effect, its pool and when its last cell finished. :class:`BeaconWriter` keeps that in
 ``jax_nbmem-beacon-<pid>.json`` (rewritten on change, at most once a second, atomically;
 removed at unload and at exit); :func:`read_beacons` gives the beacons a reader can trust.
+In a container (a PID namespace that is not the host's) the name is
+``jax_nbmem-beacon-<ns inode>-<pid>.json``, and the content says the kernel's ``identity``
+(:mod:`.identity`). Beside it the writer holds an alive lock for the kernel's life
+(:mod:`.alive`), and sends each beacon to the node agent, where one listens
+(:mod:`.agent_client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
 
 Where: the user's Jupyter runtime directory, so the user's own kernels, CLI and server see each
 other; on a shared node, also the directory an admin names (``c.JaxNbMem.share_dir`` or
