@@ -77,7 +77,8 @@ def warnings_for(
     stale = agent is not None and agent.state == "stale"
     if stale:
         found.append(MemoryWarning("agent-stale", None, None, _stale_message(agent)))
-    if foreign is not None and not stale:
+    fresh = agent is not None and agent.state == "fresh"  # a PID it has not listed yet
+    if foreign is not None and not stale and not fresh:
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
     # In a container, memory held outside it is judged by its size (or a kernel's claim).
     found += _blocking(tenants, by_index, own_needs_bytes, own_name)

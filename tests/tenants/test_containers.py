@@ -368,3 +368,18 @@ def test_attribute_itself_never_looks_up_a_host_pid_from_a_container(sleeper):
                        sessions=NO_SERVERS)  # fmt: skip
     assert row.kind == "unknown" and row.user is None and row.elsewhere
     assert row.reason.startswith(PID_NAMESPACE_REASON)
+
+
+def test_on_the_host_a_proven_kernel_in_a_container_is_judged_by_what_it_sent(tmp_path, sleeper):
+    # Root's status on the host: the host PID is real here, and the agent proved its kernel.
+    bob = kernel_beacon(7, OUR_NS, hub_user="bob", notebook="/home/jovyan/work.ipynb",
+                        mode="off", pool=0, fraction=0.0)  # fmt: skip
+    entry = {**neighbour_entry(sleeper, kernel=bob, name="jupyter-bob"), "pid_in_container": 7}
+    write_resolution(tmp_path, [entry])
+    resolution = load_resolution(str(tmp_path))
+    (row,) = attribute([GpuProcess(sleeper, 0, 300 * MiB)], [gpu(300 * MiB)],
+                       sessions=NO_SERVERS, resolution=resolution, beacons={})  # fmt: skip
+    assert (row.source, row.mode, row.preallocated, row.hub_user) == ("agent", "off", False, "bob")
+    assert (row.pid, row.pid_in_container) == (sleeper, 7)
+    assert row.container["name"] == "jupyter-bob" and not row.elsewhere
+    assert row.cmdline and row.user  # the host can look into it, too
