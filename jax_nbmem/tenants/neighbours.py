@@ -53,18 +53,21 @@ def read_claims(
 
     Live means its alive lock is held; a beacon without a lock, or whose lock is free (its
     kernel was killed and left its files), is left out. A beacon counts only when what it
-    says of its namespace and PID agrees with its file's name. At most ``MAX_PIDS``; never
-    raises.
+    says of its namespace and PID agrees with its file's name. At most ``MAX_PIDS``, after
+    at most twice as many locks asked (so junk left in a shared folder costs a bounded time);
+    never raises.
     """
     own = own_identity() if own is None else own
     dirs = [d for d in (beacon_dirs() if dirs is None else dirs) if isinstance(d, str) and d]
     found: dict[str, Beacon] = {}
+    tested = 0  # locks asked: whatever anyone leaves in a shared folder costs a bounded time
     for directory in dirs:
         for key, ino, pid in listed_keys(directory):
             if key == beacon_key({**own, "pid_in_ns": pid}) or key in found:
                 continue  # ours (checked by PID instead), or seen in another directory
-            if len(found) >= MAX_PIDS:
+            if len(found) >= MAX_PIDS or tested >= 2 * MAX_PIDS:
                 return list(found.values())
+            tested += 1
             if alive_by_lock(dirs, key) is not True:
                 continue
             beacon = read_beacon_by_key(dirs, key)
