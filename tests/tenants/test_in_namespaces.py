@@ -379,3 +379,26 @@ def test_kernels_send_their_beacons_to_the_agent_which_sees_their_host_pids(node
         wait_for("bob registered again", lambda: len(sent_by(bob)) > before, 15)
     finally:
         agent.close()
+
+
+def test_a_namespace_without_proc_claims_what_it_can_and_still_writes_its_beacon(tmp_path):
+    code = (
+        "import json, os; from jax_nbmem.tenants.identity import own_identity, beacon_key\n"
+        "from jax_nbmem.tenants.beacons import BeaconWriter\n"
+        f"w = BeaconWriter(lambda: {{'schema': 1, 'pid': os.getpid(), 'started_at': 1.0}}, {str(tmp_path)!r})\n"  # noqa: E501
+        "print(json.dumps([own_identity(), beacon_key(), w.write_now(), w.alive.held != []]))"
+    )
+    found = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount", "sh", "-c",
+         f'umount -l /proc && exec {sys.executable} -c "$CODE"'],
+        env={**clean_environ(), "CODE": code}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    identity, key, written, locked = json.loads(found.stdout)
+    # Nothing to say of its namespace or start: the PID names it, as on the host.
+    assert (
+        identity["pid_ns"] is None
+        and identity["start_ticks"] is None
+        and identity["pid_in_ns"] == 1
+    )
+    assert key == "1" and written and locked
