@@ -4,7 +4,7 @@ jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
                    [--defer-to-servers] [--web.config.file FILE] [--insecure]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
-jax-nbmem shutdown PID [--hub-url URL] [--share-dir DIR] [--dry-run] [--log FILE] [--json]
+jax-nbmem shutdown PID [--yes | --dry-run] [--hub-url URL] [--share-dir DIR] [--log FILE] [--json]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -222,7 +222,14 @@ def _system_kernels() -> str:
         return "Jupyter data directory"
 
 
+def _argparse_text(text: str) -> str:
+    """``text`` as an argparse help, which formats it with %: a ``%jaxmem`` in it kept."""
+    return text.replace("%", "%%")
+
+
 def _parser() -> argparse.ArgumentParser:
+    from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
+
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
     )
@@ -301,7 +308,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
     )
-    shutdown.add_argument("--dry-run", action="store_true", help="say what it would do, only")
+    words = shutdown.add_mutually_exclusive_group()
+    words.add_argument("--yes", action="store_true", help=_argparse_text(SHUTDOWN_YES))
+    words.add_argument("--dry-run", action="store_true", help=_argparse_text(SHUTDOWN_DRY_RUN))
     shutdown.add_argument(
         "--log",
         type=Path,
