@@ -83,9 +83,10 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from jax_nbmem.tenants.advice import AT_SHELL
     from jax_nbmem.tenants.status import collect, format_status
 
-    report = collect(share_dir=args.share_dir)
+    report = collect(share_dir=args.share_dir, read_at=AT_SHELL)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

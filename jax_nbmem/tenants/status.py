@@ -19,7 +19,7 @@ from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
-from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
+from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.culling import notice_warning, read_notice
@@ -82,6 +82,7 @@ def collect(
     sessions=None,
     own_name: str = OWN_NAME,
     own=None,
+    read_at: str = IN_IPYTHON,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -94,6 +95,9 @@ def collect(
     ``own`` (a `Beacon` built from the kernel's session, not read from a file) is what this
     process knows of itself: its row says that (``source: session``, no idleness: it is
     running the cell that asks). No beacon file is ever believed about this process.
+    ``read_at`` is where the warnings are read: in IPython (the default: they name `%jaxmem`)
+    or at a shell prompt (``AT_SHELL``: `jax-nbmem status`; they name `jax-nbmem` commands and
+    every process's owner).
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -139,6 +143,7 @@ def collect(
         own_jax_in_use=in_use,
         own_reserved=reserved,
         own_name=own_name,
+        read_at=read_at,
     )
     report = StatusReport(
         nvml={
