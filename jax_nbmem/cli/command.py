@@ -95,13 +95,16 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _shutdown(args: argparse.Namespace) -> int:
-    from jax_nbmem.cli.hubapi import HubError, hub_from_environment
+    from jax_nbmem.cli.hubapi import HubError, hub_from_environment, own_server_from_environment
     from jax_nbmem.cli.stop import StopError, find, stop
 
     try:
         hub = hub_from_environment(args.hub_url)
         kernel = find(args.pid, args.share_dir)
-        stopped = stop(kernel, hub, dry_run=args.dry_run, log_path=args.log)
+        stopped = stop(
+            kernel, hub, dry_run=args.dry_run, log_path=args.log,
+            own_server=own_server_from_environment(),
+        )  # fmt: skip
     except (HubError, StopError) as error:
         print(f"jax-nbmem shutdown: {error}", file=sys.stderr)
         return 1
@@ -229,6 +232,7 @@ def _argparse_text(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from jax_nbmem.cli.hubapi import SCOPES_TEXT
     from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 
     parser = argparse.ArgumentParser(
@@ -293,9 +297,10 @@ def _parser() -> argparse.ArgumentParser:
         "shutdown",
         help="stop a kernel: your own, or as an administrator another user's",
         description="Stop the Jupyter kernel PID through its server (its id from its beacon "
-        "or command line), else by signal, and say what came free. Your own kernels; as root, "
-        "or with a hub API token ($JUPYTERHUB_API_TOKEN, scopes read:servers and "
-        "access:servers) and --hub-url, another user's, which is logged.",
+        "or command line), else by signal, and say what came free. Your own kernels (a hub "
+        "user's through their own server, from the environment JupyterHub gives it); as root, "
+        f"or with a hub API token ($JUPYTERHUB_API_TOKEN, {SCOPES_TEXT}) and --hub-url, "
+        "another user's, which is logged.",
     )
     shutdown.add_argument("pid", type=int, metavar="PID", help="the kernel's process ID")
     shutdown.add_argument(
