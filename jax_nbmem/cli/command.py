@@ -356,7 +356,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     cull.add_argument("--log", type=Path, metavar="FILE", help="the administrators' log")
     cull.add_argument(
-        "--listen", metavar="HOST:PORT", help="serve jax_nbmem_culled_kernels_total at /metrics"
+        "--listen",
+        metavar="HOST:PORT",
+        help="also serve jax_nbmem_culled_kernels_total at /metrics here (the node exporter "
+        "serves it from the shared directory: scrape one of them)",
     )
     cull.set_defaults(run=_cull)
 

@@ -7,7 +7,9 @@ and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts
 through its user's server with the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
 change of mind is a JSON line in the log and a line on stdout; stops are counted in
-``jax_nbmem_culled_kernels_total{reason}``, served at ``/metrics`` with ``--listen``.
+``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
+exporter serves it (counting on from there after a restart), and served at the culler's own
+``/metrics`` with ``--listen``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.stop import StopError, find, stop
 from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
+    CULL_REASONS,
+    CULLED_HELP,
     Candidate,
+    CullCounts,
     CullPolicy,
     Notice,
     candidates,
+    read_counts,
     read_notice,
     remove_notice,
+    write_counts,
     write_notice,
 )
 
@@ -54,17 +61,15 @@ class Culler:
         self.log_path = log_path
         self.out = out or sys.stdout
         self.culled: dict[str, int] = {}
+        self._counts: CullCounts | None = None  # as kept in the shared directory
         self._counter = None
         if registry is not None:
             from prometheus_client import Counter
 
             self._counter = Counter(
-                "jax_nbmem_culled_kernels",
-                "Kernels the GPU-aware idle culler shut down, by reason",
-                ["reason"],
-                registry=registry,
+                "jax_nbmem_culled_kernels", CULLED_HELP, ["reason"], registry=registry
             )
-            for reason in ("idle-preallocated", "idle-over-share"):
+            for reason in CULL_REASONS:
                 self._counter.labels(reason=reason)  # 0 until the first, not absent
 
     def round(self, report=None, now: float | None = None) -> list[dict]:
@@ -72,6 +77,11 @@ class Culler:
         from jax_nbmem.tenants.status import collect
 
         now = time.time() if now is None else now
+        if self._counts is None and not self.dry_run:
+            # Counting goes on from the last culler's count; its zeros are served from the start.
+            kept = read_counts([self.share_dir])
+            self._counts = kept or CullCounts({r: 0 for r in CULL_REASONS}, since=now)
+            self._keep_counts()
         report = collect(share_dir=self.share_dir) if report is None else report
         chosen = {c.pid: c for c in candidates(report, self.policy)}
         beacons = read_beacons([self.share_dir])
@@ -132,10 +142,21 @@ class Culler:
             return event
         remove_notice(self.share_dir, candidate.pid)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
+        if self._counts is not None:
+            self._counts.counts[candidate.reason] = self._counts.counts.get(candidate.reason, 0) + 1
+            self._keep_counts()
         if self._counter is not None:
             self._counter.labels(reason=candidate.reason).inc()
         event.update(how=stopped.how, server=stopped.server, message=f"culled: {stopped.message}")
         return event
+
+    def _keep_counts(self) -> None:
+        """Write the counts where the node exporter reads them; a failure is said, not fatal."""
+        try:
+            write_counts(self.share_dir, self._counts)
+        except OSError as error:
+            print(f"jax-nbmem cull: cannot keep the cull counts in {self.share_dir}: {error}",
+                  file=self.out, flush=True)  # fmt: skip
 
     def _forget(self, pid: int, label: str, why: str) -> dict:
         remove_notice(self.share_dir, pid)

@@ -1,6 +1,6 @@
 """The docs' jupyterhub_config.py is the one the hub tests run (docs/jupyterhub_config.py)."""
 
-from tests.hub.conftest import CONFIG
+from tests.hub.conftest import CONFIG, documented_config
 from tests.jupyterlab import REPO_ROOT
 
 
@@ -10,24 +10,11 @@ def test_the_docs_show_the_tested_config_verbatim():
     compile(CONFIG.read_text(), str(CONFIG), "exec")  # and it is Python
 
 
-def _documented_config(env: dict) -> object:
-    """The docs' jupyterhub_config.py evaluated as JupyterHub evaluates it: its ``c``."""
-    import os
-    from unittest import mock
-
-    from traitlets.config import Config
-
-    c = Config()
-    with mock.patch.dict(os.environ, env):
-        exec(CONFIG.read_text(), {"get_config": lambda: c, "__file__": str(CONFIG)})
-    return c
-
-
 def test_one_set_of_scopes_said_the_same_everywhere():
     from jax_nbmem.cli.command import _parser
     from jax_nbmem.cli.hubapi import SCOPES, SCOPES_TEXT
 
-    c = _documented_config({})
+    c = documented_config({})
     (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == "jax-nbmem-culler"]
     assert tuple(role["scopes"]) == SCOPES
     assert SCOPES_TEXT == f"the scopes {SCOPES[0]} and {SCOPES[1]}"
