@@ -29,6 +29,7 @@ from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import report_label
+from jax_nbmem.tenants.owners import owner_text
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
@@ -83,10 +84,9 @@ class Candidate:
     why: str  # one sentence
 
     def label(self) -> str:
-        """``kernel PID 123 (notebook x.ipynb, hub user alice)``."""
-        whose = self.hub_user or self.user
+        """``kernel PID 123 (notebook x.ipynb, hub user alice (Unix user jovyan))``."""
         parts = [p for p in (self.notebook and f"notebook {self.notebook}",
-                             whose and f"user {whose}") if p]  # fmt: skip
+                             owner_text(self.user, self.hub_user)) if p]  # fmt: skip
         return f"kernel PID {self.pid}" + (f" ({', '.join(parts)})" if parts else "")
 
 

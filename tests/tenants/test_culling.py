@@ -121,3 +121,12 @@ def test_the_cull_counts_are_the_cullers_only(tmp_path, other_user):
 @pytest.mark.parametrize("idle", [3600.0, 3600.5])
 def test_the_limit_is_inclusive(idle):
     assert candidates(_report(_kernel(3, idle)), CullPolicy(idle_s=3600))
+
+
+def test_the_culler_names_the_hub_user_and_the_unix_user_as_warnings_do():
+    (found,) = candidates(
+        _report(_kernel(3, 7200, user="jovyan", hub_user="ada")), CullPolicy(idle_s=3600)
+    )
+    assert (
+        found.label() == "kernel PID 3 (notebook ~alice/hog.ipynb, hub user ada (Unix user jovyan))"
+    )
