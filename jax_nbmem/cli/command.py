@@ -161,12 +161,20 @@ def _cull(args: argparse.Namespace) -> int:
     )
     registry = None
     if args.listen:
+        from jax_nbmem.cli.exporter import is_loopback, parse_listen
+
         try:
+            host, port = parse_listen(args.listen)
+            if not is_loopback(host):  # no TLS, no password here: the exporter has them
+                raise ValueError(
+                    "it serves without TLS or a password, so on loopback only; off this "
+                    "machine Prometheus reads the count from the node exporter (docs/metrics.md, "
+                    '"The cull count")'
+                )
             import prometheus_client
 
             registry = prometheus_client.CollectorRegistry()
-            host, _, port = args.listen.rpartition(":")
-            prometheus_client.start_http_server(int(port), host or "127.0.0.1", registry)
+            prometheus_client.start_http_server(port, host, registry)
         except (ImportError, ValueError, OSError) as error:
             print(f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}",
                   file=sys.stderr)  # fmt: skip
@@ -358,8 +366,8 @@ def _parser() -> argparse.ArgumentParser:
     cull.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help="also serve jax_nbmem_culled_kernels_total at /metrics here (the node exporter "
-        "serves it from the shared directory: scrape one of them)",
+        help="also serve jax_nbmem_culled_kernels_total at /metrics here, on loopback only (the "
+        "node exporter serves it from the shared directory: scrape one of them)",
     )
     cull.set_defaults(run=_cull)
 

@@ -74,6 +74,9 @@ def test_the_culler_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"]) == 2
     assert "--share must be in (0, 1]" in capsys.readouterr().err
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--dry-run"]) == 0
+    off_loopback = ["--listen", "0.0.0.0:9841", "--dry-run"]
+    assert main(["cull", "--once", "--share-dir", str(tmp_path), *off_loopback]) == 2
+    assert "on loopback only" in capsys.readouterr().err
 
 
 def test_a_dry_run_names_the_mig_instance_a_kernel_holds(simgpu_in_process, sleeper):
