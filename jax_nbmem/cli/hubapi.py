@@ -125,7 +125,8 @@ def _shutdown_kernel(server_url: str, kernel_id: str, token: str) -> None:
     except HubError as error:
         if "HTTP 404" in str(error):
             raise HubError(
-                f"kernel {kernel_id} is not on {server_url} (it exited meanwhile?)"
+                f"kernel {kernel_id} is not on {server_url} (another server's kernel, or it "
+                "exited meanwhile)"
             ) from None
         raise
 
