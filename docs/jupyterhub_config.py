@@ -40,8 +40,8 @@ c.JupyterHub.services = [
 c.JupyterHub.load_roles = [
     {
         "name": "jax-nbmem-culler",
-        # Find every user's server, and call it to stop one kernel (never the whole server).
-        "scopes": ["list:users", "read:servers", "access:servers"],
+        # Find a user's server, and call it to stop one kernel (never the whole server).
+        "scopes": ["read:servers", "access:servers"],
         "services": ["jax-nbmem-culler"],
     },
 ]

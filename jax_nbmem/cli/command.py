@@ -4,7 +4,7 @@ jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
                    [--defer-to-servers] [--web.config.file FILE] [--insecure] [--no-agent]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
-jax-nbmem shutdown PID [--hub-url URL] [--share-dir DIR] [--dry-run] [--log FILE] [--json]
+jax-nbmem shutdown PID [--yes | --dry-run] [--hub-url URL] [--share-dir DIR] [--log FILE] [--json]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -83,9 +83,10 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from jax_nbmem.tenants.advice import AT_SHELL
     from jax_nbmem.tenants.status import collect, format_status
 
-    report = collect(share_dir=args.share_dir)
+    report = collect(share_dir=args.share_dir, read_at=AT_SHELL)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -94,13 +95,16 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _shutdown(args: argparse.Namespace) -> int:
-    from jax_nbmem.cli.hubapi import HubError, hub_from_environment
+    from jax_nbmem.cli.hubapi import HubError, hub_from_environment, own_server_from_environment
     from jax_nbmem.cli.stop import StopError, find, stop
 
     try:
         hub = hub_from_environment(args.hub_url)
         kernel = find(args.pid, args.share_dir)
-        stopped = stop(kernel, hub, dry_run=args.dry_run, log_path=args.log)
+        stopped = stop(
+            kernel, hub, dry_run=args.dry_run, log_path=args.log,
+            own_server=own_server_from_environment(),
+        )  # fmt: skip
     except (HubError, StopError) as error:
         print(f"jax-nbmem shutdown: {error}", file=sys.stderr)
         return 1
@@ -157,12 +161,20 @@ def _cull(args: argparse.Namespace) -> int:
     )
     registry = None
     if args.listen:
+        from jax_nbmem.cli.exporter import is_loopback, parse_listen
+
         try:
+            host, port = parse_listen(args.listen)
+            if not is_loopback(host):  # no TLS, no password here: the exporter has them
+                raise ValueError(
+                    "it serves without TLS or a password, so on loopback only; off this "
+                    "machine Prometheus reads the count from the node exporter (docs/metrics.md, "
+                    '"The cull count")'
+                )
             import prometheus_client
 
             registry = prometheus_client.CollectorRegistry()
-            host, _, port = args.listen.rpartition(":")
-            prometheus_client.start_http_server(int(port), host or "127.0.0.1", registry)
+            prometheus_client.start_http_server(port, host, registry)
         except (ImportError, ValueError, OSError) as error:
             print(f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}",
                   file=sys.stderr)  # fmt: skip
@@ -228,7 +240,15 @@ def _system_kernels() -> str:
         return "Jupyter data directory"
 
 
+def _argparse_text(text: str) -> str:
+    """``text`` as an argparse help, which formats it with %: a ``%jaxmem`` in it kept."""
+    return text.replace("%", "%%")
+
+
 def _parser() -> argparse.ArgumentParser:
+    from jax_nbmem.cli.hubapi import SCOPES_TEXT
+    from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
+
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
     )
@@ -297,9 +317,10 @@ def _parser() -> argparse.ArgumentParser:
         "shutdown",
         help="stop a kernel: your own, or as an administrator another user's",
         description="Stop the Jupyter kernel PID through its server (its id from its beacon "
-        "or command line), else by signal, and say what came free. Your own kernels; as root, "
-        "or with a hub API token ($JUPYTERHUB_API_TOKEN, scopes read:servers and "
-        "access:servers) and --hub-url, another user's, which is logged.",
+        "or command line), else by signal, and say what came free. Your own kernels (a hub "
+        "user's through their own server, from the environment JupyterHub gives it); as root, "
+        f"or with a hub API token ($JUPYTERHUB_API_TOKEN, {SCOPES_TEXT}) and --hub-url, "
+        "another user's, which is logged.",
     )
     shutdown.add_argument("pid", type=int, metavar="PID", help="the kernel's process ID")
     shutdown.add_argument(
@@ -313,7 +334,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
     )
-    shutdown.add_argument("--dry-run", action="store_true", help="say what it would do, only")
+    words = shutdown.add_mutually_exclusive_group()
+    words.add_argument("--yes", action="store_true", help=_argparse_text(SHUTDOWN_YES))
+    words.add_argument("--dry-run", action="store_true", help=_argparse_text(SHUTDOWN_DRY_RUN))
     shutdown.add_argument(
         "--log",
         type=Path,
@@ -353,7 +376,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     cull.add_argument("--log", type=Path, metavar="FILE", help="the administrators' log")
     cull.add_argument(
-        "--listen", metavar="HOST:PORT", help="serve jax_nbmem_culled_kernels_total at /metrics"
+        "--listen",
+        metavar="HOST:PORT",
+        help="also serve jax_nbmem_culled_kernels_total at /metrics here, on loopback only (the "
+        "node exporter serves it from the shared directory: scrape one of them)",
     )
     cull.set_defaults(run=_cull)
 

@@ -7,7 +7,9 @@ and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts
 through its user's server with the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
 change of mind is a JSON line in the log and a line on stdout; stops are counted in
-``jax_nbmem_culled_kernels_total{reason}``, served at ``/metrics`` with ``--listen``.
+``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
+exporter serves it (counting on from there after a restart), and served at the culler's own
+``/metrics`` with ``--listen``.
 
 Kernels in containers: on the host, the culler acts only on what the node agent proved
 (:mod:`jax_nbmem.tenants.hostproof`): a kernel in a PID namespace of its own that the agent
@@ -29,12 +31,17 @@ from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.stop import StopError, find, stop
 from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
+    CULL_REASONS,
+    CULLED_HELP,
     Candidate,
+    CullCounts,
     CullPolicy,
     Notice,
     candidates,
+    read_counts,
     read_notice,
     remove_notice,
+    write_counts,
     write_notice,
 )
 from jax_nbmem.tenants.hostproof import HostProof, host_proof
@@ -67,17 +74,15 @@ class Culler:
         self.culled: dict[str, int] = {}
         self._unproven_said: set[int] = set()
         self._host: HostProof | None = None
+        self._counts: CullCounts | None = None  # as kept in the shared directory
         self._counter = None
         if registry is not None:
             from prometheus_client import Counter
 
             self._counter = Counter(
-                "jax_nbmem_culled_kernels",
-                "Kernels the GPU-aware idle culler shut down, by reason",
-                ["reason"],
-                registry=registry,
+                "jax_nbmem_culled_kernels", CULLED_HELP, ["reason"], registry=registry
             )
-            for reason in ("idle-preallocated", "idle-over-share"):
+            for reason in CULL_REASONS:
                 self._counter.labels(reason=reason)  # 0 until the first, not absent
 
     def round(
@@ -91,6 +96,11 @@ class Culler:
         from jax_nbmem.tenants.status import collect
 
         now = time.time() if now is None else now
+        if self._counts is None and not self.dry_run:
+            # Counting goes on from the last culler's count; its zeros are served from the start.
+            kept = read_counts([self.share_dir])
+            self._counts = kept or CullCounts({r: 0 for r in CULL_REASONS}, since=now)
+            self._keep_counts()
         host = host_proof(self.share_dir) if host is None else host
         self._host = host
         report = collect(share_dir=self.share_dir, host=host or False) if report is None else report
@@ -177,10 +187,21 @@ class Culler:
             return event
         remove_notice(self.share_dir, key or candidate.pid)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
+        if self._counts is not None:
+            self._counts.counts[candidate.reason] = self._counts.counts.get(candidate.reason, 0) + 1
+            self._keep_counts()
         if self._counter is not None:
             self._counter.labels(reason=candidate.reason).inc()
         event.update(how=stopped.how, server=stopped.server, message=f"culled: {stopped.message}")
         return event
+
+    def _keep_counts(self) -> None:
+        """Write the counts where the node exporter reads them; a failure is said, not fatal."""
+        try:
+            write_counts(self.share_dir, self._counts)
+        except OSError as error:
+            print(f"jax-nbmem cull: cannot keep the cull counts in {self.share_dir}: {error}",
+                  file=self.out, flush=True)  # fmt: skip
 
     def _forget(self, key: str, label: str, why: str, pid: int | None = None) -> dict:
         remove_notice(self.share_dir, key)

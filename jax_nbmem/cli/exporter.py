@@ -41,6 +41,7 @@ from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry
 from jax_nbmem.tenants.agent_publish import ResolutionWriter, clean_dead, write_resolution
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
+from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
@@ -136,6 +137,7 @@ class Exporter:
         self.share_dir = share_dir
         self.defer_to_servers = defer_to_servers
         self._latest: Snapshot | None = None
+        self._culled: CullCounts | None = None  # the node's culler's counts (shared directory)
         self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
@@ -215,6 +217,8 @@ class Exporter:
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
+            shared = self.share_dir or os.environ.get(ENV_SHARE_DIR)
+            self._culled = read_counts([shared]) if shared else None
             self._looking_since = None
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
@@ -233,6 +237,8 @@ class Exporter:
         # per snapshot); the registry holds the exporter's own process_* figures.
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
+        # The culler's count, from its file in the shared directory (read with each snapshot).
+        registry.register(culled_collector(lambda: self._culled))
         own = make_wsgi_app(registry)
         written = ScrapeCache(self.stale_after)
 

@@ -1,10 +1,13 @@
 """``jax-nbmem shutdown PID``: stop a kernel, another user's too for an administrator.
 
-Who may: the kernel's owner; root; anyone with a hub API token whose scopes reach the owner's
-server (``read:servers``, ``access:servers``). How: through the kernel's Jupyter server when it
-is known (the kernel's id from its beacon or its command line, its server from the hub or,
-for root, from the kernel's parent server's runtime file), so that the server does not restart
-it; otherwise, for root or the owner, SIGTERM then SIGKILL. It then says what came free on the
+Whose it is comes first: the hub user's where both the kernel's (its beacon or environment)
+and the caller's (``$JUPYTERHUB_USER``) are known, else the Unix user's. Who may: the
+kernel's owner; root; anyone with a hub API token whose scopes reach the owner's server
+(:data:`~jax_nbmem.cli.hubapi.SCOPES`). How: through the kernel's Jupyter server when it is
+known (the kernel's id from its beacon or its command line; the server: a hub user's own, from
+the environment JupyterHub gives its servers' processes; another user's, from the hub; for
+root, the kernel's parent server's runtime file), so that the server does not restart it;
+otherwise, for root or the owner, SIGTERM then SIGKILL. It then says what came free on the
 GPUs, and logs each stop of another user's kernel (who, which kernel, whose, bytes, when) as a
 JSON line in the administrators' log.
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from jax_nbmem.cli.hubapi import Hub, HubError
+from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
 from jax_nbmem.tenants.attribution import inspect_process
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.hostproof import HostProof, host_proof, public_container
@@ -224,12 +227,43 @@ def _wait_gone(kernel: Kernel, timeout: float) -> bool:
     return False
 
 
-def plan(kernel: Kernel, hub: Hub | None) -> tuple[str, str | None]:
-    """How ``kernel`` would be stopped: ("server", its URL) or ("signal", None).
+def whose(kernel: Kernel, own_server: OwnServer | None = None) -> tuple[bool, str]:
+    """Whether ``kernel`` is the caller's, and who the caller is, in the words of a refusal.
 
+    The hub user decides where both sides' are known (the kernel's from its beacon or
+    environment, the caller's own server's or ``$JUPYTERHUB_USER``): in a hub whose servers
+    run in containers every Unix user may be ``jovyan``. Else the Unix user does.
+    """
+    me = current_user()
+    own_hub = own_server.user if own_server is not None else hub_user_of(os.environ)
+    if kernel.hub_user and own_hub:
+        unix = f" (Unix user {me})" if me and me != own_hub else ""
+        return kernel.hub_user == own_hub, f"you are hub user {own_hub}{unix}"
+    return kernel.user is not None and kernel.user == me, f"you are user {me}"
+
+
+def _known_id(kernel: Kernel) -> str:
+    if not kernel.kernel_id:
+        raise StopError(
+            f"{kernel.label()}: its kernel id is unknown (no beacon, and its command line "
+            "names no kernel-<id>.json), so its server cannot be asked; nothing done."
+        )
+    return kernel.kernel_id
+
+
+def plan(
+    kernel: Kernel, hub: Hub | None, own_server: OwnServer | None = None
+) -> tuple[str, str | None, str]:
+    """How ``kernel`` would be stopped: ("server", its URL, by) or ("signal", None, "signal").
+
+    ``by`` says whose word the server takes: "own" (the caller's own hub server and its
+    token), "hub" (an administrator's hub token), "runtime" (the server's own runtime file).
     StopError when this caller may not stop it, or the hub refuses.
     """
-    mine = kernel.user == current_user()
+    mine, you = whose(kernel, own_server)
+    if mine and own_server is not None:
+        _known_id(kernel)
+        return "server", own_server.url, "own"
     if hub is not None:
         if kernel.proven is False:
             raise StopError(
@@ -238,28 +272,29 @@ def plan(kernel: Kernel, hub: Hub | None) -> tuple[str, str | None]:
                 "its server is not asked; root can stop this very PID without --hub-url; "
                 "nothing done."
             )
-        if not kernel.kernel_id:
-            raise StopError(
-                f"{kernel.label()}: its kernel id is unknown (no beacon, and its command line "
-                "names no kernel-<id>.json), so its server cannot be asked; nothing done."
-            )
+        _known_id(kernel)
         name = kernel.hub_user or kernel.user
         if not name:
             raise StopError(f"{kernel.label()}: its hub user is unknown; nothing done.")
         try:
-            return "server", hub.server_url(name)
+            return "server", hub.server_url(name), "hub"
         except HubError as error:
-            raise StopError(f"{error}; nothing done.") from None
+            if mine:
+                raise StopError(f"{error}; nothing done.") from None
+            raise StopError(
+                f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and the "
+                f"hub refused this token: {error}; nothing done."
+            ) from None
     if not (mine or may_stop_others()):
         raise StopError(
-            f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours: only its owner or an "
-            "administrator (root, or a hub API token with the scopes read:servers and "
-            "access:servers: --hub-url and $JUPYTERHUB_API_TOKEN) can stop it; nothing done."
+            f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}): only its owner "
+            f"or an administrator (root, or a hub API token with {SCOPES_TEXT}: --hub-url and "
+            "$JUPYTERHUB_API_TOKEN) can stop it; nothing done."
         )
     server = _own_server(kernel)
     if server is not None:
-        return "server", server.url
-    return "signal", None
+        return "server", server.url, "runtime"
+    return "signal", None, "signal"
 
 
 def stop(
@@ -268,9 +303,13 @@ def stop(
     *,
     dry_run: bool = False,
     log_path: Path | None = None,
+    own_server: OwnServer | None = None,
 ) -> Stopped:
-    """Stop ``kernel`` (see the module); StopError when nothing could be stopped."""
-    how, server_url = plan(kernel, hub)
+    """Stop ``kernel`` (see the module); StopError when nothing could be stopped.
+
+    ``own_server``: the caller's own hub server (its own kernels go through it).
+    """
+    how, server_url, by = plan(kernel, hub, own_server)
     via = f"through its Jupyter server {server_url}" if how == "server" else "with SIGTERM"
     if dry_run:
         names = _gpu_names()
@@ -285,7 +324,9 @@ def stop(
     message = f"Stopped {kernel.label()} {via}."
     if how == "server":
         try:
-            if hub is not None:
+            if by == "own":
+                own_server.shutdown_kernel(kernel.kernel_id)
+            elif by == "hub":
                 hub.shutdown_kernel(server_url, kernel.kernel_id)
             else:
                 _own_server(kernel).request("DELETE", f"api/kernels/{kernel.kernel_id}", 15.0)
@@ -319,8 +360,8 @@ def stop(
     if how == "signal":
         message += " Its Jupyter server may restart it, without its memory until it runs JAX."
     stopped = Stopped(kernel, how, server_url, freed, after, message)
-    if kernel.user != current_user() or hub is not None:
-        _log(stopped, hub, log_path)
+    if by == "hub" or not whose(kernel, own_server)[0]:
+        _log(stopped, hub if by == "hub" else None, log_path)
     return stopped
 
 

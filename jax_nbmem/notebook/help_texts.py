@@ -7,6 +7,7 @@ the line and the cell magic's options; these say the forms, then what each does.
 from __future__ import annotations
 
 from jax_nbmem.allocator.modes import mode_forms
+from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
 
 __all__ = ["help_texts"]
@@ -73,10 +74,12 @@ mode may run (default {DEFAULT_TIMEOUT_S:g}).
                     evaluated with jax.eval_shape, arrays become ShapeDtypeStructs).
                     Compiling starts JAX's backend: before it has started, --start is needed.
                     --json: every figure as JSON (fits, verdict, advice, spare, program, devices)
-  shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
-                    what it would do, add --yes to do it. Refuses other users' processes and
-                    processes that are not kernels. PID is the (host) PID status shows; in a
-                    container it is stopped under its PID there, and another container's
-                    kernel is refused.
+  shutdown PID [--yes | --dry-run]
+                    shut down another Jupyter kernel of yours that holds GPU memory. Refuses
+                    other users' processes and processes that are not kernels. PID is the
+                    (host) PID status shows; in a container it is stopped under its PID there,
+                    and another container's kernel is refused.
+                    --yes: {SHUTDOWN_YES}
+                    --dry-run: {SHUTDOWN_DRY_RUN}
 """
     return {"jaxalloc": jaxalloc, "jaxmem": jaxmem}

@@ -27,6 +27,7 @@ from jax_nbmem.notebook.settings import JaxNbMem
 from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last_error_holders
 from jax_nbmem.record.ledger import format_table
 from jax_nbmem.tenants.attribution import PID_MAX
+from jax_nbmem.tenants.owners import SHUTDOWN_BOTH, SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 from jax_nbmem.tenants.status import format_status
 from jax_nbmem.text import parse_count, parse_number, printable
 from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
@@ -41,6 +42,7 @@ _loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
 _JAXMEM_OPTIONS = {
     "--json": ("status", "cells"),
     "--yes": ("shutdown",),
+    "--dry-run": ("shutdown",),
     "--clear-caches": ("free",),
     "--last-error": ("free",),
     "--csv": ("cells",),
@@ -48,7 +50,7 @@ _JAXMEM_OPTIONS = {
 _JAXMEM_USAGE = (
     "usage: %jaxmem [COMMAND], COMMAND one of: panel (the default), status [--json], "
     "cells [--json | --csv PATH], top [N], free NAME... [--clear-caches], free --last-error, "
-    "fit [--shapes] [--start] [--json] CALL, shutdown PID [--yes]"
+    "fit [--shapes] [--start] [--json] CALL, shutdown PID [--yes | --dry-run]"
 )
 _FIT_OPTIONS = ("--shapes", "--start", "--json")
 
@@ -244,7 +246,10 @@ class JaxNbMemMagics(Magics):
     @argument(
         "--last-error", action="store_true", help="free: release what the last error's frames hold"
     )
-    @argument("--yes", action="store_true", help="shutdown: confirm, do it")
+    @argument("--yes", action="store_true", help="shutdown: " + SHUTDOWN_YES.replace("%", "%%"))
+    @argument(
+        "--dry-run", action="store_true", help="shutdown: " + SHUTDOWN_DRY_RUN.replace("%", "%%")
+    )
     @argument(
         "--clear-caches", action="store_true", help="free: also clear JAX's compilation caches"
     )
@@ -430,7 +435,9 @@ class JaxNbMemMagics(Magics):
         raise UsageError(f"%jaxmem fit: {failure}")
 
     def _shutdown(self, args) -> None:
-        example = "e.g. %jaxmem shutdown 4242 [--yes]"
+        example = "e.g. %jaxmem shutdown 4242 [--yes | --dry-run]"
+        if args.yes and args.dry_run:
+            raise UsageError(f"%jaxmem shutdown: {SHUTDOWN_BOTH}")
         if len(args.rest) != 1:
             raise UsageError(f"%jaxmem shutdown: give one PID, {example}")
         try:

@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 
 # How the messages name the process that asks: a kernel, or a terminal IPython session.
 OWN_NAME = "this kernel"
+# Where the messages are read, which decides the commands they name: in IPython (a kernel or a
+# terminal IPython session, where `%jaxmem` works), or at a shell prompt (`jax-nbmem status`,
+# where `jax-nbmem shutdown` does, and where whoever reads may be an administrator looking at
+# the whole node: every process's owner is named, their own too).
+IN_IPYTHON = "ipython"
+AT_SHELL = "shell"
 
-__all__ = ["OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
+__all__ = ["AT_SHELL", "IN_IPYTHON", "OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +67,14 @@ def warnings_for(
     own_reserved: int | None = None,
     own_name: str = OWN_NAME,
     agent=None,
+    read_at: str = IN_IPYTHON,
 ) -> list[MemoryWarning]:
     """Warnings about the GPU's tenants; an empty list when everybody fits.
 
     ``own_requested_fraction``: what this kernel's mode will preallocate when its backend
     starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
+    ``read_at``: where the warnings are read (:data:`IN_IPYTHON`, :data:`AT_SHELL`).
     A GPU whose free memory is unknown raises no warning about it. ``agent``: the node
     agent's :class:`~jax_nbmem.tenants.resolution.Resolution`; a stale one is an
     ``agent-stale`` warning (which then stands for ``pid-namespace``).
@@ -81,7 +89,7 @@ def warnings_for(
     if foreign is not None and not stale and not fresh:
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
     # In a container, memory held outside it is judged by its size (or a kernel's claim).
-    found += _blocking(tenants, by_index, own_needs_bytes, own_name)
+    found += _blocking(tenants, by_index, own_needs_bytes, own_name, read_at)
     found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
         found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
@@ -122,7 +130,9 @@ def _stale_message(agent) -> str:
     )
 
 
-def _label(tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME) -> str:
+def _label(
+    tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME, read_at: str = IN_IPYTHON
+) -> str:
     noun = {"self": own_name, "kernel": "kernel", "process": "process"}.get(tenant.kind)
     notebook = tenant.notebook_shown or tenant.notebook
     details = [f"notebook {notebook}"] if notebook else []
@@ -130,8 +140,9 @@ def _label(tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME) -> s
     # size it is all there is to go by.
     if tenant.cmdline and (tenant.kind == "process" or tenant.source == "memory size"):
         details.append(f"`{tenant.cmdline}`")
-    if is_someone_else(tenant.user, tenant.hub_user):
-        details.append(owner_text(tenant.user, tenant.hub_user))
+    if read_at == AT_SHELL or is_someone_else(tenant.user, tenant.hub_user):
+        owner = owner_text(tenant.user, tenant.hub_user)
+        details += [owner] if owner else []
     container = tenant.container or {}
     if tenant.elsewhere and (container.get("name") or container.get("id")):
         details.append(f"container {container.get('name') or container['id'][:12]}")
@@ -153,10 +164,11 @@ def _idle_clause(tenant: Tenant) -> str:
     return f" It has been idle for {format_duration(tenant.idle_s)} since its last cell."
 
 
-def _fix(tenant: Tenant) -> str:
+def _fix(tenant: Tenant, read_at: str = IN_IPYTHON) -> str:
     restart = "restart it with `%jaxalloc off` in its first cell"
     if tenant.elsewhere:  # another container: nothing here can stop it
         return _fix_elsewhere(tenant, restart)
+    command = "jax-nbmem shutdown" if read_at == AT_SHELL else "%jaxmem shutdown"
     if is_someone_else(tenant.user, tenant.hub_user):
         if may_stop_others():
             return (
@@ -167,11 +179,11 @@ def _fix(tenant: Tenant) -> str:
         owner = tenant.hub_user or tenant.user
         return (
             f"Ask its owner ({owner}) to shut it down or to {restart}, or ask an "
-            f"administrator to run `jax-nbmem shutdown {tenant.pid}` (`%jaxmem shutdown` "
+            f"administrator to run `jax-nbmem shutdown {tenant.pid}` (`{command}` "
             "stops only your own kernels)."
         )
     if tenant.kind == "kernel":
-        return f"Shut it down (`%jaxmem shutdown {tenant.pid}`) or {restart}."
+        return f"Shut it down (`{command} {tenant.pid}`) or {restart}."
     return (
         "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
         "memory only as its arrays need it."
@@ -225,7 +237,9 @@ def _why_preallocated(tenant: Tenant) -> str:
     return f"its JAX preallocated it at its first allocation{started}"
 
 
-def _blocking(tenants, by_index, own_needs_bytes, own_name=OWN_NAME) -> list[MemoryWarning]:
+def _blocking(
+    tenants, by_index, own_needs_bytes, own_name=OWN_NAME, read_at=IN_IPYTHON
+) -> list[MemoryWarning]:
     found = []
     for tenant in tenants:
         gpu = by_index.get(tenant.gpu)
@@ -244,9 +258,9 @@ def _blocking(tenants, by_index, own_needs_bytes, own_name=OWN_NAME) -> list[Mem
         else:
             continue
         message = (
-            f"{_label(tenant)} holds {format_bytes(tenant.used_bytes)} of {gpu_label(gpu)}: "
-            f"{_why_preallocated(tenant)}.{_idle_clause(tenant)} Only "
-            f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant)}"
+            f"{_label(tenant, read_at=read_at)} holds {format_bytes(tenant.used_bytes)} of "
+            f"{gpu_label(gpu)}: {_why_preallocated(tenant)}.{_idle_clause(tenant)} Only "
+            f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant, read_at)}"
         )
         found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
     return found

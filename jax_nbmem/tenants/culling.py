@@ -15,6 +15,10 @@ and ``key`` its key. A kernel in the host's PID namespace keeps ``<pid>``.
 
 A kernel believes a notice only from root or the shared directory's owner (a hub runs its
 services as one of them), never from another user.
+
+The culler also keeps its count of kernels culled, by reason, in the shared directory
+(``jax_nbmem-culled.json``, trusted as a notice is), where the node exporter, which Prometheus
+scrapes already, serves it as ``jax_nbmem_culled_kernels_total{reason}``.
 """
 
 from __future__ import annotations
@@ -24,27 +28,38 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import report_label
+from jax_nbmem.tenants.owners import owner_text
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
+    "CULLED_HELP",
+    "CULL_REASONS",
     "Candidate",
+    "CullCounts",
     "CullPolicy",
     "Notice",
     "candidates",
+    "culled_collector",
     "notice_warning",
+    "read_counts",
     "read_notice",
     "remove_notice",
+    "write_counts",
     "write_notice",
 ]
 
 _PREFIX = "jax_nbmem-cull-"
+_COUNTS = "jax_nbmem-culled.json"
 _MAX_BYTES = 16 * 1024
+# jax_nbmem_culled_kernels_total's reasons (Candidate.reason), each served from the start.
+CULL_REASONS = ("idle-preallocated", "idle-over-share")
+CULLED_HELP = "Kernels the GPU-aware idle culler shut down, by reason"
 
 
 @dataclass(frozen=True)
@@ -74,10 +89,9 @@ class Candidate:
     why: str  # one sentence
 
     def label(self) -> str:
-        """``kernel PID 123 (notebook x.ipynb, hub user alice)``."""
-        whose = self.hub_user or self.user
+        """``kernel PID 123 (notebook x.ipynb, hub user alice (Unix user jovyan))``."""
         parts = [p for p in (self.notebook and f"notebook {self.notebook}",
-                             whose and f"user {whose}") if p]  # fmt: skip
+                             owner_text(self.user, self.hub_user)) if p]  # fmt: skip
         return f"kernel PID {self.pid}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -146,24 +160,78 @@ class Notice:
         )
 
 
+@dataclass(frozen=True)
+class CullCounts:
+    """How many kernels the node's culler shut down, by reason, since ``since`` (Unix s)."""
+
+    counts: dict[str, int]
+    since: float
+
+
 def _path(directory: str, key: int | str) -> str:
     return os.path.join(directory, f"{_PREFIX}{key}.json")
 
 
-def write_notice(directory: str, notice: Notice) -> str:
-    """Write the notice for its kernel (named by its key), world-readable, atomically."""
-    path = _path(directory, notice.key or notice.pid)
-    fd, partial = tempfile.mkstemp(dir=directory, prefix=".cull-")
+def _write(path: str, content: dict) -> str:
+    """Write ``content`` as JSON at ``path``, world-readable, atomically; returns the path."""
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".cull-")
     try:
         with os.fdopen(fd, "w") as out:
             os.fchmod(out.fileno(), 0o644)
-            json.dump(asdict(notice), out)
+            json.dump(content, out)
         os.replace(partial, path)
     except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
         raise
     return path
+
+
+def write_notice(directory: str, notice: Notice) -> str:
+    """Write the notice for its kernel (named by its key), world-readable, atomically."""
+    return _write(_path(directory, notice.key or notice.pid), asdict(notice))
+
+
+def write_counts(directory: str, counts: CullCounts) -> str:
+    """Write the culler's counts, world-readable, atomically; returns the path."""
+    return _write(os.path.join(directory, _COUNTS), asdict(counts))
+
+
+def read_counts(directories: Iterable[str]) -> CullCounts | None:
+    """The culler's counts (root's or the directory owner's file), or None: no culler's."""
+    for directory in directories:
+        content = _read_trusted(directory, _COUNTS)
+        try:
+            counts = {str(k): int(v) for k, v in dict(content["counts"]).items()}
+            since = float(content["since"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if all(v >= 0 for v in counts.values()) and len(counts) <= len(CULL_REASONS):
+            return CullCounts(counts={r: counts.get(r, 0) for r in CULL_REASONS}, since=since)
+    return None
+
+
+def _read_trusted(directory: str, name: str) -> Any:
+    """The JSON of ``directory/name`` if root or the directory's owner wrote it, else None."""
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        owners = {0, os.stat(directory).st_uid}
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in owners:
+            return None
+        if info.st_size > _MAX_BYTES:
+            return None
+        with os.fdopen(fd, "r", encoding="utf-8") as file:
+            fd = -1
+            return json.load(file)
+    except (OSError, ValueError):
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def remove_notice(directory: str, key: int | str) -> None:
@@ -186,32 +254,16 @@ def read_notice(
     the notice's own; the notice's ``pid`` is then its host PID, not ``pid``.
     """
     for directory in directories:
-        path = _path(directory, key or pid)
+        content = _read_trusted(directory, os.path.basename(_path(directory, key or pid)))
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            info = os.fstat(fd)
-            owners = {0, os.stat(directory).st_uid}
-            if not stat.S_ISREG(info.st_mode) or info.st_uid not in owners:
-                continue
-            if info.st_size > _MAX_BYTES:
-                continue
-            with os.fdopen(fd, "r", encoding="utf-8") as file:
-                fd = -1
-                content = json.load(file)
             notice = Notice(
                 pid=int(content["pid"]), started_at=content.get("started_at"),
                 warned_at=float(content["warned_at"]), deadline=float(content["deadline"]),
                 reason=str(content["reason"]), why=str(content["why"]),
                 key=content.get("key") if isinstance(content.get("key"), str) else None,
             )  # fmt: skip
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             continue
-        finally:
-            if fd >= 0:
-                os.close(fd)
         if not _meant_for(notice, pid, key):
             continue
         if started_at is not None and notice.started_at is not None:
@@ -233,3 +285,30 @@ def notice_warning(notice: Notice | None, pid: int, gpu: int | None) -> dict | N
     if notice is None:
         return None
     return {"kind": "cull-pending", "gpu": gpu, "pid": pid, "message": notice.message()}
+
+
+def culled_collector(latest: Callable[[], CullCounts | None]) -> Any:
+    """A prometheus_client collector of ``jax_nbmem_culled_kernels_total{reason}``.
+
+    ``latest`` returns the counts last read (None: no culler's, and no series), so a scrape
+    reads no file. prometheus_client is imported here, on demand, as the exporter has it.
+    """
+    from prometheus_client.core import CounterMetricFamily
+
+    def family() -> CounterMetricFamily:
+        return CounterMetricFamily("jax_nbmem_culled_kernels", CULLED_HELP, labels=["reason"])
+
+    class CulledCollector:
+        def collect(self):
+            counts = latest()
+            if counts is None:
+                return
+            found = family()
+            for reason in CULL_REASONS:
+                found.add_metric([reason], counts.counts.get(reason, 0), created=counts.since)
+            yield found
+
+        def describe(self):
+            return [family()]
+
+    return CulledCollector()

@@ -91,7 +91,6 @@ _GLOBAL_REASONS = {
     "LIB_RM_VERSION_MISMATCH": "driver_mismatch",
 }
 NOTEBOOK_MAX_CHARS = 120
-_DEPRECATED = " Deprecated: use {new} (the same value)."
 
 _H = "(the kernel's beacon)"
 # name → help; the order is the order of exposition.
@@ -110,10 +109,6 @@ FAMILIES: dict[str, str] = {
     "jax_nbmem_kernel_jax_in_use_bytes": f"Bytes JAX's arrays use {_H}.",
     "jax_nbmem_kernel_jax_pool_bytes": f"Bytes JAX's allocator pool holds {_H}.",
     "jax_nbmem_kernel_jax_limit_bytes": f"JAX's allocator limit, bytes {_H}.",
-    "jax_nbmem_kernel_jax_bytes_in_use": f"Bytes JAX's arrays use {_H}."
-    + _DEPRECATED.format(new="jax_nbmem_kernel_jax_in_use_bytes"),
-    "jax_nbmem_kernel_jax_bytes_limit": f"JAX's allocator limit, bytes {_H}."
-    + _DEPRECATED.format(new="jax_nbmem_kernel_jax_limit_bytes"),
     "jax_nbmem_kernel_preallocated": "1 when the process's JAX preallocated its pool, 0 when "
     "not (unknown: absent).",
     "jax_nbmem_kernel_idle_seconds": "Seconds since the kernel's last cell or activity.",
@@ -301,8 +296,6 @@ def metric_families(
     in_use = family("jax_nbmem_kernel_jax_in_use_bytes", kernel)
     pool = family("jax_nbmem_kernel_jax_pool_bytes", kernel)
     limit = family("jax_nbmem_kernel_jax_limit_bytes", kernel)
-    in_use_old = family("jax_nbmem_kernel_jax_bytes_in_use", kernel)
-    limit_old = family("jax_nbmem_kernel_jax_bytes_limit", kernel)
     preallocated = family("jax_nbmem_kernel_preallocated", (*kernel, "mode"))
     idle = family("jax_nbmem_kernel_idle_seconds", kernel)
     activity = family("jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
@@ -328,12 +321,8 @@ def metric_families(
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
-        for gauges, key in (
-            ((in_use, in_use_old), "bytes_in_use"),
-            ((limit, limit_old), "bytes_limit"),
-        ):
-            for gauge in gauges:
-                gauge.add_strings(labels, jax.get(key))
+        in_use.add_strings(labels, jax.get("bytes_in_use"))
+        limit.add_strings(labels, jax.get("bytes_limit"))
         pool.add_strings(labels, jax.get("pool_bytes"))
         flag = process.get("preallocated")
         if flag is not None:

@@ -13,9 +13,24 @@ from collections.abc import Mapping
 
 from jax_nbmem.tenants.servers import current_user
 
-__all__ = ["ENV_HUB_USER", "hub_user_of", "is_someone_else", "may_stop_others", "owner_text"]
+__all__ = [
+    "ENV_HUB_USER",
+    "SHUTDOWN_BOTH",
+    "SHUTDOWN_DRY_RUN",
+    "SHUTDOWN_YES",
+    "hub_user_of",
+    "is_someone_else",
+    "may_stop_others",
+    "owner_text",
+]
 
 ENV_HUB_USER = "JUPYTERHUB_USER"
+
+# How both shut-down commands (`jax-nbmem shutdown PID`, `%jaxmem shutdown PID`) say their two
+# words, the same in both help texts; each keeps its own default.
+SHUTDOWN_YES = "act: shut it down (the default of `jax-nbmem shutdown`)"
+SHUTDOWN_DRY_RUN = "only say what it would do (the default of `%jaxmem shutdown`)"
+SHUTDOWN_BOTH = "--yes (act) or --dry-run (only say what it would do), not both"
 
 
 def hub_user_of(environ: Mapping[str, str] | None) -> str | None:

@@ -19,7 +19,7 @@ from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
-from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
+from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.containers import from_container
@@ -88,6 +88,7 @@ def collect(
     own=None,
     host=None,
     agent_user: str | None = None,
+    read_at: str = IN_IPYTHON,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -109,6 +110,10 @@ def collect(
     names processes in containers; the report's ``agent`` says what became of it (``state``,
     ``reason``, ``age_s``...). ``pid`` is this process's host PID (None in a container whose
     host PID is unknown) and ``pid_in_container`` its own PID there (None on the host).
+
+    ``read_at`` is where the warnings are read: in IPython (the default: they name `%jaxmem`)
+    or at a shell prompt (``AT_SHELL``: `jax-nbmem status`; they name `jax-nbmem` commands and
+    every process's owner).
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -173,6 +178,7 @@ def collect(
         own_reserved=reserved,
         own_name=own_name,
         agent=resolution,
+        read_at=read_at,
     )
     if resolution.state in ("untrusted", "malformed"):
         notes.append(f"Node agent: {resolution.reason}.")

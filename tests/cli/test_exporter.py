@@ -256,3 +256,21 @@ def test_a_slow_but_answering_nvml_keeps_the_snapshot_fresh(sim_state, simgpu_en
                           "oldest_s": round(max(ages), 2), "took_s": sorted(took)}))  # fmt: skip
         assert max(ages) > 2  # the served snapshot did outlive the horizon...
         assert seen.count(0.0) == 0, seen  # ... and was fresh all along: a refresh was under way
+
+
+@pytest.mark.timeout(120)
+def test_the_culler_s_count_is_served_from_the_shared_directory(sim_state, simgpu_env, tmp_path):
+    from jax_nbmem.tenants.culling import CullCounts, write_counts
+
+    sim_state.gpu(0, total=80 * GIB).write()
+    share = tmp_path / "share"
+    share.mkdir()
+    with running_exporter(simgpu_env, "--interval", "0.5", "--share-dir", str(share)) as url:
+        wait_for("a first snapshot", lambda: scrape(url)["jax_nbmem_up"][0][1])
+        assert "jax_nbmem_culled_kernels_total" not in scrape(url)  # no culler on this node
+        write_counts(str(share), CullCounts({"idle-preallocated": 3}, since=1000.0))
+        found = wait_for("the count", lambda: (
+            (m := scrape(url)).get("jax_nbmem_culled_kernels_total") and m))  # fmt: skip
+        counted = {labels["reason"]: v for labels, v in found["jax_nbmem_culled_kernels_total"]}
+        assert counted == {"idle-preallocated": 3.0, "idle-over-share": 0.0}
+        assert {v for _, v in found["jax_nbmem_culled_kernels_created"]} == {1000.0}

@@ -74,6 +74,9 @@ def test_the_culler_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"]) == 2
     assert "--share must be in (0, 1]" in capsys.readouterr().err
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--dry-run"]) == 0
+    off_loopback = ["--listen", "0.0.0.0:9841", "--dry-run"]
+    assert main(["cull", "--once", "--share-dir", str(tmp_path), *off_loopback]) == 2
+    assert "on loopback only" in capsys.readouterr().err
 
 
 def test_a_dry_run_names_the_mig_instance_a_kernel_holds(simgpu_in_process, sleeper):
@@ -88,3 +91,32 @@ def test_a_dry_run_names_the_mig_instance_a_kernel_holds(simgpu_in_process, slee
     kernel = Kernel(sleeper, None, getpass.getuser(), None, None, None, gpu_bytes={1: 5 * GIB})
     said = stop(kernel, None, dry_run=True).message
     assert "it holds 5.00 GiB on MIG 1g.18gb instance 1 of GPU 0" in said
+
+
+def test_whose_a_kernel_is_the_hub_users_where_both_are_known(monkeypatch):
+    import getpass
+
+    from jax_nbmem.cli.hubapi import hub_from_environment, own_server_from_environment
+    from jax_nbmem.cli.stop import Kernel, whose
+
+    me = getpass.getuser()
+    server_env = {"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:1/user/ada/",
+                  "JUPYTERHUB_API_TOKEN": "t", "JUPYTERHUB_USER": "ada",
+                  "JUPYTERHUB_API_URL": "http://127.0.0.1:2/hub/api"}  # fmt: skip
+    own = own_server_from_environment(server_env)
+    assert (own.url, own.user) == ("http://127.0.0.1:1/user/ada/", "ada")
+    # In a hub user's server the token is the server's: no administrator's hub, no error.
+    assert hub_from_environment(None, server_env) is None
+    assert own_server_from_environment({**server_env, "JUPYTERHUB_USER": ""}) is None
+
+    def kernel(user, hub_user):
+        return Kernel(4242, None, user, hub_user, "0a1b2c", None)
+
+    # Containers: every Unix user is the same; the hub user tells people apart.
+    assert whose(kernel(me, "bob"), own) == (False, "you are hub user ada" + (
+        f" (Unix user {me})" if me != "ada" else ""))  # fmt: skip
+    assert whose(kernel(me, "ada"), own)[0] is True
+    # No hub user known on one side: the Unix user decides.
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    assert whose(kernel(me, "bob"), None) == (True, f"you are user {me}")
+    assert whose(kernel("somebody-else", None), own) == (False, "you are user " + me)

@@ -162,6 +162,18 @@ c.JupyterHub.load_roles.append({{
     return CONFIG.read_text() + extra
 
 
+def documented_config(env: dict):
+    """The docs' jupyterhub_config.py evaluated as JupyterHub evaluates it, with ``env``: its c."""
+    from unittest import mock
+
+    from traitlets.config import Config
+
+    c = Config()
+    with mock.patch.dict(os.environ, env):
+        exec(CONFIG.read_text(), {"get_config": lambda: c, "__file__": str(CONFIG)})
+    return c
+
+
 def _wait_up(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

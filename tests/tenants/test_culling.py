@@ -10,11 +10,14 @@ import pytest
 
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.culling import (
+    CullCounts,
     CullPolicy,
     Notice,
     candidates,
     notice_warning,
+    read_counts,
     read_notice,
+    write_counts,
     write_notice,
 )
 
@@ -95,6 +98,35 @@ def test_a_broken_or_linked_notice_is_none(tmp_path):
     assert read_notice([str(tmp_path / "missing")], pid) is None
 
 
+def test_the_cull_counts_are_the_cullers_only(tmp_path, other_user):
+    share = tmp_path / "share"
+    share.mkdir()
+    share.chmod(0o1777)
+    assert read_counts([str(share)]) is None  # no culler here
+    path = write_counts(str(share), CullCounts({"idle-preallocated": 2}, since=100.0))
+    assert read_counts([str(share)]) == CullCounts(
+        {"idle-preallocated": 2, "idle-over-share": 0}, since=100.0
+    )
+    assert not path.split("/")[-1].startswith("jax_nbmem-cull-")  # never taken for a notice
+    for forged in ({"counts": {"idle-preallocated": -1}, "since": 1}, {"counts": 3}, {}):
+        with open(path, "w") as out:
+            json.dump(forged, out)
+        assert read_counts([str(share)]) is None, forged
+    write_counts(str(share), CullCounts({"idle-preallocated": 2}, since=100.0))
+    _, uid, gid = other_user
+    os.chown(path, uid, gid)  # another user's file saying the same is no count
+    assert read_counts([str(share)]) is None
+
+
 @pytest.mark.parametrize("idle", [3600.0, 3600.5])
 def test_the_limit_is_inclusive(idle):
     assert candidates(_report(_kernel(3, idle)), CullPolicy(idle_s=3600))
+
+
+def test_the_culler_names_the_hub_user_and_the_unix_user_as_warnings_do():
+    (found,) = candidates(
+        _report(_kernel(3, 7200, user="jovyan", hub_user="ada")), CullPolicy(idle_s=3600)
+    )
+    assert (
+        found.label() == "kernel PID 3 (notebook ~alice/hog.ipynb, hub user ada (Unix user jovyan))"
+    )

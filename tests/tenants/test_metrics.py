@@ -77,14 +77,14 @@ def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     assert len(memory) == 2  # bob's process: its bytes unknown, so no sample
 
 
-def test_unit_suffixed_names_and_the_deprecated_ones_say_the_same():
+def test_unit_suffixed_names_only_the_pre_release_names_are_gone():
     found = families()
-    for new, old in (
-        ("jax_nbmem_kernel_jax_in_use_bytes", "jax_nbmem_kernel_jax_bytes_in_use"),
-        ("jax_nbmem_kernel_jax_limit_bytes", "jax_nbmem_kernel_jax_bytes_limit"),
-    ):
-        assert found[new].samples == found[old].samples and found[new].samples
-        assert "Deprecated: use " + new in found[old].documentation
+    # No release carried jax_nbmem_kernel_jax_bytes_in_use / _bytes_limit: dropped, not kept
+    # beside the unit-suffixed names (CHANGELOG.md).
+    for gone in ("jax_nbmem_kernel_jax_bytes_in_use", "jax_nbmem_kernel_jax_bytes_limit"):
+        assert gone not in found and gone not in FAMILIES
+    for name in ("jax_nbmem_kernel_jax_in_use_bytes", "jax_nbmem_kernel_jax_limit_bytes"):
+        assert found[name].samples and "Deprecated" not in found[name].documentation
     assert found["jax_nbmem_kernel_jax_in_use_bytes"].samples[0][1] == GIB
     assert found["jax_nbmem_kernel_jax_pool_bytes"].samples[0][1] == 20 * GIB
     prealloc = samples(found, "jax_nbmem_kernel_preallocated")
@@ -96,8 +96,7 @@ def test_unit_suffixed_names_and_the_deprecated_ones_say_the_same():
     for name in found:
         assert name in FAMILIES and (name.endswith(("_bytes", "_seconds", "_info")) or name in (
             "jax_nbmem_up", "jax_nbmem_nvml_up", "jax_nbmem_kernel_preallocated",
-            "jax_nbmem_warnings", "jax_nbmem_kernel_jax_bytes_in_use",
-            "jax_nbmem_kernel_jax_bytes_limit"))  # fmt: skip
+            "jax_nbmem_warnings"))  # fmt: skip
 
 
 def test_warnings_carry_the_gpu_and_the_pid_and_zero_for_the_known_kinds():
