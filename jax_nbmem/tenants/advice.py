@@ -6,10 +6,11 @@ Pure text and rules over the `Tenant` records that :mod:`jax_nbmem.tenants.attri
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
+from jax_nbmem.allocator.caps import MemoryCap, cuda_view, pool_under_cap
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
@@ -30,8 +31,9 @@ __all__ = ["OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
 class MemoryWarning:
     """Something on the GPU worth telling the user, with what to do about it.
 
-    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail" or
-    "pid-namespace". ``gpu``/``pid`` are None when it concerns no single GPU or process.
+    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail",
+    "prealloc-exceeds-cap" or "pid-namespace". ``gpu``/``pid`` are None when it concerns no
+    single GPU or process.
     """
 
     kind: str
@@ -59,13 +61,16 @@ def warnings_for(
     own_jax_in_use: int | None = None,
     own_reserved: int | None = None,
     own_name: str = OWN_NAME,
+    own_caps: Mapping[int, MemoryCap] | None = None,
 ) -> list[MemoryWarning]:
     """Warnings about the GPU's tenants; an empty list when everybody fits.
 
     ``own_requested_fraction``: what this kernel's mode will preallocate when its backend
     starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
-    A GPU whose free memory is unknown raises no warning about it.
+    ``own_caps``: the MPS or HAMi cap on this kernel's GPUs, by NVML index; a mode that will
+    not fit under one is ``prealloc-exceeds-cap`` there (else it is judged against what CUDA
+    will report under the cap). A GPU whose free memory is unknown raises no warning about it.
     """
     tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
     foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
@@ -76,7 +81,11 @@ def warnings_for(
         found += _blocking(tenants, by_index, own_needs_bytes, own_name)
         found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
-        found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
+        caps = own_caps or {}
+        over = _exceeds_cap(by_index.values(), caps, own_requested_fraction, own_name)
+        views = [_under_cap(gpu, caps.get(gpu.index)) for gpu in by_index.values()
+                 if gpu.index not in {w.gpu for w in over}]  # fmt: skip
+        found += over + _will_fail(tenants, views, own_requested_fraction, own_name)
     return found
 
 
@@ -256,6 +265,45 @@ def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[Memory
             f"{option}`%jaxalloc off` (memory taken as arrays need it)."
         )
         found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
+    return found
+
+
+def _under_cap(gpu: GpuMemory, cap: MemoryCap | None) -> GpuMemory:
+    """*gpu* as this process's CUDA will see it under *cap* (see :func:`.caps.cuda_view`)."""
+    if cap is None or gpu.total_bytes is None:
+        return gpu
+    total, free = cuda_view(gpu.total_bytes, gpu.free_bytes, cap)
+    return replace(gpu, total_bytes=total, free_bytes=free)
+
+
+def _exceeds_cap(gpus, caps, fraction: float, own_name=OWN_NAME) -> list[MemoryWarning]:
+    found = []
+    for gpu in gpus:
+        cap = caps.get(gpu.index)
+        if cap is None or gpu.total_bytes is None:
+            continue
+        taken = pool_under_cap(fraction, gpu.total_bytes, cap, reserve=_CONTEXT_RESERVE_BYTES)
+        if taken.fits:
+            continue
+        of = "the cap"
+        if not cap.cuda_total_is_cap:
+            of = f"the whole of {gpu_label(gpu)}, as CUDA reports it"
+        whole = cap.bytes if cap.cuda_total_is_cap else gpu.total_bytes
+        fits = math.floor(max(0, cap.bytes - _CONTEXT_RESERVE_BYTES) / whole * 20) / 20
+        option = f"`%jaxalloc fraction {fits:g}`, which fits, or " if fits >= 0.05 else ""
+        outcome = (
+            f"its 0.9x retries end at {format_bytes(taken.pool)}, nearly all of the cap, and "
+            "cells that need more than that pool will run out of memory"
+            if taken.pool
+            else "no pool fits under the cap: its first arrays will run out of memory"
+        )
+        message = (
+            f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of {of} "
+            f"({format_bytes(taken.asked)}), but {cap.system} caps this process at "
+            f"{format_bytes(cap.bytes)} on {gpu_label(gpu)} ({cap.variable}): {outcome}. Before "
+            f"any JAX code runs, choose {option}`%jaxalloc off` (memory taken as arrays need it)."
+        )
+        found.append(MemoryWarning("prealloc-exceeds-cap", gpu.index, None, message))
     return found
 
 
