@@ -32,6 +32,7 @@ from jax_nbmem.units import format_bytes
 __all__ = [
     "HAMI_VARIABLE",
     "MPS_VARIABLE",
+    "CONTEXT_RESERVE_BYTES",
     "CapError",
     "Caps",
     "MemoryCap",
@@ -39,6 +40,7 @@ __all__ = [
     "cap_variables",
     "caps_by_gpu",
     "cuda_view",
+    "has_caps",
     "parse_hami_limit",
     "parse_mps_limit",
     "pool_under_cap",
@@ -51,6 +53,8 @@ _HAMI_INDEXED = re.compile(rf"{HAMI_VARIABLE}_([0-9]{{1,3}})")
 _MPS_ENTRY = re.compile(r"([0-9]{1,3})=([1-9][0-9]{0,15}|0)(MB|GB|M|G)", re.IGNORECASE)
 _HAMI_VALUE = re.compile(r"([1-9][0-9]{0,18}|0)([kmg]?)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+# Room a pool must leave under the cap: a CUDA context (what the warnings reserve too).
+CONTEXT_RESERVE_BYTES = 512 * 1024**2
 # Retries BFC makes before giving up (0.9**60 of a pool is far below any useful size).
 _RETRIES = 60
 
@@ -112,6 +116,11 @@ def cap_variables(environ: Mapping[str, str]) -> dict[str, str]:
         if key in (MPS_VARIABLE, HAMI_VARIABLE, "CUDA_VISIBLE_DEVICES")
         or _HAMI_INDEXED.fullmatch(key)
     }
+
+
+def has_caps(environ: Mapping[str, str]) -> bool:
+    """Whether *environ* sets any MPS or HAMi memory cap variable (a quick look, no parsing)."""
+    return any(key != "CUDA_VISIBLE_DEVICES" for key in cap_variables(environ))
 
 
 def parse_mps_limit(text: str) -> dict[int, int]:
@@ -218,7 +227,9 @@ def caps_by_gpu(
     A cap larger than its GPU's total (NVML's) is no cap: it is dropped, and said. Problems come
     back as sentences for the status's notes.
     """
-    order = visible_gpus(gpus, environ).indices if gpus else ()
+    if not gpus:
+        return {}, ()  # no GPU to place them on: the status says why NVML lists none
+    order = visible_gpus(gpus, environ).indices
     found = read_caps(environ, len(order))
     totals = {gpu.index: gpu for gpu in gpus}
     caps: dict[int, MemoryCap] = {}
@@ -269,7 +280,7 @@ class PoolUnderCap:
 
 
 def pool_under_cap(
-    fraction: float, card_total: int, cap: MemoryCap, reserve: int = 0
+    fraction: float, card_total: int, cap: MemoryCap, reserve: int = CONTEXT_RESERVE_BYTES
 ) -> PoolUnderCap:
     """The pool ``fraction`` takes on a card of *card_total* bytes under *cap*.
 

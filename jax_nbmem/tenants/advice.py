@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
-from jax_nbmem.allocator.caps import MemoryCap, cuda_view, pool_under_cap
+from jax_nbmem.allocator.caps import CONTEXT_RESERVE_BYTES, MemoryCap, cuda_view, pool_under_cap
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
@@ -92,7 +92,7 @@ def warnings_for(
 # This kernel's arrays using under a quarter of what it reserved makes its reserve mostly idle.
 _SMALL_USE = 0.25
 # Room left for the CUDA context when suggesting a fraction that fits.
-_CONTEXT_RESERVE_BYTES = 512 << 20
+_CONTEXT_RESERVE_BYTES = CONTEXT_RESERVE_BYTES
 
 
 def _in_foreign_namespace(tenant: Tenant) -> bool:
@@ -282,7 +282,7 @@ def _exceeds_cap(gpus, caps, fraction: float, own_name=OWN_NAME) -> list[MemoryW
         cap = caps.get(gpu.index)
         if cap is None or gpu.total_bytes is None:
             continue
-        taken = pool_under_cap(fraction, gpu.total_bytes, cap, reserve=_CONTEXT_RESERVE_BYTES)
+        taken = pool_under_cap(fraction, gpu.total_bytes, cap)
         if taken.fits:
             continue
         of = "the cap"

@@ -69,6 +69,7 @@ _WARNING_KINDS = (
     "blocking-preallocation",
     "self-preallocation",
     "prealloc-will-fail",
+    "prealloc-exceeds-cap",
     "pid-namespace",
     "agent-stale",
 )
