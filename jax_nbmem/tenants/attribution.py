@@ -146,6 +146,7 @@ class Tenant:
     idle_source: str | None = None
     mode_reason: str | None = None
     hub_user: str | None = None  # its JupyterHub user name (beacon, else environment)
+    memory_cap_bytes: int | None = None  # its MPS/HAMi cap here (its beacon, or this process's)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above under the same names."""
@@ -487,6 +488,7 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
         "idle_s": beacon.idle_s(),
         "idle_source": "beacon",
         "mode_reason": beacon.mode_reason,
+        "memory_cap_bytes": beacon.memory_caps.get(uuid) if uuid else None,
     }
     if beacon.notebook:
         verdict["notebook"] = beacon.notebook

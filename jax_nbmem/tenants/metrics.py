@@ -115,6 +115,8 @@ FAMILIES: dict[str, str] = {
     + _DEPRECATED.format(new="jax_nbmem_kernel_jax_in_use_bytes"),
     "jax_nbmem_kernel_jax_bytes_limit": f"JAX's allocator limit, bytes {_H}."
     + _DEPRECATED.format(new="jax_nbmem_kernel_jax_limit_bytes"),
+    "jax_nbmem_kernel_memory_cap_bytes": "The GPU memory MPS or HAMi lets the process take "
+    "(its own environment, through its beacon), bytes; absent when uncapped or unknown.",
     "jax_nbmem_kernel_preallocated": "1 when the process's JAX preallocated its pool, 0 when "
     "not (unknown: absent).",
     "jax_nbmem_kernel_idle_seconds": "Seconds since the kernel's last cell or activity.",
@@ -304,6 +306,7 @@ def metric_families(
     limit = family("jax_nbmem_kernel_jax_limit_bytes", kernel)
     in_use_old = family("jax_nbmem_kernel_jax_bytes_in_use", kernel)
     limit_old = family("jax_nbmem_kernel_jax_bytes_limit", kernel)
+    memory_cap = family("jax_nbmem_kernel_memory_cap_bytes", kernel)
     preallocated = family("jax_nbmem_kernel_preallocated", (*kernel, "mode"))
     idle = family("jax_nbmem_kernel_idle_seconds", kernel)
     activity = family("jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
@@ -336,6 +339,7 @@ def metric_families(
             for gauge in gauges:
                 gauge.add_strings(labels, jax.get(key))
         pool.add_strings(labels, jax.get("pool_bytes"))
+        memory_cap.add_strings(labels, process.get("memory_cap_bytes"))
         flag = process.get("preallocated")
         if flag is not None:
             mode = process.get("mode") or process.get("mode_at_start") or ""

@@ -135,6 +135,10 @@ def collect(
     notes = [visible.note] if visible.note else []
     caps, cap_problems = caps_by_gpu(environ, gpus)  # MPS's or HAMi's, in this environment
     notes += cap_problems
+    tenants = [
+        replace(t, memory_cap_bytes=caps[t.gpu].bytes) if t.pid == own_pid and t.gpu in caps else t
+        for t in tenants
+    ]
 
     fraction = None
     if in_kernel and not started:
