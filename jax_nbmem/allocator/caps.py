@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from jax_nbmem.allocator.jaxlib import RETRY_FACTOR
 from jax_nbmem.gpu.mig import gpu_label
@@ -38,6 +39,8 @@ __all__ = [
     "MemoryCap",
     "PoolUnderCap",
     "cap_variables",
+    "capped_reading",
+    "caps_of_report",
     "caps_by_gpu",
     "cuda_view",
     "has_caps",
@@ -91,9 +94,10 @@ class MemoryCap:
         return "MPS" if self.kind == "mps" else "HAMi"
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``bytes``, ``kind``, ``variable``, ``cuda_total_is_cap``."""
+        """JSON-ready: ``bytes``, ``kind``, ``variable``, ``cuda_device``, ``cuda_total_is_cap``."""
         return {
             "bytes": self.bytes,
+            "cuda_device": self.ordinal,
             "kind": self.kind,
             "variable": self.variable,
             "cuda_total_is_cap": self.cuda_total_is_cap,
@@ -263,6 +267,28 @@ def cuda_view(
     if cap.cuda_total_is_cap:
         total = cap.bytes if total is None else min(total, cap.bytes)
     return total, free
+
+
+def capped_reading(gpu: Any, cap: MemoryCap | None) -> Any:
+    """NVML's reading *gpu* (a dataclass) as this process's CUDA sees it under *cap*.
+
+    Its ``total_bytes`` and ``free_bytes`` become :func:`cuda_view`'s; uncapped, *gpu* itself.
+    """
+    if cap is None or getattr(gpu, "total_bytes", None) is None:
+        return gpu
+    total, free = cuda_view(gpu.total_bytes, gpu.free_bytes, cap)
+    return replace(gpu, total_bytes=total, free_bytes=free)
+
+
+def caps_of_report(gpus: Sequence[Mapping[str, Any]]) -> dict[int, MemoryCap]:
+    """The caps a status report's ``gpus`` carry (``memory_cap``), by NVML index."""
+    caps = {}
+    for gpu in gpus:
+        cap = gpu.get("memory_cap")
+        if cap:
+            ordinal, size = cap["cuda_device"], cap["bytes"]
+            caps[gpu["index"]] = MemoryCap(ordinal, size, cap["kind"], cap["variable"])
+    return caps
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from jax_nbmem.allocator.caps import CONTEXT_RESERVE_BYTES, MemoryCap, cuda_view, pool_under_cap
+from jax_nbmem.allocator.caps import (
+    CONTEXT_RESERVE_BYTES,
+    MemoryCap,
+    capped_reading,
+    pool_under_cap,
+)
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
@@ -83,7 +88,7 @@ def warnings_for(
     if not own_backend_started and own_requested_fraction:
         caps = own_caps or {}
         over = _exceeds_cap(by_index.values(), caps, own_requested_fraction, own_name)
-        views = [_under_cap(gpu, caps.get(gpu.index)) for gpu in by_index.values()
+        views = [capped_reading(gpu, caps.get(gpu.index)) for gpu in by_index.values()
                  if gpu.index not in {w.gpu for w in over}]  # fmt: skip
         found += over + _will_fail(tenants, views, own_requested_fraction, own_name)
     return found
@@ -266,14 +271,6 @@ def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[Memory
         )
         found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
     return found
-
-
-def _under_cap(gpu: GpuMemory, cap: MemoryCap | None) -> GpuMemory:
-    """*gpu* as this process's CUDA will see it under *cap* (see :func:`.caps.cuda_view`)."""
-    if cap is None or gpu.total_bytes is None:
-        return gpu
-    total, free = cuda_view(gpu.total_bytes, gpu.free_bytes, cap)
-    return replace(gpu, total_bytes=total, free_bytes=free)
 
 
 def _exceeds_cap(gpus, caps, fraction: float, own_name=OWN_NAME) -> list[MemoryWarning]:
