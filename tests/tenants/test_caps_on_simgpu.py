@@ -199,3 +199,26 @@ def test_fit_is_limited_by_the_cap(simgpu_in_process, monkeypatch):
     assert "left under this process's MPS or HAMi cap" in report.verdict
     assert report.advice.startswith("this process's MPS or HAMi cap (20.0 GiB) is the limit")
     assert "(the cap is the limit)" in format_fit(report)
+
+
+PANEL_HEADER = """\
+import jax_nbmem.notebook.magics as magics
+session = magics.session_of(get_ipython())
+session.watcher.refresh()
+live = session._panel_state.live
+live._read_session()
+live.update()
+print(live.header.value)
+"""
+
+
+def test_the_panel_header_shows_the_cap(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    cells = run_cells(
+        ["%load_ext jax_nbmem", '%config JaxNbMem.panel = "widget"', "%jaxmem", PANEL_HEADER],
+        env={**simgpu_env, **HAMI},
+    )
+    assert all(c.error is None for c in cells), [c.text for c in cells]
+    header = cells[-1].stdout
+    assert header.startswith("<b>GPU 0: NVIDIA H200 (simulated) · allocator: on (when JAX starts)")
+    assert "· capped at 20.0 GiB for this kernel (MPS or HAMi)</b>" in header
