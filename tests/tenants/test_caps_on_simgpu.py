@@ -222,3 +222,17 @@ def test_the_panel_header_shows_the_cap(sim_state, simgpu_env):
     header = cells[-1].stdout
     assert header.startswith("<b>GPU 0: NVIDIA H200 (simulated) · allocator: on (when JAX starts)")
     assert "· capped at 20.0 GiB for this kernel (MPS or HAMi)</b>" in header
+
+
+def test_a_beacons_caps_are_read_and_odd_ones_dropped(tmp_path):
+    from jax_nbmem.tenants.beacons import read_beacons
+    from tests.tenants.test_beacons import UUID, _facts, _write_file
+
+    caps = {UUID: 20 * GIB, "GPU-odd": -1, "GPU-text": "20G", "GPU-zero": 0, "GPU-ok": GIB}
+    path = tmp_path / f"jax_nbmem-beacon-{os.getpid()}.json"
+    _write_file(path, {**_facts(memory_caps=caps), "written_at": time.time()})
+    (beacon,) = read_beacons([str(tmp_path)]).values()
+    assert beacon.memory_caps == {UUID: 20 * GIB, "GPU-ok": GIB}
+    _write_file(path, {**_facts(memory_caps=["0=20G"]), "written_at": time.time()})
+    (beacon,) = read_beacons([str(tmp_path)]).values()
+    assert beacon.memory_caps == {}
