@@ -231,8 +231,8 @@ def caps_by_gpu(
     A cap larger than its GPU's total (NVML's) is no cap: it is dropped, and said. Problems come
     back as sentences for the status's notes.
     """
-    if not gpus:
-        return {}, ()  # no GPU to place them on: the status says why NVML lists none
+    if not gpus or not has_caps(environ):
+        return {}, ()  # none, or no GPU to place them on (the status says why NVML lists none)
     order = visible_gpus(gpus, environ).indices
     found = read_caps(environ, len(order))
     totals = {gpu.index: gpu for gpu in gpus}
