@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jax_nbmem.allocator.caps import MemoryCap, caps_by_gpu, has_caps, pool_under_cap
 from jax_nbmem.allocator.control import AllocatorReport, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode
+from jax_nbmem.units import format_bytes
 
-__all__ = ["format_applied", "format_report", "kernel_display_name", "kernel_name", "too_late"]
+__all__ = [
+    "cap_lines",
+    "cap_report",
+    "format_applied",
+    "format_report",
+    "kernel_display_name",
+    "kernel_name",
+    "too_late",
+]
 
 
 def kernel_name(mode: AllocatorMode) -> str:
@@ -53,8 +66,64 @@ def _started_line(report: AllocatorReport) -> str:
     return line
 
 
-def format_report(report: AllocatorReport) -> str:
-    """The ``%jaxalloc`` report: requested mode, variables, backend state, jaxlib facts."""
+def cap_lines(
+    report: AllocatorReport, caps: Mapping[int, MemoryCap], gpus: Sequence[Any]
+) -> list[str]:
+    """What the mode takes against each GPU's MPS or HAMi cap (*gpus*: NVML's readings).
+
+    Before JAX starts: the pool its next start asks for and ends with under the cap; after: the
+    cap alone (the status shows what it holds).
+    """
+    lines = []
+    for gpu in gpus:
+        cap = caps.get(gpu.index)
+        if cap is None:
+            continue
+        line = f"{gpu.label}: {cap.system} caps this process at {format_bytes(cap.bytes)}"
+        line += f" ({cap.variable})"
+        pending = report.pending
+        fraction = pending.pool_fraction if not report.backend_started else None
+        if fraction and gpu.total_bytes is not None:
+            taken = pool_under_cap(fraction, gpu.total_bytes, cap)
+            of = "of the cap" if cap.cuda_total_is_cap else "of the whole GPU, as CUDA reports it"
+            asked = format_bytes(taken.asked)
+            line += f"; '{pending.mode_name}' asks for {fraction:.0%} {of} ({asked})"
+            if taken.fits:
+                line += ", which fits"
+            elif taken.pool:
+                line += (
+                    f", over the cap: its 0.9x retries end at {format_bytes(taken.pool)}, "
+                    "nearly all of the cap"
+                )
+            else:
+                line += ", over the cap: no pool fits"
+        elif not report.backend_started and fraction == 0.0:
+            line += f"; '{pending.mode_name}' takes memory as arrays need it, up to the cap"
+        lines.append(line)
+    return lines
+
+
+def cap_report(
+    report: AllocatorReport, environ: Mapping[str, str], read_gpus: Callable[[], Sequence[Any]]
+) -> list[str]:
+    """:func:`cap_lines` for this process, then each problem with its cap variables.
+
+    *read_gpus* (NVML's readings of every GPU) is called only when a cap variable is set.
+    """
+    if not has_caps(environ):
+        return []
+    gpus = read_gpus()
+    if not gpus:
+        return ["cap variables are set, but NVML lists no GPU to place them on"]
+    caps, problems = caps_by_gpu(environ, gpus)
+    return cap_lines(report, caps, [g for g in gpus if g.index in caps]) + list(problems)
+
+
+def format_report(report: AllocatorReport, caps: Sequence[str] = ()) -> str:
+    """The ``%jaxalloc`` report: requested mode, variables, backend state, jaxlib facts.
+
+    *caps*: :func:`cap_lines`, shown after the next start (or the backend's line).
+    """
     lines = ["jax_nbmem allocator"]
     if report.requested is None:
         lines.append("  requested:   nothing (JAX's own defaults unless variables say otherwise)")
@@ -82,6 +151,8 @@ def format_report(report: AllocatorReport) -> str:
     else:
         lines.append("  backend:     not started — JAX will start with the mode below")
         lines.append(f"  next start:  {report.pending.mode_name} — {report.pending.describe()}")
+    for i, line in enumerate(caps):
+        lines.append(("  cap:         " if i == 0 else " " * 15) + line)
     lines.append(f"  jaxlib:      {report.jaxlib.describe()}")
     return "\n".join(lines)
 

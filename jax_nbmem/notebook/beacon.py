@@ -101,6 +101,14 @@ def _notebook(session: Any) -> str | None:
     return _vscode_notebook(session) or os.environ.get("JPY_SESSION_NAME") or None
 
 
+def _memory_caps(session: Any) -> dict[str, int]:
+    """This kernel's MPS or HAMi cap by GPU UUID, from its last status (its own environment)."""
+    report = session.watcher.latest()
+    gpus = report.get("gpus", []) if report is not None else []
+    return {g["uuid"]: g["memory_cap_bytes"] for g in gpus
+            if g.get("uuid") and g.get("memory_cap_bytes")}  # fmt: skip
+
+
 def beacon_facts(session: Any) -> dict[str, Any]:
     """The beacon's content now (everything but ``written_at``)."""
     control = session.control
@@ -129,6 +137,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
         "gpus": gpus,
         "cell_running": session.ledger.cell_running,
         "last_cell_finished_at": session.ledger.last_finished_at,
+        "memory_caps": _memory_caps(session),
     }
 
 
@@ -166,6 +175,7 @@ def own_beacon(session: Any) -> Beacon:
         variables=facts["variables"],
         mode_reason=facts["mode_reason"],
         identity=facts["identity"],
+        memory_caps=facts["memory_caps"],
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -360,10 +360,13 @@ def _what(recent: Sequence[Any], gpu_index: int | None) -> str:
     return f"GPU {gpu_index}"
 
 
-def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
+def header_text(
+    sample: Any, gpu_index: int | None, mode: str | None, caps: Mapping[int, int] | None = None
+) -> str:
     """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so.
 
-    The memory the driver reserves for itself, when NVML tells it apart, ends the line.
+    The memory the driver reserves for itself, when NVML tells it apart, ends the line; then
+    this process's MPS or HAMi cap there, if any (*caps*: bytes by GPU index).
     """
     mode_text = mode or "unknown"
     if sample is None:
@@ -377,4 +380,7 @@ def header_text(sample: Any, gpu_index: int | None, mode: str | None) -> str:
     total = format_bytes(gpu.total_bytes)
     text = f"{gpu_label(gpu)}: {name} · allocator: {mode_text} · free {free} of {total}"
     reserved = getattr(gpu, "reserved_bytes", None)
-    return f"{text} · {format_bytes(reserved)} reserved by the driver" if reserved else text
+    if reserved:
+        text += f" · {format_bytes(reserved)} reserved by the driver"
+    cap = (caps or {}).get(gpu_index)
+    return f"{text} · capped at {format_bytes(cap)} for this kernel (MPS or HAMi)" if cap else text

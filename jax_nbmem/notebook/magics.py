@@ -20,7 +20,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from jax_nbmem.allocator.modes import ModeError, mode_forms
-from jax_nbmem.allocator.report import format_report
 from jax_nbmem.notebook.help_texts import help_texts
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
@@ -204,7 +203,7 @@ class JaxNbMemMagics(Magics):
         if args.timeout is not None:
             raise _refuse("jaxalloc", "%jaxalloc: --timeout is for %%jaxalloc compare")
         if not words:
-            print(format_report(self.session.control.report()))
+            print(self.session.allocator_report())
             return
         try:
             _, message = self.session.request(" ".join(words))

@@ -190,10 +190,17 @@ def _unique(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(printable(line) for line in lines))
 
 
+def _caps(report: Any) -> dict[int, int]:
+    """This kernel's MPS or HAMi cap by GPU index, from a status report (or None: none)."""
+    gpus = report.get("gpus", []) if isinstance(report, dict) else []
+    return {g["index"]: g["memory_cap_bytes"] for g in gpus if g.get("memory_cap_bytes")}
+
+
 def _summary_text(session: Any, gpu_index: int | None) -> str:
     sampler = getattr(session, "sampler", None)
     latest = sampler.latest() if sampler is not None else None
-    lines = [printable(header_text(latest, gpu_index, _mode_text(session)))]
+    caps = _caps(getattr(session, "watcher", None) and session.watcher.latest())
+    lines = [printable(header_text(latest, gpu_index, _mode_text(session), caps))]
     lines += _unique(_session_banner(session) + _sampler_status(sampler, latest))
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
@@ -453,9 +460,8 @@ class _LivePanel:
             if not self.plot.show(figure_parts(figure)):
                 self._dirty.set()  # over one update's budget: the rest goes next time
             self.figure = figure
-            self.header.value = (
-                f"<b>{html.escape(printable(header_text(latest, self.gpu_index, self._mode)))}</b>"
-            )
+            header = header_text(latest, self.gpu_index, self._mode, _caps(self._report_read))
+            self.header.value = f"<b>{html.escape(printable(header))}</b>"
             self._render_banner(latest, paused=False)
             self.updates += 1
 

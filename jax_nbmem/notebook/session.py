@@ -14,7 +14,7 @@ from typing import Any
 
 from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
-from jax_nbmem.allocator.report import format_applied, too_late
+from jax_nbmem.allocator.report import cap_report, format_applied, format_report, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
 from jax_nbmem.notebook.beacon import beacon_writer, own_beacon, share_dir
 from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
@@ -42,6 +42,10 @@ _FRESH_STATUS_WAIT_S = 1.5
 _SETTLE_S = 1.0
 # What an error's frames must hold for the out-of-memory diagnosis to mention it.
 _ERROR_HOLD_WORTH_SAYING = 64 * 1024**2
+
+
+# Warnings that a mode just asked for will not fit: said right after `%jaxalloc` asks for it.
+_WILL_NOT_FIT = ("prealloc-will-fail", "prealloc-exceeds-cap")
 
 
 class KernelSession:
@@ -98,6 +102,16 @@ class KernelSession:
             own=self._own_account(),
             agent_user=getattr(self.settings, "agent_user", "") or None,
         )
+
+    def allocator_report(self) -> str:
+        """The ``%jaxalloc`` report, with what its mode takes under an MPS or HAMi cap.
+
+        Reads NVML only when a cap variable is set (a user's command, never a hook).
+        """
+        from jax_nbmem.gpu import nvml
+
+        report = self.control.report()
+        return format_report(report, cap_report(report, os.environ, nvml.gpus))
 
     def _own_account(self):
         """This kernel as its session knows it, for its own status row (None if that fails)."""
@@ -157,7 +171,7 @@ class KernelSession:
                 f"{_FRESH_STATUS_WAIT_S:g} s. `%jaxmem status` shows it later.)"
             )
         elif report is not None:
-            fits = [w for w in report.get("warnings", []) if w["kind"] == "prealloc-will-fail"]
+            fits = [w for w in report.get("warnings", []) if w["kind"] in _WILL_NOT_FIT]
             lines.extend(map(warning_line, fits))
         return result, "\n".join(lines)
 

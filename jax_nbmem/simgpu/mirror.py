@@ -15,9 +15,21 @@ the state file as the real allocator would make it under the mode JAX started wi
 On a MIG instance (``CUDA_VISIBLE_DEVICES`` names its ``MIG-`` UUID first, as CUDA would use
 it) the entry is on that instance, and the fraction is of the instance's memory, as JAX's is.
 
-Plus a CUDA context's worth for the process. The figures are labelled simulated wherever they
-show (the GPU's name says so). The entry lasts as long as the process (``ends=exit`` in the
-state file), as a real driver forgets a process that exited, however it ended.
+Under a GPU sharing cap on CUDA device 0 (the mirror's GPU) the entry is what the cap lets
+through, modelled as the sharing system enforces it, not as jax_nbmem reads it (so a test can
+tell the two apart), and kept minimal:
+
+* MPS (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, its ``0=<n>M`` or ``0=<n>G`` entry): CUDA's total
+  stays the card's, allocations past the cap fail, so the pool, ``F`` x the card, shrinks in
+  its 0.9x steps until it fits under the cap;
+* HAMi (``CUDA_DEVICE_MEMORY_LIMIT_0``, else ``CUDA_DEVICE_MEMORY_LIMIT``, read as HAMi-core
+  reads them: a number ``strtoul`` accepts, then ``k``/``m``/``g``; 0 is none): CUDA's total
+  is the cap, so the pool is ``F`` x the cap.
+
+Plus a CUDA context's worth for the process (counted under the cap). The figures are labelled
+simulated wherever they show (the GPU's name says so). The entry lasts as long as the process
+(``ends=exit`` in the state file), as a real driver forgets a process that exited, however it
+ended.
 
 On a real GPU, NVML sees an allocation the moment it is made; the thread looks only every
 0.25 s. So that a cell that allocates and returns at once is charged with its own bytes, in a
@@ -34,6 +46,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -46,6 +59,7 @@ __all__ = [
     "CONTEXT_BYTES",
     "Mirror",
     "held_bytes",
+    "memory_cap",
     "pool_bytes",
     "preallocates",
     "start_from_environment",
@@ -122,6 +136,37 @@ def held_bytes(
     if not preallocates(mode):
         return CONTEXT_BYTES + (high_water if room is None else min(high_water, room))
     return CONTEXT_BYTES + pool_bytes(mode, total, free)
+
+
+_HAMI_NUMBER = re.compile(r"\s*[+]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+
+
+def _hami_limit(text: str) -> int:
+    """HAMi-core's ``get_limit_from_env``: a unit from the last character, ``strtoul(.., 0)``."""
+    scale = {"g": 1024**3, "m": 1024**2, "k": 1024}.get(text[-1:].lower(), 1)
+    number = _HAMI_NUMBER.match(text[:-1] if scale > 1 else text)
+    if number is None:
+        return 0
+    digits = number[1]
+    base = 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" and digits[1:] else 10
+    return int(digits, base) * scale
+
+
+def memory_cap(environ: dict[str, str] | os._Environ) -> tuple[str, int] | None:
+    """The cap MPS or HAMi enforces on CUDA device 0: ``("mps" | "hami", bytes)``, or None."""
+    caps = []
+    for entry in environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").split(","):
+        ordinal, _, limit = entry.strip().partition("=")
+        unit = {"M": 1024**2, "G": 1024**3}.get(limit.upper().removesuffix("B")[-1:])
+        digits = limit.upper().removesuffix("B")[:-1]
+        if ordinal == "0" and unit and digits.isdigit() and int(digits):
+            caps.append(("mps", int(digits) * unit))
+    hami = _hami_limit(environ.get("CUDA_DEVICE_MEMORY_LIMIT_0", "")) or _hami_limit(
+        environ.get("CUDA_DEVICE_MEMORY_LIMIT", "")
+    )
+    if hami:
+        caps.append(("hami", hami))
+    return min(caps, key=lambda cap: cap[1]) if caps else None
 
 
 def _backend_started() -> bool:
@@ -239,6 +284,10 @@ class Mirror:
         if total is None:
             return
         free = state.free_bytes(gpu, leaving_out=self.pid, mig=mig)
+        cap = memory_cap(os.environ) if mig is None else None
+        if cap is not None:  # see the module's docstring
+            free = cap[1] if free is None else min(free, cap[1])
+            total = min(total, cap[1]) if cap[0] == "hami" else total
         if preallocates(self.mode):
             if self._pool is None:  # taken once, at the first allocation, and kept
                 self._pool = held_bytes(self.mode, total, live, self._high_water, free)

@@ -6,10 +6,16 @@ Pure text and rules over the `Tenant` records that :mod:`jax_nbmem.tenants.attri
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from jax_nbmem.allocator.caps import (
+    CONTEXT_RESERVE_BYTES,
+    MemoryCap,
+    capped_reading,
+    pool_under_cap,
+)
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
@@ -37,8 +43,8 @@ class MemoryWarning:
     """Something on the GPU worth telling the user, with what to do about it.
 
     ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail",
-    "pid-namespace" or "agent-stale". ``gpu``/``pid`` are None when it concerns no single
-    GPU or process; ``pid`` is a host PID.
+    "prealloc-exceeds-cap", "pid-namespace" or "agent-stale". ``gpu``/``pid`` are None when it
+    concerns no single GPU or process; ``pid`` is a host PID.
     """
 
     kind: str
@@ -68,6 +74,7 @@ def warnings_for(
     own_name: str = OWN_NAME,
     agent=None,
     read_at: str = IN_IPYTHON,
+    own_caps: Mapping[int, MemoryCap] | None = None,
 ) -> list[MemoryWarning]:
     """Warnings about the GPU's tenants; an empty list when everybody fits.
 
@@ -75,9 +82,12 @@ def warnings_for(
     starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
     ``read_at``: where the warnings are read (:data:`IN_IPYTHON`, :data:`AT_SHELL`).
-    A GPU whose free memory is unknown raises no warning about it. ``agent``: the node
+    ``agent``: the node
     agent's :class:`~jax_nbmem.tenants.resolution.Resolution`; a stale one is an
     ``agent-stale`` warning (which then stands for ``pid-namespace``).
+    ``own_caps``: the MPS or HAMi cap on this kernel's GPUs, by NVML index; a mode that will
+    not fit under one is ``prealloc-exceeds-cap`` there (else it is judged against what CUDA
+    will report under the cap). A GPU whose free memory is unknown raises no warning about it.
     """
     tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
     foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
@@ -92,14 +102,18 @@ def warnings_for(
     found += _blocking(tenants, by_index, own_needs_bytes, own_name, read_at)
     found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
-        found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
+        caps = own_caps or {}
+        over = _exceeds_cap(by_index.values(), caps, own_requested_fraction, own_name)
+        views = [capped_reading(gpu, caps.get(gpu.index)) for gpu in by_index.values()
+                 if gpu.index not in {w.gpu for w in over}]  # fmt: skip
+        found += over + _will_fail(tenants, views, own_requested_fraction, own_name)
     return found
 
 
 # This kernel's arrays using under a quarter of what it reserved makes its reserve mostly idle.
 _SMALL_USE = 0.25
 # Room left for the CUDA context when suggesting a fraction that fits.
-_CONTEXT_RESERVE_BYTES = 512 << 20
+_CONTEXT_RESERVE_BYTES = CONTEXT_RESERVE_BYTES
 
 
 def _in_foreign_namespace(tenant: Tenant) -> bool:
@@ -322,6 +336,37 @@ def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[Memory
             f"{option}`%jaxalloc off` (memory taken as arrays need it)."
         )
         found.append(MemoryWarning("prealloc-will-fail", gpu.index, None, message))
+    return found
+
+
+def _exceeds_cap(gpus, caps, fraction: float, own_name=OWN_NAME) -> list[MemoryWarning]:
+    found = []
+    for gpu in gpus:
+        cap = caps.get(gpu.index)
+        if cap is None or gpu.total_bytes is None:
+            continue
+        taken = pool_under_cap(fraction, gpu.total_bytes, cap)
+        if taken.fits:
+            continue
+        of = "the cap"
+        if not cap.cuda_total_is_cap:
+            of = f"the whole of {gpu_label(gpu)}, as CUDA reports it"
+        whole = cap.bytes if cap.cuda_total_is_cap else gpu.total_bytes
+        fits = math.floor(max(0, cap.bytes - _CONTEXT_RESERVE_BYTES) / whole * 20) / 20
+        option = f"`%jaxalloc fraction {fits:g}`, which fits, or " if fits >= 0.05 else ""
+        outcome = (
+            f"its 0.9x retries end at {format_bytes(taken.pool)}, nearly all of the cap, and "
+            "cells that need more than that pool will run out of memory"
+            if taken.pool
+            else "no pool fits under the cap: its first arrays will run out of memory"
+        )
+        message = (
+            f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of {of} "
+            f"({format_bytes(taken.asked)}), but {cap.system} caps this process at "
+            f"{format_bytes(cap.bytes)} on {gpu_label(gpu)} ({cap.variable}): {outcome}. Before "
+            f"any JAX code runs, choose {option}`%jaxalloc off` (memory taken as arrays need it)."
+        )
+        found.append(MemoryWarning("prealloc-exceeds-cap", gpu.index, None, message))
     return found
 
 

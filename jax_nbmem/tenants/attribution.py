@@ -157,6 +157,7 @@ class Tenant:
     container: dict | None = None
     pid_here: int | None = field(default=None, repr=False)
     elsewhere: bool = field(default=False, repr=False)
+    memory_cap_bytes: int | None = None  # its MPS/HAMi cap here (its beacon, or this process's)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above by name (less ``pid_here`` and ``elsewhere``)."""
@@ -526,6 +527,7 @@ def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str 
         "idle_s": beacon.idle_s(),
         "idle_source": "beacon",
         "mode_reason": beacon.mode_reason,
+        "memory_cap_bytes": beacon.memory_caps.get(uuid) if uuid else None,
     }
     if beacon.notebook:
         verdict["notebook"] = beacon.notebook

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jax_nbmem.allocator.caps import MemoryCap, capped_reading, caps_of_report
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.allocator.modes import AllocatorMode
 from jax_nbmem.gpu.mig import gpu_label
@@ -117,10 +118,17 @@ def choose_mode(
     auto_fraction: float | None = None,
     policy: Policy | None = None,
     no_gpu_reason: str | None = None,
+    caps: Mapping[int, MemoryCap] | None = None,
 ) -> AutoChoice:
-    """The mode for a kernel about to start JAX on *gpus* (its visible GPUs, NVML readings)."""
+    """The mode for a kernel about to start JAX on *gpus* (its visible GPUs, NVML readings).
+
+    *caps* (MPS's or HAMi's, by NVML index): a capped GPU is sized as this process's CUDA will
+    see it, free memory at most the cap, and under HAMi the cap as its total.
+    """
     policy = policy or Policy()
     tenants, claims = list(tenants), list(claims)
+    caps = caps or {}
+    gpus = [capped_reading(gpu, caps.get(gpu.index)) for gpu in gpus]
     if not gpus:
         why = no_gpu_reason or "no GPU seen"
         return AutoChoice(AllocatorMode("on"), f"{why}: JAX's default, nothing to decide", {})
@@ -145,6 +153,9 @@ def choose_mode(
         situation = f"{where} is shared ({'; '.join(who)}; {format_bytes(free)} free)"
     else:
         situation = f"alone on {where} with {format_bytes(free)} of {format_bytes(total)} free"
+    cap = caps.get(gpu.index)
+    if cap is not None:
+        situation += f", capped at {format_bytes(cap.bytes)} by {cap.system}"
 
     cap = policy.max_fraction
     if not shared and free >= default_pool + _margin(total):
@@ -246,7 +257,7 @@ def decide(
         claims = book.others(own_key=key) if book is not None else []
         choice = choose_mode(
             gpus, tenants, claims, auto_fraction=auto_fraction, policy=policy,
-            no_gpu_reason=no_gpu,
+            no_gpu_reason=no_gpu, caps=caps_of_report(report.get("gpus", [])),
         )  # fmt: skip
         if book is not None:
             try:

@@ -108,6 +108,8 @@ class Beacon:
     # What it claims of itself across PID namespaces (see jax_nbmem.tenants.identity): pid_ns,
     # pid_in_ns, start_ticks, boot_id, hostname; None from a kernel that does not say.
     identity: Mapping[str, Any] | None = None
+    # Its MPS or HAMi memory cap by GPU UUID, as the kernel reads its own environment.
+    memory_caps: Mapping[str, int] = field(default_factory=dict)
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -515,6 +517,7 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
         mode_reason=_text(content.get("mode_reason")),
         hub_user=_text(content.get("hub_user")),
         identity=_identity(content.get("identity")),
+        memory_caps=_caps(content.get("memory_caps")),
         path=path,
     )
 
@@ -569,6 +572,18 @@ def _number(value: Any) -> float | None:
     except OverflowError:  # an integer of hundreds of digits
         return None
     return number if math.isfinite(number) else None
+
+
+def _caps(value: Any) -> dict[str, int]:
+    """A beacon's ``memory_caps`` (GPU UUID → bytes), what of it is well-formed."""
+    if not isinstance(value, dict):
+        return {}
+    caps = {}
+    for uuid, size in value.items():
+        size = _count(size)
+        if _text(uuid, _MAX_KEY_CHARS) is not None and size:
+            caps[uuid] = size
+    return caps
 
 
 def _count(value: Any) -> int | None:

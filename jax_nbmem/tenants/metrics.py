@@ -69,6 +69,7 @@ _WARNING_KINDS = (
     "blocking-preallocation",
     "self-preallocation",
     "prealloc-will-fail",
+    "prealloc-exceeds-cap",
     "pid-namespace",
     "agent-stale",
 )
@@ -109,6 +110,8 @@ FAMILIES: dict[str, str] = {
     "jax_nbmem_kernel_jax_in_use_bytes": f"Bytes JAX's arrays use {_H}.",
     "jax_nbmem_kernel_jax_pool_bytes": f"Bytes JAX's allocator pool holds {_H}.",
     "jax_nbmem_kernel_jax_limit_bytes": f"JAX's allocator limit, bytes {_H}.",
+    "jax_nbmem_kernel_memory_cap_bytes": "The GPU memory MPS or HAMi lets the process take "
+    "(its own environment, through its beacon), bytes; absent when uncapped or unknown.",
     "jax_nbmem_kernel_preallocated": "1 when the process's JAX preallocated its pool, 0 when "
     "not (unknown: absent).",
     "jax_nbmem_kernel_idle_seconds": "Seconds since the kernel's last cell or activity.",
@@ -296,6 +299,7 @@ def metric_families(
     in_use = family("jax_nbmem_kernel_jax_in_use_bytes", kernel)
     pool = family("jax_nbmem_kernel_jax_pool_bytes", kernel)
     limit = family("jax_nbmem_kernel_jax_limit_bytes", kernel)
+    memory_cap = family("jax_nbmem_kernel_memory_cap_bytes", kernel)
     preallocated = family("jax_nbmem_kernel_preallocated", (*kernel, "mode"))
     idle = family("jax_nbmem_kernel_idle_seconds", kernel)
     activity = family("jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
@@ -324,6 +328,7 @@ def metric_families(
         in_use.add_strings(labels, jax.get("bytes_in_use"))
         limit.add_strings(labels, jax.get("bytes_limit"))
         pool.add_strings(labels, jax.get("pool_bytes"))
+        memory_cap.add_strings(labels, process.get("memory_cap_bytes"))
         flag = process.get("preallocated")
         if flag is not None:
             mode = process.get("mode") or process.get("mode_at_start") or ""

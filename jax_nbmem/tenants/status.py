@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.allocator.caps import caps_by_gpu
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
@@ -31,7 +32,7 @@ from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
-__all__ = ["StatusReport", "collect", "format_status", "warning_line"]
+__all__ = ["StatusReport", "cap_line", "collect", "format_status", "warning_line"]
 
 
 class StatusReport(dict):
@@ -161,6 +162,12 @@ def collect(
     if own is not None:
         tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
     notes = [visible.note] if visible.note else []
+    caps, cap_problems = caps_by_gpu(environ, gpus)  # MPS's or HAMi's, in this environment
+    notes += cap_problems
+    tenants = [
+        replace(t, memory_cap_bytes=caps[t.gpu].bytes) if t.pid == own_pid and t.gpu in caps else t
+        for t in tenants
+    ]
 
     fraction = None
     if in_kernel and not started:
@@ -179,6 +186,7 @@ def collect(
         own_name=own_name,
         agent=resolution,
         read_at=read_at,
+        own_caps=caps,
     )
     if resolution.state in ("untrusted", "malformed"):
         notes.append(f"Node agent: {resolution.reason}.")
@@ -207,6 +215,8 @@ def collect(
                 "free_bytes": g.free_bytes,
                 "ours": g.index in ours,
                 "problem": nvml.gpu_problem(g.problem, list_problems.get(g.index)),
+                "memory_cap_bytes": caps[g.index].bytes if g.index in caps else None,
+                "memory_cap": caps[g.index].to_dict() if g.index in caps else None,
             }
             for g in gpus
         ],
@@ -294,6 +304,16 @@ def _shown_order(gpu: Mapping[str, Any]) -> tuple[int, int]:
     return shown_order(gpu["index"], mig["parent_index"] if mig else None)
 
 
+def cap_line(cap: Mapping[str, Any]) -> str:
+    """A GPU's sharing cap as a person reads it (``memory_cap`` of a status's GPU)."""
+    system = "MPS" if cap["kind"] == "mps" else "HAMi"
+    counts = "the cap" if cap.get("cuda_total_is_cap") else "the whole GPU"
+    return (
+        f"capped at {format_bytes(cap['bytes'])} for this process by {system} "
+        f"({cap['variable']}); JAX's fraction counts {counts}"
+    )
+
+
 def warning_line(warning: Mapping[str, Any]) -> str:
     """One warning as printed everywhere: ``WARNING [kind]: message``."""
     return printable_lines(f"WARNING [{warning['kind']}]: {warning['message']}")
@@ -328,6 +348,8 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         )
         if gpu.get("problem"):
             lines.append(f"  {gpu['problem']}")
+        if gpu.get("memory_cap"):
+            lines.append(f"  {cap_line(gpu['memory_cap'])}")
         on_gpu = [p for p in report["processes"] if p["gpu"] == gpu["index"]]
         lines.extend("  " + _process_line(p, own_name) for p in on_gpu)
         unread = "process list unreadable" in (gpu.get("problem") or "")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from jax_nbmem.allocator.caps import MemoryCap, caps_by_gpu
 from jax_nbmem.allocator.jaxlib import Effective, effective
 from jax_nbmem.gpu import jaxstats
 from jax_nbmem.text import printable
@@ -131,6 +132,7 @@ class DeviceRoom:
     preallocated: bool | None = None
     reserved_bytes: int | None = None
     gpu_label: str | None = None  # "GPU 0", "MIG 3g.71gb instance 1 of GPU 0"
+    memory_cap_bytes: int | None = None  # MPS's or HAMi's cap on this process there
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-friendly."""
@@ -260,6 +262,10 @@ def room_of(
       ``bytes_limit − bytes_in_use`` (the fraction still caps it).
     * ``cuda_async``: free in its pool plus the GPU's free memory (the fraction is no cap).
     * ``platform`` (no pool), and ``vmm``: the GPU's free memory (capped by the limit, if any).
+
+    Under an MPS or HAMi cap (*gpu*'s ``memory_cap``) no more than the cap less what this
+    process holds (plus what is free in its pool) is room, and the cap is the ``limit``
+    (``"cap"``) when it binds.
     """
     in_use = getattr(stats, "bytes_in_use", None)
     limit = getattr(stats, "bytes_limit", None)
@@ -290,6 +296,12 @@ def room_of(
             room, binding = growth, "device"
         if room is None:
             reason = "NVML cannot say what the GPU has free"
+    cap = getattr(gpu, "memory_cap", None)
+    if cap is not None and room is not None:
+        held = self_bytes if self_bytes is not None else (pool or limit or 0)
+        under_cap = max(0, cap.bytes - held) + (pool_free or 0)
+        if under_cap < room:
+            room, binding = under_cap, "cap"
     return DeviceRoom(
         device=device,
         kind="gpu",
@@ -308,6 +320,7 @@ def room_of(
         self_bytes=self_bytes,
         preallocated=preallocated,
         reserved_bytes=getattr(gpu, "reserved_bytes", None),
+        memory_cap_bytes=cap.bytes if cap is not None else None,
     )
 
 
@@ -371,6 +384,7 @@ class _GpuReading:
     self_bytes: int | None
     reserved_bytes: int | None = None
     label: str | None = None
+    memory_cap: MemoryCap | None = None
 
 
 def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
@@ -378,6 +392,7 @@ def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
 
     every_gpu = nvml.gpus()
     order = visible.visible_gpus(every_gpu, os.environ).indices if every_gpu else ()
+    caps, _ = caps_by_gpu(os.environ, every_gpu)  # a problem with them: the status says it
     wanted = {}
     for device in devices:
         ordinal = int(device.split(":", 1)[1])
@@ -396,7 +411,7 @@ def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
         if reading is not None:
             found[device] = _GpuReading(
                 index, reading.free_bytes, reading.total_bytes, mine.get(index),
-                reading.reserved_bytes, reading.label,
+                reading.reserved_bytes, reading.label, caps.get(index),
             )  # fmt: skip
     return found
 

@@ -242,6 +242,8 @@ def judge(
 def _where(room: DeviceRoom) -> str:
     if room.kind == "host":
         return "available on the host"
+    if room.limit == "cap":
+        return "left under this process's MPS or HAMi cap"
     return "free in JAX's pool" if room.limit == "pool" else "free on the GPU"
 
 
@@ -297,6 +299,11 @@ def _cheapest_change(
                 f"JAX's pool is the limit, and {format_bytes(fraction * total)} would hold "
                 "today's arrays and the call"
             )
+    if room.limit == "cap":
+        return (
+            f"this process's MPS or HAMi cap ({format_bytes(room.memory_cap_bytes)}) is the "
+            f"limit, whatever the GPU has free: {smaller}, or ask for a larger share of the GPU"
+        )
     others = None
     if room.total_bytes is not None and room.self_bytes is not None:
         # What the driver reserves for itself is no process's to give back.
@@ -400,8 +407,11 @@ def _room_line(room: DeviceRoom, needs: ProgramNeeds, spare: int | None) -> str:
             )
         readings.append(f"GPU free {format_bytes(room.free_bytes)}")
         where = f"room {format_bytes(room.room_bytes)}"
+        if room.memory_cap_bytes is not None:
+            readings.append(f"cap {format_bytes(room.memory_cap_bytes)} (MPS or HAMi)")
         if room.limit:
-            where += f" ({'JAX pool' if room.limit == 'pool' else 'the GPU'} is the limit)"
+            limit = {"pool": "JAX pool", "cap": "the cap"}.get(room.limit, "the GPU")
+            where += f" ({limit} is the limit)"
         where += f"; {', '.join(readings)}; mode {room.mode or MISSING}"
     if spare is None:
         outcome = room.reason or "unknown"
