@@ -25,11 +25,12 @@ from jax_nbmem.notebook.figure import (
     LiveFigure,
     figure_parts,
     gpu_indices,
-    header_text,
 )
 from jax_nbmem.notebook.panel_actions import ShutdownActions
 from jax_nbmem.notebook.panel_text import (
+    HeaderMode,
     first_gpu,
+    header_line,
     mode_text,
     sampler_status,
     session_banner,
@@ -38,7 +39,6 @@ from jax_nbmem.notebook.panel_text import (
     unique_lines,
 )
 from jax_nbmem.notebook.panel_view import plot_view
-from jax_nbmem.text import printable
 
 __all__ = ["LivePanel"]
 
@@ -73,7 +73,7 @@ class LivePanel:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsubscribe: Any = None
-        self._mode: str | None = None
+        self._mode: HeaderMode | None = None
         self._banner_lines: list[str] = []
         self._report_read: Any = None  # the watcher's report the banner lines were read from
         self.gpu_index = first_gpu(self.sampler)
@@ -239,7 +239,7 @@ class LivePanel:
                 self._dirty.set()  # over one update's budget: the rest goes next time
             self.figure = figure
             self.header.value = (
-                f"<b>{html.escape(printable(header_text(latest, self.gpu_index, self._mode)))}</b>"
+                f"<b>{html.escape(header_line(latest, self.gpu_index, self._mode))}</b>"
             )
             self._render_banner(latest, paused=False)
             self.updates += 1

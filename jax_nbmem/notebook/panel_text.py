@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from jax_nbmem.gpu.mig import gpu_label
@@ -22,8 +23,11 @@ from jax_nbmem.text import printable
 from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
+    "HeaderMode",
     "fallback_bundle",
     "first_gpu",
+    "header_line",
+    "is_simulated",
     "mode_text",
     "recent_records",
     "sampler_status",
@@ -39,20 +43,56 @@ TABLE_CELLS = 10  # cells in the text summary's table
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def mode_text(session: Any) -> str | None:
+@dataclass(frozen=True)
+class HeaderMode:
+    """The allocator mode as the header says it; see :meth:`shown`."""
+
+    name: str  # "off", "fraction 0.3", ...
+    when: str  # "in effect", "when JAX starts"
+    cpu_only: str | None = None  # JAX's platforms ("CPU") when it started with no GPU
+
+    def shown(self, gpu: Any) -> str:
+        """The words for the header above *gpu* (a sample's GPU, or None).
+
+        Where JAX runs on no GPU its mode is unused, except on the simulated GPU once this
+        process holds memory there: the demo's mirror then holds the pool this mode would take.
+        """
+        if self.cpu_only is None:
+            return f"{self.name} ({self.when})"
+        if is_simulated(gpu) and (getattr(gpu, "self_bytes", None) or 0) > 0:
+            return (
+                f"{self.name}, simulated: JAX runs on {self.cpu_only}; the simulated GPU holds "
+                "the pool this mode would take"
+            )
+        return f"{self.name}, unused: JAX runs on {self.cpu_only} (allocator modes apply to GPUs)"
+
+
+def is_simulated(gpu: Any) -> bool:
+    """Whether *gpu* is jax_nbmem's simulated GPU: its name says so ("... (simulated)")."""
+    return "(simulated)" in (getattr(gpu, "name", None) or "")
+
+
+def mode_text(session: Any) -> HeaderMode | None:
     """The allocator mode in effect, or the one JAX will start with (main thread only)."""
     try:
         report = session.control.report()
         if report.backend is not None:
+            mode = report.backend.effective.mode_name
             if report.backend.without_gpu:
-                mode = report.backend.effective.mode_name
                 shown = "/".join(report.backend.platforms).upper()
-                return f"{mode}, unused: JAX runs on {shown} (allocator modes apply to GPUs)"
-            return f"{report.backend.effective.mode_name} (in effect)"
-        return f"{report.pending.mode_name} (when JAX starts)"
+                return HeaderMode(mode, "in effect", cpu_only=shown)
+            return HeaderMode(mode, "in effect")
+        return HeaderMode(report.pending.mode_name, "when JAX starts")
     except Exception:
         log.debug("jax_nbmem: allocator report failed", exc_info=True)
         return None
+
+
+def header_line(latest: Any, gpu_index: int | None, mode: HeaderMode | None) -> str:
+    """The panel's first line for the GPU *gpu_index* of the sample *latest* (printable)."""
+    gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
+    said = mode.shown(gpu) if mode is not None else None
+    return printable(header_text(latest, gpu_index, said))
 
 
 def session_banner(session: Any) -> list[str]:
@@ -89,7 +129,7 @@ def summary_text(session: Any, gpu_index: int | None) -> str:
     """The panel as text: header, banner lines, one line per GPU, the last cells' table."""
     sampler = getattr(session, "sampler", None)
     latest = sampler.latest() if sampler is not None else None
-    lines = [printable(header_text(latest, gpu_index, mode_text(session)))]
+    lines = [header_line(latest, gpu_index, mode_text(session))]
     lines += unique_lines(session_banner(session) + sampler_status(sampler, latest))
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
