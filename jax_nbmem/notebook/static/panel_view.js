@@ -50,8 +50,16 @@ function pageConfig() {
 async function fromServer(config) {
   const base = String(config.baseUrl).replace(/\/?$/, "/");
   const url = new URL(base + SERVER_ROUTE, window.location.href);
-  // The login cookie goes with it; a page opened with a token sends that too.
-  const headers = config.token ? { Authorization: `token ${config.token}` } : {};
+  // The login cookie goes with it, with the XSRF header that JupyterHub asks of every fetch
+  // (GETs too), as JupyterLab's own requests carry it; a page opened with a token sends that.
+  const headers = {};
+  const xsrf = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+  if (xsrf) {
+    headers["X-XSRFToken"] = xsrf[1];
+  }
+  if (config.token) {
+    headers.Authorization = `token ${config.token}`;
+  }
   const reply = await fetch(url, { headers, credentials: "same-origin" });
   const type = reply.headers.get("Content-Type") || "";
   if (!reply.ok || !type.includes("javascript")) {
