@@ -101,6 +101,12 @@ async function loadPlotly(model) {
       return { Plotly: loaded, source: "server" };
     } catch (error) {
       reasons.push(`server: ${error.message || error}`);
+      // The kernel may take a while, or never answer (a notebook opened without one): the
+      // snapshots come back into view until a plot draws.
+      globalThis.__jaxNbmemNoServer = true;
+      for (const style of document.querySelectorAll("style[id^='jax-nbmem-hide-']")) {
+        style.remove();
+      }
     }
   }
   try {
@@ -149,7 +155,7 @@ function render({ model, el }) {
   plot.className = "jax-nbmem-plot";
   el.appendChild(plot);
   const panelId = model.get("panel_id");
-  if (pageConfig()) {
+  if (pageConfig() && !globalThis.__jaxNbmemNoServer) {
     hideSnapshots(panelId); // a Jupyter page: its server has plotly.js, the plot comes at once
   }
   let Plotly = null;
