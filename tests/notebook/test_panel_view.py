@@ -18,7 +18,8 @@ PARTS = {"layout": {"height": 440}, "timeline": [], "cells": [], "bars": []}
 def view_and_sent():
     view = plot_view(PARTS)
     sent = []
-    view.comm.send = lambda data=None, buffers=None, **_: sent.append((data, buffers))
+    # What goes onto the widget's comm (without a kernel, ipywidgets 8.0 would drop it).
+    view._send = lambda msg, buffers=None: sent.append((msg, buffers))
     yield view, sent
     view.close()
 
@@ -55,5 +56,5 @@ def test_without_plotly_js_the_view_is_told_why(view_and_sent, monkeypatch):
     ((data, buffers),) = sent
     assert data["content"]["event"] == PLOTLY_REPLY
     assert "FileNotFoundError" in data["content"]["error"] and not buffers
-    view.comm.send = None  # a comm gone: nothing raises into the kernel
+    view._send = None  # a comm gone: nothing raises into the kernel
     view._handle_custom_msg({"event": PLOTLY_REQUEST}, [])
