@@ -58,11 +58,13 @@ def metrics(server) -> dict:
     return found
 
 
-def start_session(server, notebook: str) -> dict:
+def start_session(server, notebook: str, name: str | None = None) -> dict:
+    """A notebook session; with *name*, as JupyterLab starts one (the kernel then gets the
+    notebook's full path in ``$JPY_SESSION_NAME``)."""
+    body = {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}}
     status, session = call(
-        server, "api/sessions", "POST",
-        {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}},
-    )  # fmt: skip
+        server, "api/sessions", "POST", {**body, **({"name": name} if name else {})}
+    )
     assert status == 201, session
     return session
 
