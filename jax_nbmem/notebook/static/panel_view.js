@@ -50,8 +50,8 @@ function pageConfig() {
 async function fromServer(config) {
   const base = String(config.baseUrl).replace(/\/?$/, "/");
   const url = new URL(base + SERVER_ROUTE, window.location.href);
-  // The login cookie goes with it, with the XSRF header that JupyterHub asks of every fetch
-  // (GETs too), as JupyterLab's own requests carry it; a page opened with a token sends that.
+  // The login cookie goes with it, and the XSRF header that JupyterLab's own requests carry
+  // (a hub may check it on fetches, GETs included); a page opened with a token sends that.
   const headers = {};
   const xsrf = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
   if (xsrf) {
