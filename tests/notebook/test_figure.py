@@ -248,6 +248,10 @@ def test_cell_bars_show_peak_and_retained_with_colours_for_errors_and_oom():
     )
     assert "before 6.00 GiB · peak 79.0 GiB · after 6.00 GiB" in ticks["hovertext"][2]
     assert figure["layout"]["xaxis2"]["tickangle"] == 0  # upright labels
+    # The bars' note names their measure in plain words, with no brackets within brackets.
+    (note,) = [a["text"] for a in figure["layout"]["annotations"]]
+    assert note == "last 3 cells: peak rise and retained (GPU memory per NVML)", note
+    assert "GPU memory per NVML: before 6.00 GiB" in ticks["hovertext"][2]
 
 
 def test_cells_are_alternating_spans_and_many_cells_keep_few_upright_labels():

@@ -3,6 +3,8 @@
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -199,6 +201,11 @@ def plot_state(page, index: int = 0) -> dict:
     )
 
 
+def plotly_source(page) -> str | None:
+    """Where the page's plot took plotly.js from: "server" or "kernel" (panel_view.js)."""
+    return page.evaluate("() => globalThis.__jaxNbmemPlotlySource || null")
+
+
 def wait_for_plots(page, count: int, timeout_s: float) -> None:
     page.wait_for_function(
         """([selector, count]) => {
@@ -225,6 +232,7 @@ def test_two_views_and_a_page_reload_draw_the_same_live_picture(
     wait_for_plots(lab_page, 2, 60)
     # The snapshot under each view is hidden where the live plot draws.
     assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    assert plotly_source(lab_page) == "server"
 
     def same_picture() -> tuple[dict, dict]:
         deadline = time.monotonic() + 10
@@ -341,9 +349,43 @@ def test_the_panel_is_live_in_notebook_7(start_lab_server, lab_page, sim_state, 
         time.sleep(0.2)
     assert "GPU 0: NVIDIA H200 (simulated)" in lab_page.locator(PANEL).inner_text()
     assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    assert plotly_source(lab_page) == "server"  # plotly.js from the server, not the notebook
     lab_page.locator(PANEL).scroll_into_view_if_needed()
     screenshot(lab_page, "panel-notebook7")
     print(json.dumps({"points": points}))
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_without_the_server_extension_the_plot_gets_plotly_js_from_its_kernel(
+    start_lab_server, lab_page, sim_state, simgpu_env, tmp_path
+):
+    # What VS Code and Colab get, where no jax_nbmem server serves plotly.js: the kernel sends it.
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    off = {"ServerApp": {"jpserver_extensions": {"jax_nbmem.server": False}}}
+    (config / "jupyter_server_config.json").write_text(json.dumps(off))
+    env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "JUPYTER_CONFIG_DIR": str(config)}
+    server = start_lab_server(env=env)
+    request = urllib.request.Request(
+        f"{server.base_url}/jax-nbmem/static/plotly.min.js",
+        headers={"Authorization": f"token {server.token}"},
+    )
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(request, timeout=10)
+    write_notebook(server.root_dir / "alone.ipynb", ["%load_ext jax_nbmem\n%jaxmem", "x = 1"])
+    open_notebook(lab_page, server, "alone.ipynb")
+    run_all_cells(lab_page, timeout=90)
+    wait_for_plots(lab_page, 1, 90)
+    assert plotly_source(lab_page) == "kernel"
+    state = plot_state(lab_page, 0)
+    assert "other processes" in state["names"] and "this kernel" in state["names"]
+    assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    # Saved, the notebook holds the widget's state without plotly.js.
+    lab_page.keyboard.press("Control+s")
+    lab_page.locator(".jp-NotebookPanel:visible .jp-mod-dirty").wait_for(state="detached")
+    assert (server.root_dir / "alone.ipynb").stat().st_size < 300_000
 
 
 @pytest.mark.browser
