@@ -175,7 +175,8 @@ def test_a_container_kernel_is_named_only_by_proof(share, tmp_path):
             assert kernel.pid_in_container == 1 and kernel.server_pid is None
             with pytest.raises(StopError, match="has not proven"):
                 plan(kernel, hub=object())
-            assert plan(kernel, None) == ("signal", None, "signal")  # root: the very host PID it named
+            # root: the very host PID it named
+            assert plan(kernel, None) == ("signal", None, "signal")
     finally:
         server.stop()
 

@@ -249,7 +249,7 @@ def test_cell_bars_show_peak_and_retained_with_colours_for_errors_and_oom():
     assert "before 6.00 GiB · peak 79.0 GiB · after 6.00 GiB" in ticks["hovertext"][2]
     assert figure["layout"]["xaxis2"]["tickangle"] == 0  # upright labels
     # The bars' note names their measure in plain words, with no brackets within brackets.
-    (note,) = [a["text"] for a in figure["layout"]["annotations"]]
+    note = figure["layout"]["annotations"][0]["text"]  # the rest mark series above the axis
     assert note == "last 3 cells: peak rise and retained (GPU memory per NVML)", note
     assert "GPU memory per NVML: before 6.00 GiB" in ticks["hovertext"][2]
 
