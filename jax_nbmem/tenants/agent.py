@@ -11,6 +11,15 @@ content is *proven* for that host PID while the connection stays open; it is dro
 connection closes (a killed kernel's socket closes with it). Each line is answered with one
 line: ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": "..."}``.
 
+Over TCP (``tcp=(host, port)``, the command's ``--agent-listen``: kernels in pods that have
+neither the host's PID namespace nor the share directory) the lines and answers are the same;
+no credentials come with a TCP connection, so the caller is the host process that holds the
+connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never
+what it says. Either way a line ``{"request": "resolution"}`` is answered with
+``{"ok": true, "resolution": {...}}``: the node's resolution as the caller may see it
+(``resolution(host_pid)`` gives its text; a pod's kernel has no share directory to read it
+from), only to a caller that is a process on this node.
+
 The server is one selector loop on a daemon thread, with limits: connections in all and per
 peer PID, 64 KiB lines (a longer one, or one that is not a JSON object, is refused and the
 connection closed), a first line within 30 s, a started line finished within 10 s, and a peer
@@ -40,10 +49,13 @@ from jax_nbmem.tenants.agent_registry import (
     beacon_from_content,
     prepare_agent_dir,
 )
+from jax_nbmem.tenants.netpeer import PeerFinder, family_of
 
 __all__ = [
     "AGENT_DIR",
+    "MAX_ANSWER_BYTES",
     "MAX_LINE_BYTES",
+    "RESOLUTION_REQUEST",
     "SOCKET_NAME",
     "AgentDirError",
     "AgentServer",
@@ -57,6 +69,11 @@ log = logging.getLogger("jax_nbmem")
 
 SOCKET_NAME = "agent.sock"
 MAX_LINE_BYTES = 64 * 1024
+# A resolution answer may be long (8 GPUs x 200 kernels' beacons); a peer that leaves more
+# than this unread is let go.
+MAX_ANSWER_BYTES = 32 << 20
+RESOLUTION_REQUEST = "resolution"
+_UNIX, _TCP = "unix", "tcp"
 _PEERCRED = struct.Struct("3i")
 
 
@@ -72,6 +89,8 @@ class _Connection:
     line_since: float | None = None
     proven: bool = False
     closing: bool = False
+    peer: tuple | None = None  # TCP: (address, port) of each end, the caller's first
+    holders: tuple[int, ...] = ()  # TCP: the host PIDs holding the caller's socket
 
 
 class AgentServer:
@@ -82,7 +101,7 @@ class AgentServer:
 
     def __init__(
         self,
-        share_dir: str,
+        share_dir: str | None,
         registry: Registry,
         *,
         max_connections: int = 1024,
@@ -90,8 +109,15 @@ class AgentServer:
         first_line_s: float = 30.0,
         line_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
+        tcp: tuple[str, int] | None = None,
+        peers: PeerFinder | None = None,
+        resolution: Callable[[int], str | None] | None = None,
     ) -> None:
         self.share_dir = share_dir
+        self.tcp = tcp
+        self.tcp_address: tuple[str, int] | None = None  # where it listens (port 0: chosen)
+        self.peers = PeerFinder(registry.viewer.proc) if peers is None else peers
+        self.resolution = resolution
         self.registry = registry
         self.max_connections = max_connections
         self.max_per_pid = max_per_pid
@@ -101,6 +127,7 @@ class AgentServer:
         self.directory = ""
         self.path = ""
         self._listener: socket.socket | None = None
+        self._tcp_listener: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None
         self._connections: dict[int, _Connection] = {}
         self._numbers = 0
@@ -111,10 +138,29 @@ class AgentServer:
     def start(self) -> str:
         """Make the directory and the socket and serve on a thread; returns the socket's path.
 
-        AgentDirError when the directory is unsafe or another agent already listens there.
+        Without a share directory (``share_dir`` None: a Kubernetes node, whose pods reach it
+        over TCP only) it listens on TCP alone and returns ''. AgentDirError when the
+        directory is unsafe, another agent already listens there, or the TCP address is taken.
         """
         if self._thread is not None and self._thread.is_alive():
             return self.path
+        if self.share_dir is None and self.tcp is None:
+            raise AgentDirError("neither a share directory nor a TCP address to listen on")
+        self._selector = selectors.DefaultSelector()
+        try:
+            if self.share_dir is not None:
+                self._listen_unix()
+            if self.tcp is not None:
+                self._listen_tcp(*self.tcp)
+        except AgentDirError:
+            self.stop()  # what was made is undone: the socket, the selector
+            raise
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, name="jax-nbmem-agent", daemon=True)
+        self._thread.start()
+        return self.path
+
+    def _listen_unix(self) -> None:
         self.directory = prepare_agent_dir(self.share_dir)
         self.path = os.path.join(self.directory, SOCKET_NAME)
         self._clear_stale_socket()
@@ -130,12 +176,23 @@ class AgentServer:
                 f"cannot listen on {self.path}: {error.strerror or error}"
             ) from None
         self._listener = listener
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, None)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._serve, name="jax-nbmem-agent", daemon=True)
-        self._thread.start()
-        return self.path
+        self._selector.register(listener, selectors.EVENT_READ, _UNIX)
+
+    def _listen_tcp(self, host: str, port: int) -> None:
+        listener = socket.socket(family_of(host), socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError as error:
+            listener.close()
+            raise AgentDirError(
+                f"cannot listen on {host}:{port} (--agent-listen): {error.strerror or error}"
+            ) from None
+        self._tcp_listener = listener
+        self.tcp_address = listener.getsockname()[:2]
+        self._selector.register(listener, selectors.EVENT_READ, _TCP)
 
     def stop(self) -> None:
         """Stop serving, close every connection and remove the socket; a second call is a no-op."""
@@ -145,6 +202,9 @@ class AgentServer:
             thread.join(5.0)
         for connection in list(self._connections.values()):
             self._close(connection)
+        if self._tcp_listener is not None:
+            self._tcp_listener.close()
+            self._tcp_listener = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -187,8 +247,10 @@ class AgentServer:
             except OSError:
                 break
             for key, mask in events:
-                if key.data is None:
+                if key.data == _UNIX:
                     self._accept()
+                elif key.data == _TCP:
+                    self._accept_tcp()
                 else:
                     self._service(key.data, mask)
             self._expire(time.monotonic())
@@ -218,6 +280,48 @@ class AgentServer:
             self._selector.register(sock, selectors.EVENT_READ, connection)
             if reason is not None:
                 self._refuse(connection, reason, close=True)
+
+    def _accept_tcp(self) -> None:
+        for _ in range(64):
+            try:
+                sock, far = self._tcp_listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                log.warning("jax-nbmem agent: accept failed: %s", error)
+                return
+            sock.setblocking(False)
+            try:
+                near = sock.getsockname()
+            except OSError:
+                sock.close()
+                continue
+            self._numbers += 1
+            # Its host PID is found from the host's side at its first line (_holders).
+            connection = _Connection(sock, self._numbers, 0, -1, time.monotonic(), bytearray(),
+                                     bytearray(), peer=(far[:2], near[:2]))  # fmt: skip
+            full = len(self._connections) >= self.max_connections
+            self._connections[connection.number] = connection
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+            if full:
+                why = f"the agent has {self.max_connections} connections already"
+                self._refuse(connection, why, close=True)
+
+    def _holders(self, connection: _Connection) -> str | None:
+        """Find which host processes hold a TCP caller's socket; None, or why it is refused."""
+        if connection.holders:
+            return None
+        held, reason = self.peers.holders(*connection.peer)
+        if reason is not None:
+            return reason
+        pid = held[0]
+        same = sum(1 for c in self._connections.values() if c.pid == pid)
+        if same >= self.max_per_pid:
+            return f"host PID {pid} has {same} connections already"
+        seen = self.registry.viewer.view(pid)
+        connection.holders, connection.pid = tuple(held), pid
+        connection.uid = seen.uid if seen is not None and seen.uid is not None else -1
+        return None
 
     def _admit(self, connection: _Connection) -> str | None:
         if connection.pid <= 0:
@@ -269,8 +373,15 @@ class AgentServer:
         if not isinstance(content, dict):
             self._refuse(connection, "not a JSON object", close=True)
             return
-        reason = self.registry.register(connection.pid, connection.uid, content,
-                                        connection.number)  # fmt: skip
+        if connection.peer is not None:
+            reason = self._holders(connection)
+            if reason is not None:
+                self._refuse(connection, reason, close=True)
+                return
+        if content.get("request") == RESOLUTION_REQUEST:
+            self._answer_resolution(connection)
+            return
+        reason = self._register(connection, content)
         if reason is not None:
             if connection.proven and self.registry.drop(connection.number):
                 connection.proven = False  # what it proved before no longer stands
@@ -280,6 +391,33 @@ class AgentServer:
         connection.proven = True
         self._send(connection, {"ok": True, "pid": connection.pid})
         self._changed()
+
+    def _register(self, connection: _Connection, content: dict) -> str | None:
+        """Prove ``content`` for the caller's host PID (over TCP: one holder of its socket)."""
+        candidates = connection.holders or (connection.pid,)
+        reason = None
+        for pid in candidates:  # after a fork several hold it: the claims say which one
+            uid = connection.uid
+            if connection.peer is not None:
+                seen = self.registry.viewer.view(pid)
+                uid = seen.uid if seen is not None and seen.uid is not None else -1
+            reason = self.registry.register(pid, uid, content, connection.number)
+            if reason is None:
+                connection.pid = pid
+                return None
+        return reason
+
+    def _answer_resolution(self, connection: _Connection) -> None:
+        text = None
+        if self.resolution is not None:
+            try:
+                text = self.resolution(connection.pid)
+            except Exception:
+                log.warning("jax-nbmem agent: the resolution for a caller failed", exc_info=True)
+        if text is None:
+            self._send(connection, {"ok": False, "reason": "the agent has no resolution yet"})
+            return
+        self._send_raw(connection, b'{"ok":true,"resolution":' + text.encode() + b"}\n")
 
     def _refuse(self, connection: _Connection, reason: str, *, close: bool) -> None:
         self.refused += 1
@@ -291,10 +429,15 @@ class AgentServer:
             self._close(connection)
 
     def _send(self, connection: _Connection, answer: dict) -> None:
-        connection.outbox += json.dumps(answer).encode() + b"\n"
+        self._send_raw(connection, json.dumps(answer).encode() + b"\n")
+
+    def _send_raw(self, connection: _Connection, line: bytes) -> None:
         if len(connection.outbox) > MAX_LINE_BYTES:  # it does not read its answers
             self._close(connection)
             return
+        if len(connection.outbox) + len(line) > MAX_ANSWER_BYTES:
+            line = json.dumps({"ok": False, "reason": "the answer is too long"}).encode() + b"\n"
+        connection.outbox += line
         self._flush(connection)
 
     def _flush(self, connection: _Connection) -> None:

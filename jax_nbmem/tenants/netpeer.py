@@ -1,0 +1,200 @@
+"""Which host process holds the far end of a TCP connection to the node agent.
+
+Over a Unix socket the kernel's host PID arrives with the connection (SO_PEERCRED). Over TCP
+nothing does, and what a caller says is a claim, so the agent finds the caller from the
+host's side, reading ``/proc`` in the host's PID namespace (:mod:`.agent`):
+
+1. The agent sees the connection's far end as ``peer`` (address, port). A pod has a network
+   namespace of its own: its kernel's socket is listed in *that* namespace's table only.
+   Every host process's ``/proc/PID/ns/net`` says its network namespace; one process of each
+   namespace is enough to read the namespace's ``/proc/PID/net/tcp`` and ``tcp6``.
+2. In those tables, the caller's socket is an ESTABLISHED one whose local end is ``peer`` and
+   whose remote end is the agent's own (address, port): the connection's 4-tuple as the
+   caller's namespace sees it. Replies to ``peer`` are routed into the namespace that owns
+   that address, so a caller cannot borrow another namespace's end: its handshake would not
+   complete. If no table has the 4-tuple, a socket whose local end alone is ``peer`` is taken
+   (destination NAT, e.g. a Service in front of the agent, rewrites the remote end only);
+   source NAT (masquerading pod traffic to the node's address) leaves nothing to match and
+   the connection is refused with that reason.
+3. The table gives the socket's inode; the process (or processes, after a fork) holding
+   ``socket:[inode]`` among its ``/proc/PID/fd`` links, in that namespace, is the caller.
+
+IPv4, IPv6 and IPv4-mapped IPv6 (a dual-stack listener) are compared as addresses, not text.
+Reading another user's ``/proc/PID/ns/net`` and ``/proc/PID/fd`` needs CAP_SYS_PTRACE (the
+agent's, as for the PID namespace). Nothing here raises: :meth:`PeerFinder.holders` gives the
+host PIDs, or none and why.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+__all__ = ["PeerFinder", "Socket", "family_of", "parse_tcp_table"]
+
+_ESTABLISHED = "01"
+_MAX_TABLE_BYTES = 16 << 20
+_MAX_FDS = 65536
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class Socket:
+    """One line of ``/proc/PID/net/tcp{,6}``: its two ends, state and inode."""
+
+    local: tuple[Address, int]
+    remote: tuple[Address, int]
+    state: str
+    inode: int
+
+
+def _address(text: str) -> Address | None:
+    """``/proc/net/tcp``'s hex address (32-bit words in host byte order) as an address."""
+    try:
+        words = [int(text[i : i + 8], 16) for i in range(0, len(text), 8)]
+        packed = struct.pack(f"={len(words)}I", *words)
+        return ipaddress.ip_address(packed) if len(packed) in (4, 16) else None
+    except (ValueError, struct.error):
+        return None
+
+
+def _plain(address: Address) -> Address:
+    """An IPv4-mapped IPv6 address as the IPv4 address it maps (how a dual stack shows it)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _end(text: str) -> tuple[Address, int] | None:
+    host, _, port = text.partition(":")
+    found = _address(host)
+    if found is None or not port:
+        return None
+    try:
+        return _plain(found), int(port, 16)
+    except ValueError:
+        return None
+
+
+def parse_tcp_table(text: str) -> list[Socket]:
+    """The sockets of a ``/proc/PID/net/tcp`` or ``tcp6`` text; malformed lines are skipped."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or not fields[9].isdigit():
+            continue
+        local, remote = _end(fields[1]), _end(fields[2])
+        if local is not None and remote is not None:
+            found.append(Socket(local, remote, fields[3], int(fields[9])))
+    return found
+
+
+def _read(path: str) -> str:
+    with open(path, "rb") as file:
+        return file.read(_MAX_TABLE_BYTES).decode("ascii", "replace")
+
+
+class PeerFinder:
+    """Finds the host processes that hold a TCP connection's far end (see the module).
+
+    ``proc`` is the host's ``/proc`` (the agent runs in the host's PID namespace).
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+
+    def namespaces(self) -> dict[int, list[int]]:
+        """Every readable network namespace (its inode), with the host PIDs in it."""
+        groups: dict[int, list[int]] = {}
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return groups
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                inode = os.stat(f"{self.proc}/{name}/ns/net").st_ino
+            except OSError:
+                continue  # gone, a kernel thread, or unreadable without CAP_SYS_PTRACE
+            groups.setdefault(inode, []).append(int(name))
+        return groups
+
+    def holders(
+        self, peer: tuple[str, int], agent: tuple[str, int]
+    ) -> tuple[list[int], str | None]:
+        """The host PIDs holding the socket whose end the agent sees as ``peer``; else why not.
+
+        ``peer`` and ``agent`` are ``getpeername()`` and ``getsockname()`` of the agent's side.
+        """
+        try:
+            far = (_plain(ipaddress.ip_address(peer[0].split("%")[0])), int(peer[1]))
+            near = (_plain(ipaddress.ip_address(agent[0].split("%")[0])), int(agent[1]))
+        except (ValueError, IndexError, TypeError):
+            return [], f"the connection's ends {peer!r}, {agent!r} are not IP addresses"
+        exact: list[tuple[int, list[int]]] = []
+        loose: list[tuple[int, list[int]]] = []
+        for pids in self.namespaces().values():
+            for found in self._table(pids):
+                if found.state != _ESTABLISHED or found.local != far:
+                    continue
+                (exact if found.remote == near else loose).append((found.inode, pids))
+        matches = exact or loose
+        if not matches:
+            return [], (
+                f"no process on this node holds the connecting socket {_shown(far)} (a caller "
+                "from another machine, or source NAT between the pod and the node)"
+            )
+        if len({inode for inode, _ in matches}) > 1:
+            return [], f"{len(matches)} sockets on this node have the end {_shown(far)}"
+        inode, pids = matches[0]
+        held = self._holding(inode, pids)
+        if not held:
+            return [], f"no process holds the connecting socket (inode {inode}) any more"
+        return held, None
+
+    def _table(self, pids: list[int]) -> list[Socket]:
+        """The TCP sockets of the network namespace that ``pids`` share (read through one)."""
+        for pid in pids:
+            sockets, read = [], False
+            for name in ("tcp", "tcp6"):
+                try:
+                    sockets += parse_tcp_table(_read(f"{self.proc}/{pid}/net/{name}"))
+                    read = True
+                except OSError:
+                    continue
+            if read:
+                return sockets
+        return []
+
+    def _holding(self, inode: int, pids: list[int]) -> list[int]:
+        wanted = f"socket:[{inode}]"
+        held = []
+        for pid in pids:
+            folder = f"{self.proc}/{pid}/fd"
+            try:
+                fds = os.listdir(folder)[:_MAX_FDS]
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"{folder}/{fd}") == wanted:
+                        held.append(pid)
+                        break
+                except OSError:
+                    continue
+        return sorted(held)
+
+
+def _shown(end: tuple[Address, int]) -> str:
+    address, port = end
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"{host}:{port}"
+
+
+def family_of(host: str) -> int:
+    """The socket family for a listening address (AF_INET6 for an IPv6 one)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
