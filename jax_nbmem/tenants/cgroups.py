@@ -3,7 +3,8 @@
 The container runtimes name their cgroups after the container (cgroup v1 and v2 alike):
 
 - Docker: ``/system.slice/docker-<id>.scope`` (systemd driver) or ``/docker/<id>`` (cgroupfs);
-- containerd under Kubernetes: ``.../cri-containerd-<id>.scope``; CRI-O: ``.../crio-<id>.scope``;
+- containerd under Kubernetes: ``.../cri-containerd-<id>.scope``; CRI-O: ``.../crio-<id>.scope``
+  (``.../pod<uid>/crio-<id>`` under the cgroupfs driver);
   Podman: ``.../libpod-<id>.scope`` or ``/libpod_parent/libpod-<id>``;
 - a Kubernetes pod: ``kubepods-burstable-pod<uid>.slice`` (systemd spells the UID's dashes as
   underscores) or ``/kubepods/burstable/pod<uid>/<id>`` (cgroupfs driver).
@@ -39,6 +40,7 @@ _SCOPES = (
     ("docker", re.compile(rf"(?:^|/)docker/{_ID}(?:/|$)")),
     ("containerd", re.compile(rf"(?:^|/)cri-containerd-{_ID}\.scope(?:/|$)")),
     ("crio", re.compile(rf"(?:^|/)crio-{_ID}\.scope(?:/|$)")),
+    ("crio", re.compile(rf"(?:^|/)crio-{_ID}(?:/|$)")),  # CRI-O's cgroupfs driver: no .scope
     ("podman", re.compile(rf"(?:^|/)libpod-{_ID}\.scope(?:/|$)")),
     ("podman", re.compile(rf"(?:^|/)libpod_parent/libpod-{_ID}(?:/|$)")),
 )

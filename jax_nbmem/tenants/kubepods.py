@@ -117,7 +117,12 @@ class KubeAPI:
         self.timeout_s = timeout_s
 
     @classmethod
-    def in_cluster(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> KubeAPI:
+    def in_cluster(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        service_account: str = SERVICE_ACCOUNT,
+        **kwargs: Any,
+    ) -> KubeAPI:
         """The API as a pod reaches it; KubeError (``off``) outside a cluster."""
         environ = os.environ if environ is None else environ
         host = environ.get("KUBERNETES_SERVICE_HOST", "").strip()
@@ -127,8 +132,8 @@ class KubeAPI:
         host = f"[{host}]" if ":" in host else host
         return cls(
             f"https://{host}:{port}",
-            token_file=os.path.join(SERVICE_ACCOUNT, "token"),
-            ca_file=os.path.join(SERVICE_ACCOUNT, "ca.crt"),
+            token_file=os.path.join(service_account, "token"),
+            ca_file=os.path.join(service_account, "ca.crt"),
             **kwargs,
         )
 
