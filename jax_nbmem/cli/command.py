@@ -302,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="the node agent also listens on TCP there, for kernels in pods that have neither "
         "the host's PID namespace nor the share directory (on Kubernetes: the node's address, "
-        "status.hostIP, port 9841); a caller is the host process holding its socket",
+        "status.hostIP, port 9842 by convention); a caller is the host process holding its socket",
     )
     exporter.add_argument(
         "--kubernetes",

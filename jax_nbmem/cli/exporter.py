@@ -77,7 +77,7 @@ __all__ = [
 log = logging.getLogger("jax_nbmem")
 
 DEFAULT_LISTEN = "127.0.0.1:9840"
-DEFAULT_AGENT_PORT = 9841
+DEFAULT_AGENT_PORT = 9842  # 9840: metrics, 9841: the culler's metrics
 ENV_NODE_NAME = "JAX_NBMEM_NODE_NAME"
 
 

@@ -7,7 +7,7 @@ gets from the downward API:
 
 - ``$JAX_NBMEM_AGENT_ADDRESS``: ``HOST:PORT`` (``[v6]:PORT``); else
 - ``$JAX_NBMEM_AGENT_HOST`` (``valueFrom: fieldRef: status.hostIP``) and
-  ``$JAX_NBMEM_AGENT_PORT`` (default 9841).
+  ``$JAX_NBMEM_AGENT_PORT`` (default 9842).
 
 The lines are the Unix socket's (docs/containers.md, "The node agent"): the kernel's beacon,
 answered ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": ...}``. The agent
@@ -54,7 +54,7 @@ log = logging.getLogger("jax_nbmem")
 ENV_AGENT_ADDRESS = "JAX_NBMEM_AGENT_ADDRESS"
 ENV_AGENT_HOST = "JAX_NBMEM_AGENT_HOST"
 ENV_AGENT_PORT = "JAX_NBMEM_AGENT_PORT"
-DEFAULT_PORT = 9841
+DEFAULT_PORT = 9842
 RECONNECT_S = 5.0
 RESOLUTION_EVERY_S = 2.0
 _MAX_LINE = 64 * 1024

@@ -54,7 +54,7 @@ class Proc:
         os.symlink("/dev/null", base / "fd" / "0")
 
 
-AGENT = ("10.0.0.5", 9841)
+AGENT = ("10.0.0.5", 9842)
 POD = ("10.244.1.7", 40112)
 
 
@@ -83,21 +83,21 @@ def test_a_forked_child_holding_the_same_socket_is_a_holder_too(proc):
 
 
 def test_ipv6_and_ipv4_mapped_ends_are_compared_as_addresses(proc):
-    pod6, agent6 = ("fd00:10:244::7", 40112), ("fd00::5", 9841)
+    pod6, agent6 = ("fd00:10:244::7", 40112), ("fd00::5", 9842)
     alice = proc.namespace("alice", tcp6=line(pod6, agent6, 700))
     proc.process(4100, alice, [700])
-    bob = proc.namespace("bob", tcp6=line(("::ffff:10.244.1.9", 40200), ("::ffff:10.0.0.5", 9841),
+    bob = proc.namespace("bob", tcp6=line(("::ffff:10.244.1.9", 40200), ("::ffff:10.0.0.5", 9842),
                                           800))  # fmt: skip
     proc.process(4200, bob, [800])
     finder = PeerFinder(str(proc.root))
     assert finder.holders(pod6, agent6) == ([4100], None)
     # A dual-stack listener sees an IPv4 caller as ::ffff:a.b.c.d; its own table says IPv4.
-    mapped = finder.holders(("::ffff:10.244.1.9", 40200), ("::ffff:10.0.0.5", 9841))
+    mapped = finder.holders(("::ffff:10.244.1.9", 40200), ("::ffff:10.0.0.5", 9842))
     assert mapped == ([4200], None)
 
 
 def test_destination_nat_matches_the_caller_s_own_end_alone(proc):
-    service = ("10.96.0.20", 9841)  # the caller dialled a Service; the agent sees its own end
+    service = ("10.96.0.20", 9842)  # the caller dialled a Service; the agent sees its own end
     alice = proc.namespace("alice", tcp=line(POD, service, 500))
     proc.process(4100, alice, [500])
     assert PeerFinder(str(proc.root)).holders(POD, AGENT) == ([4100], None)
@@ -120,7 +120,7 @@ def test_a_socket_nobody_holds_any_more_is_refused(proc):
 
 def test_two_namespaces_with_the_same_end_are_ambiguous_and_refused(proc):
     alice = proc.namespace("alice", tcp=line(POD, AGENT, 500))
-    mallory = proc.namespace("mallory", tcp=line(POD, ("10.0.0.99", 9841), 900))
+    mallory = proc.namespace("mallory", tcp=line(POD, ("10.0.0.99", 9842), 900))
     proc.process(4100, alice, [500])
     proc.process(4300, mallory, [900])
     # The exact 4-tuple wins over an end alone: mallory's socket goes elsewhere.
