@@ -224,7 +224,10 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
     container = process.get("container") or {}
     if container.get("name") or container.get("id"):
-        parts.append(f"container {container.get('name') or container['id'][:12]}")
+        shown = f"container {container.get('name') or container['id'][:12]}"
+        if container.get("pod"):  # in z2jh every container is `notebook`: its pod says whose
+            shown += f" in pod {container.get('namespace') or '?'}/{container['pod']}"
+        parts.append(shown)
     if source in ("beacon", "session", "agent") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):

@@ -16,6 +16,7 @@ from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
 from jax_nbmem.tenants.kubepods import KubeAPI, PodDirectory
 from jax_nbmem.tenants.metrics import Snapshot, metric_families
+from jax_nbmem.tenants.status import _process_line
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.tenants.test_hostview import fake_process
 
@@ -114,13 +115,16 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
     assert by_pid[500]["container"] == {"name": "notebook", "id": ALICE_CID,
                                         "pod": "jupyter-alice", "namespace": "jhub"}  # fmt: skip
     assert by_pid[500]["pid_in_container"] == 7
+    assert by_pid[500]["hub_user"] == "alice" and "hub_user" not in by_pid[600]
+    line = _process_line({**by_pid[500], "kind": "process", "gpu": 0, "user": "jovyan"})
+    assert "alice" in line and "container notebook in pod jhub/jupyter-alice" in line
     report = {**REPORT, "processes": processes, "kubernetes": directory.health()}
     families = {f.name: f for f in metric_families(Snapshot(report, time.time()))}
     memory = families["jax_nbmem_kernel_gpu_memory_bytes"]
     labels = {values[memory.labels.index("pid")]: dict(zip(memory.labels, values, strict=True))
               for values, _ in memory.samples}  # fmt: skip
-    assert [labels["500"][k] for k in ("pod", "namespace", "container")] == [
-        "jupyter-alice", "jhub", "notebook"]  # fmt: skip
+    assert [labels["500"][k] for k in ("pod", "namespace", "container", "hub_user")] == [
+        "jupyter-alice", "jhub", "notebook", "alice"]  # fmt: skip
     assert [labels["600"][k] for k in ("pod", "namespace", "container")] == ["train-7", "ml",
                                                                               "main"]  # fmt: skip
     assert [labels["700"][k] for k in ("pod", "namespace", "container")] == ["", "", ""]
