@@ -7,7 +7,11 @@ host's side, reading ``/proc`` in the host's PID namespace (:mod:`.agent`):
 1. The agent sees the connection's far end as ``peer`` (address, port). A pod has a network
    namespace of its own: its kernel's socket is listed in *that* namespace's table only.
    Every host process's ``/proc/PID/ns/net`` says its network namespace; one process of each
-   namespace is enough to read the namespace's ``/proc/PID/net/tcp`` and ``tcp6``.
+   is enough to read the namespace's own addresses (``net/fib_trie``'s ``/32 host LOCAL``
+   entries, ``net/if_inet6``: microseconds) and only the namespaces that own the peer's
+   address (a loopback one: the agent's own) have their TCP tables read (``net/tcp`` and
+   ``tcp6``: a millisecond each, for the kernel walks every namespace's sockets to list one's).
+   An address no namespace on this node owns is a caller from elsewhere: refused at once.
 2. In those tables, the caller's socket is an ESTABLISHED one whose local end is ``peer`` and
    whose remote end is the agent's own (address, port): the connection's 4-tuple as the
    caller's namespace sees it. Replies to ``peer`` are routed into the namespace that owns
@@ -93,8 +97,13 @@ def parse_tcp_table(text: str) -> list[Socket]:
 
 
 def _read(path: str) -> str:
-    with open(path, "rb") as file:
-        return file.read(_MAX_TABLE_BYTES).decode("ascii", "replace")
+    # In chunks: read(16 MiB) would allocate 16 MiB for every (mostly tiny) table.
+    chunks, size = [], 0
+    with open(path, "rb", buffering=0) as file:
+        while size < _MAX_TABLE_BYTES and (chunk := file.read(65536)):
+            chunks.append(chunk)
+            size += len(chunk)
+    return b"".join(chunks).decode("ascii", "replace")
 
 
 class PeerFinder:
@@ -137,7 +146,13 @@ class PeerFinder:
             return [], f"the connection's ends {peer!r}, {agent!r} are not IP addresses"
         exact: list[tuple[int, list[int]]] = []
         loose: list[tuple[int, list[int]]] = []
-        for pids in self.namespaces().values():
+        owners = self._owners(far[0])
+        if not owners:
+            return [], (
+                f"no network namespace on this node has the address {far[0]} (a caller from "
+                "another machine)"
+            )
+        for pids in owners:
             for found in self._table(pids):
                 if found.state != _ESTABLISHED or found.local != far:
                     continue
@@ -155,6 +170,29 @@ class PeerFinder:
         if not held:
             return [], f"no process holds the connecting socket (inode {inode}) any more"
         return held, None
+
+    def _owners(self, address: Address) -> list[list[int]]:
+        """The PIDs of each network namespace that has ``address`` as one of its own."""
+        groups = self.namespaces()
+        if address.is_loopback:  # loopback never leaves a namespace: the caller is in ours
+            try:
+                own = os.stat(f"{self.proc}/{os.getpid()}/ns/net").st_ino
+            except OSError:
+                return []
+            return [groups[own]] if own in groups else []
+        return [pids for pids in groups.values() if self._owns(pids, address)]
+
+    def _owns(self, pids: list[int], address: Address) -> bool:
+        for pid in pids:
+            try:
+                if address.version == 4:
+                    return _local_v4(_read(f"{self.proc}/{pid}/net/fib_trie"), str(address))
+                table = _read(f"{self.proc}/{pid}/net/if_inet6")
+            except OSError:
+                continue
+            wanted = address.exploded.replace(":", "")
+            return any(line.split()[:1] == [wanted] for line in table.splitlines())
+        return False
 
     def _table(self, pids: list[int]) -> list[Socket]:
         """The TCP sockets of the network namespace that ``pids`` share (read through one)."""
@@ -187,6 +225,20 @@ class PeerFinder:
                 except OSError:
                     continue
         return sorted(held)
+
+
+def _local_v4(fib_trie: str, address: str) -> bool:
+    """Whether ``net/fib_trie`` lists ``address`` as a local one (``/32 host LOCAL``)."""
+    lines = fib_trie.splitlines()
+    for number, line in enumerate(lines):
+        if line.strip() == f"|-- {address}":
+            for after in lines[number + 1 : number + 8]:
+                words = after.split()
+                if not words or not words[0].startswith("/"):
+                    break
+                if words[0] == "/32" and "LOCAL" in words:
+                    return True
+    return False
 
 
 def _shown(end: tuple[Address, int]) -> str:

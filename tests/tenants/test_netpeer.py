@@ -35,23 +35,39 @@ class Proc:
         self.root = root
         root.mkdir(exist_ok=True)
 
-    def namespace(self, name, tcp="", tcp6=""):
+    def namespace(self, name, tcp="", tcp6="", addresses=()):
+        """A network namespace with its sockets, and ``addresses`` of its own."""
         ns = self.root / f"ns-{name}"
         ns.write_text(name)
-        return ns, tcp, tcp6
+        return ns, tcp, tcp6, addresses
 
     def process(self, pid, namespace, sockets=()):
-        ns, tcp, tcp6 = namespace
+        ns, tcp, tcp6, addresses = namespace
         base = self.root / str(pid)
         (base / "ns").mkdir(parents=True)
         os.link(ns, base / "ns" / "net")
         (base / "net").mkdir()
         (base / "net" / "tcp").write_text(HEADER + tcp)
         (base / "net" / "tcp6").write_text(HEADER + tcp6)
+        v4 = [ipaddress.ip_address(a) for a in addresses if ipaddress.ip_address(a).version == 4]
+        v6 = [ipaddress.ip_address(a) for a in addresses if ipaddress.ip_address(a).version == 6]
+        (base / "net" / "fib_trie").write_text(fib_trie(v4))
+        (base / "net" / "if_inet6").write_text("".join(
+            f"{a.exploded.replace(':', '')} 02 40 00 80   eth0\n" for a in v6))  # fmt: skip
         (base / "fd").mkdir()
         for number, inode in enumerate(sockets, start=3):
             os.symlink(f"socket:[{inode}]", base / "fd" / str(number))
         os.symlink("/dev/null", base / "fd" / "0")
+
+
+def fib_trie(addresses) -> str:
+    """``/proc/net/fib_trie`` as the kernel writes it, with ``addresses`` as local ones."""
+    text = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+    for address in addresses:
+        network = ".".join(str(address).split(".")[:3]) + ".0"
+        text += (f"     |-- {network}\n        /24 link UNICAST\n"
+                 f"     |-- {address}\n        /32 host LOCAL\n")  # fmt: skip
+    return text + "Local:\n  +-- 0.0.0.0/0 3 0 5\n"
 
 
 AGENT = ("10.0.0.5", 9842)
@@ -64,10 +80,11 @@ def proc(tmp_path):
 
 
 def test_the_kernel_s_own_table_has_the_tuple_and_its_process_the_socket(proc):
-    host = proc.namespace("host", tcp=line(AGENT, POD, 111))  # the agent's own end
+    host = proc.namespace("host", tcp=line(AGENT, POD, 111), addresses=["10.0.0.5"])
     listening = line(("10.244.1.7", 8888), ("0.0.0.0", 0), 501, "0A")
-    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500) + listening)
-    bob = proc.namespace("bob", tcp=line(("10.244.1.9", 40112), AGENT, 600))
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500) + listening, addresses=[POD[0]])
+    bob = proc.namespace("bob", tcp=line(("10.244.1.9", 40112), AGENT, 600),
+                         addresses=["10.244.1.9"])  # fmt: skip
     proc.process(1, host, [111])
     proc.process(4000, alice)  # the pod's pause process: same namespace, not the socket
     proc.process(4100, alice, [501, 500])
@@ -76,7 +93,7 @@ def test_the_kernel_s_own_table_has_the_tuple_and_its_process_the_socket(proc):
 
 
 def test_a_forked_child_holding_the_same_socket_is_a_holder_too(proc):
-    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500))
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500), addresses=[POD[0]])
     proc.process(4100, alice, [500])
     proc.process(4101, alice, [500])
     assert PeerFinder(str(proc.root)).holders(POD, AGENT) == ([4100, 4101], None)
@@ -84,10 +101,10 @@ def test_a_forked_child_holding_the_same_socket_is_a_holder_too(proc):
 
 def test_ipv6_and_ipv4_mapped_ends_are_compared_as_addresses(proc):
     pod6, agent6 = ("fd00:10:244::7", 40112), ("fd00::5", 9842)
-    alice = proc.namespace("alice", tcp6=line(pod6, agent6, 700))
+    alice = proc.namespace("alice", tcp6=line(pod6, agent6, 700), addresses=[pod6[0]])
     proc.process(4100, alice, [700])
     bob = proc.namespace("bob", tcp6=line(("::ffff:10.244.1.9", 40200), ("::ffff:10.0.0.5", 9842),
-                                          800))  # fmt: skip
+                                          800), addresses=["10.244.1.9"])  # fmt: skip
     proc.process(4200, bob, [800])
     finder = PeerFinder(str(proc.root))
     assert finder.holders(pod6, agent6) == ([4100], None)
@@ -98,41 +115,51 @@ def test_ipv6_and_ipv4_mapped_ends_are_compared_as_addresses(proc):
 
 def test_destination_nat_matches_the_caller_s_own_end_alone(proc):
     service = ("10.96.0.20", 9842)  # the caller dialled a Service; the agent sees its own end
-    alice = proc.namespace("alice", tcp=line(POD, service, 500))
+    alice = proc.namespace("alice", tcp=line(POD, service, 500), addresses=[POD[0]])
     proc.process(4100, alice, [500])
     assert PeerFinder(str(proc.root)).holders(POD, AGENT) == ([4100], None)
 
 
 def test_source_nat_a_remote_caller_or_a_closed_socket_are_refused_with_the_reason(proc):
-    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500, state="06"))  # TIME_WAIT
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500, state="06"), addresses=[POD[0]])
     proc.process(4100, alice, [500])
     held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
     assert held == [] and "no process on this node holds the connecting socket" in reason
     assert "source NAT" in reason and "10.244.1.7:40112" in reason
 
 
+def test_an_address_no_namespace_here_owns_is_refused_without_reading_a_table(proc):
+    other = proc.namespace("other", tcp=line(POD, AGENT, 500), addresses=["10.244.9.9"])
+    proc.process(4100, other, [500])
+    (proc.root / "4100" / "net" / "tcp").unlink()  # never read
+    held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
+    assert held == [] and "no network namespace on this node has the address 10.244.1.7" in reason
+
+
 def test_a_socket_nobody_holds_any_more_is_refused(proc):
-    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500))
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500), addresses=[POD[0]])
     proc.process(4100, alice, [999])
     held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
     assert held == [] and "no process holds the connecting socket (inode 500)" in reason
 
 
 def test_two_namespaces_with_the_same_end_are_ambiguous_and_refused(proc):
-    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500))
-    mallory = proc.namespace("mallory", tcp=line(POD, ("10.0.0.99", 9842), 900))
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500), addresses=[POD[0]])
+    mallory = proc.namespace("mallory", tcp=line(POD, ("10.0.0.99", 9842), 900),
+                             addresses=[POD[0]])  # fmt: skip
     proc.process(4100, alice, [500])
     proc.process(4300, mallory, [900])
     # The exact 4-tuple wins over an end alone: mallory's socket goes elsewhere.
     assert PeerFinder(str(proc.root)).holders(POD, AGENT) == ([4100], None)
-    mallory2 = proc.namespace("mallory2", tcp=line(POD, AGENT, 901))
+    mallory2 = proc.namespace("mallory2", tcp=line(POD, AGENT, 901), addresses=[POD[0]])
     proc.process(4400, mallory2, [901])
     held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
     assert held == [] and "2 sockets on this node have the end" in reason
 
 
 def test_bad_ends_and_malformed_tables_never_raise(proc):
-    alice = proc.namespace("alice", tcp="garbage\n   1: XYZ:ZZ 00:00 01 0 0 0 0 0 0 abc\n")
+    alice = proc.namespace("alice", tcp="garbage\n   1: XYZ:ZZ 00:00 01 0 0 0 0 0 0 abc\n",
+                           addresses=[POD[0]])  # fmt: skip
     proc.process(4100, alice, [500])
     finder = PeerFinder(str(proc.root))
     assert finder.holders(("not an address", 1), AGENT)[1].startswith("the connection's ends")
