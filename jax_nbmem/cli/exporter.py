@@ -228,11 +228,11 @@ class Exporter:
         where = [w for w in (server.path, server.tcp_address and _shown(server.tcp_address)) if w]
         log.info("jax-nbmem exporter: the node agent listens on %s", " and ".join(where))
 
-    def _resolution_for(self, pid: int) -> str | None:
-        """The node's resolution as host PID ``pid``'s namespace may see it (None: none yet)."""
+    def _resolution_for(self, pid: int) -> tuple[float, str] | None:
+        """(written_at, the node's resolution as host PID ``pid``'s namespace may see it)."""
         seen = self.viewer.view(pid)
         namespace = seen.container.namespace if seen and seen.container else None
-        return self._resolution.for_namespace(namespace)
+        return self._resolution.latest_for(namespace)
 
     def _start_agent_when_possible(self) -> None:
         try:

@@ -16,9 +16,10 @@ neither the host's PID namespace nor the share directory) the lines and answers 
 no credentials come with a TCP connection, so the caller is the host process that holds the
 connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never
 what it says. Either way a line ``{"request": "resolution"}`` is answered with
-``{"ok": true, "resolution": {...}}``: the node's resolution as the caller may see it
-(``resolution(host_pid)`` gives its text; a pod's kernel has no share directory to read it
-from), only to a caller that is a process on this node.
+``{"ok": true, "written_at": W, "resolution": {...}}``: the node's resolution as the caller may
+see it (``resolution(host_pid)`` gives ``(written_at, its text)``; a pod's kernel has no share
+directory to read it from), only to a caller that is a process on this node; with
+``"since": W`` of the one it has, ``{"ok": true, "written_at": W, "unchanged": true}``.
 
 The server is one selector loop on a daemon thread, with limits: connections in all and per
 peer PID, 64 KiB lines (a longer one, or one that is not a JSON object, is refused and the
@@ -40,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jax_nbmem.tenants.agent_registry import (
     AGENT_DIR,
@@ -111,7 +113,7 @@ class AgentServer:
         on_change: Callable[[], None] | None = None,
         tcp: tuple[str, int] | None = None,
         peers: PeerFinder | None = None,
-        resolution: Callable[[int], str | None] | None = None,
+        resolution: Callable[[int], tuple[float, str] | None] | None = None,
     ) -> None:
         self.share_dir = share_dir
         self.tcp = tcp
@@ -379,7 +381,7 @@ class AgentServer:
                 self._refuse(connection, reason, close=True)
                 return
         if content.get("request") == RESOLUTION_REQUEST:
-            self._answer_resolution(connection)
+            self._answer_resolution(connection, content.get("since"))
             return
         reason = self._register(connection, content)
         if reason is not None:
@@ -407,17 +409,22 @@ class AgentServer:
                 return None
         return reason
 
-    def _answer_resolution(self, connection: _Connection) -> None:
-        text = None
+    def _answer_resolution(self, connection: _Connection, since: Any) -> None:
+        found = None
         if self.resolution is not None:
             try:
-                text = self.resolution(connection.pid)
+                found = self.resolution(connection.pid)
             except Exception:
                 log.warning("jax-nbmem agent: the resolution for a caller failed", exc_info=True)
-        if text is None:
+        if found is None:
             self._send(connection, {"ok": False, "reason": "the agent has no resolution yet"})
             return
-        self._send_raw(connection, b'{"ok":true,"resolution":' + text.encode() + b"}\n")
+        written_at, text = found
+        if since is not None and since == written_at:  # the caller has it already
+            self._send(connection, {"ok": True, "written_at": written_at, "unchanged": True})
+            return
+        head = b'{"ok":true,"written_at":' + json.dumps(written_at).encode() + b',"resolution":'
+        self._send_raw(connection, head + text.encode() + b"}\n")
 
     def _refuse(self, connection: _Connection, reason: str, *, close: bool) -> None:
         self.refused += 1

@@ -12,10 +12,11 @@ gets from the downward API:
 The lines are the Unix socket's (docs/containers.md, "The node agent"): the kernel's beacon,
 answered ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": ...}``. The agent
 proves the caller by the host process that holds this very socket, never by what it says. On
-the same connection the kernel asks ``{"request": "resolution"}`` (at most every
-``RESOLUTION_EVERY_S``) and keeps the answer: the node's resolution as this pod's namespace
-may see it, which :func:`parsed_network_resolution` hands to the resolution's reader in
-place of ``S/agent/resolution.json``.
+the same connection the kernel asks ``{"request": "resolution", "since": W}`` (at most every
+``RESOLUTION_EVERY_S``; W: when the one it has was written, so an unchanged one is not sent
+again) and keeps the answer: the node's resolution as this pod's namespace may see it, which
+:func:`parsed_network_resolution` hands to the resolution's reader in place of
+``S/agent/resolution.json``.
 
 :class:`TcpAgentClient` has :class:`~.agent_client.AgentClient`'s interface (``send``,
 ``keep_alive``, ``close``, ``proven_pid``, ``last_reason``): only the beacon writer's thread
@@ -61,7 +62,7 @@ _MAX_LINE = 64 * 1024
 _MAX_ANSWER = 32 << 20
 _TIMEOUT_S = 2.0
 _ANSWER_TIMEOUT_S = 5.0
-_HEAD, _TAIL = b'{"ok":true,"resolution":', b"}"
+_HEAD, _MIDDLE, _TAIL = b'{"ok":true,"written_at":', b',"resolution":', b"}"
 T = TypeVar("T")
 
 # The last resolution received, by any client of this process: [data, source, serial].
@@ -119,6 +120,20 @@ def parsed_network_resolution(parse: Callable[[bytes, str], T]) -> T | None:
     return _parsed[1]
 
 
+def _split(line: bytes) -> tuple[float | None, bytes | None]:
+    """(written_at, the resolution's JSON) of an answer as the agent writes it: no parse."""
+    if not (line.startswith(_HEAD) and line.endswith(_TAIL)):
+        return None, None
+    middle = line.find(_MIDDLE, len(_HEAD), len(_HEAD) + 64)
+    if middle < 0:
+        return None, None
+    try:
+        written_at = float(line[len(_HEAD) : middle])
+    except ValueError:
+        return None, None
+    return written_at, line[middle + len(_MIDDLE) : -len(_TAIL)]
+
+
 def _keep(data: bytes, source: str) -> None:
     with _latest_lock:
         _latest[:] = [data, source, _latest[2] + 1]
@@ -140,6 +155,7 @@ class TcpAgentClient:
         self.proven_pid: int | None = None
         self.last_reason: str | None = None
         self.resolution_reason: str | None = None
+        self.written_at: float | None = None  # of the resolution it has
 
     def send(self, content: dict[str, Any], *, resend: bool = False) -> None:
         """Send the beacon ``content`` (connecting first when need be); never raises.
@@ -184,27 +200,30 @@ class TcpAgentClient:
         """Ask for the node's resolution now and keep it; whether one came. Never raises."""
         if self._sock is None:
             return False
+        request = {"request": "resolution", "since": self.written_at}
         try:
             self._asked_at = time.monotonic()
-            self._sock.sendall(b'{"request":"resolution"}\n')
+            self._sock.sendall(json.dumps(request).encode() + b"\n")
             line = self._answer(_MAX_ANSWER, _ANSWER_TIMEOUT_S)
         except OSError as error:
             self._once("resolution", f"jax_nbmem: the node agent's connection failed: {error}")
             self._drop()
             return False
-        if line.startswith(_HEAD) and line.endswith(_TAIL):
-            data = line[len(_HEAD) : -len(_TAIL)]  # as the agent writes it: no second parse
-        else:
+        written_at, data = _split(line)
+        if data is None:
             try:
                 answer = json.loads(line)
             except ValueError:
                 answer = None
+            if isinstance(answer, dict) and answer.get("unchanged") is True:
+                self.resolution_reason = None
+                return True  # the one it has is the newest
             if not isinstance(answer, dict) or not isinstance(answer.get("resolution"), dict):
                 why = answer.get("reason") if isinstance(answer, dict) else None
                 self.resolution_reason = str(why or "the agent's answer is no resolution")[:500]
                 return False
-            data = json.dumps(answer["resolution"]).encode()
-        self.resolution_reason = None
+            written_at, data = answer.get("written_at"), json.dumps(answer["resolution"]).encode()
+        self.resolution_reason, self.written_at = None, written_at
         _keep(data, self.source)
         return True
 

@@ -134,6 +134,7 @@ class ResolutionWriter:
         self._entries: dict[int, tuple[Any, Any, tuple, tuple]] = {}
         self._agent = ""
         self._frame: tuple[str, str] = ("", "")
+        self.written_at: float | None = None  # the last pass's
         self._pieces: list[tuple] = []
         self._texts: dict[str | None, str] = {}
         self._lock = threading.Lock()
@@ -190,6 +191,7 @@ class ResolutionWriter:
         )
         with self._lock:
             self._frame, self._pieces, self._texts = (head, "]}"), pieces, {}
+            self.written_at = written_at
         return self.for_namespace(None)
 
     def for_namespace(self, reader: str | None) -> str | None:
@@ -197,18 +199,24 @@ class ResolutionWriter:
 
         None before the first pass. Made once per pass and reader namespace.
         """
+        found = self.latest_for(reader)
+        return None if found is None else found[1]
+
+    def latest_for(self, reader: str | None) -> tuple[float, str] | None:
+        """(when the last pass was written, :meth:`for_namespace`'s text), taken together."""
         with self._lock:
+            if not self._frame[0]:
+                return None
             found = self._texts.get(reader)
-            if found is not None or not self._frame[0]:
-                return found
-            visible = self.visibility.visible
-            entries = [
-                head + (shown if namespace is None or visible(reader, namespace) else hidden) + tail
-                for head, shown, hidden, tail, namespace in self._pieces
-            ]
-            text = f"{self._frame[0]}{','.join(entries)}{self._frame[1]}"
-            self._texts[reader] = text
-            return text
+            if found is None:
+                visible = self.visibility.visible
+                entries = [
+                    head + (shown if namespace is None or visible(reader, namespace) else hidden)
+                    + tail
+                    for head, shown, hidden, tail, namespace in self._pieces
+                ]  # fmt: skip
+                found = self._texts[reader] = f"{self._frame[0]}{','.join(entries)}{self._frame[1]}"
+            return self.written_at, found
 
 
 def _dumps(value: Any) -> str:

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import time
 
 import pytest
 
@@ -41,8 +40,13 @@ def test_a_malformed_address_is_logged_and_no_client_made(caplog):
     assert isinstance(network_client({"JAX_NBMEM_AGENT_HOST": "127.0.0.1"}), TcpAgentClient)
 
 
+WRITTEN = [1000.0]  # when the agent's resolution was written: a test moves it on
+
+
 def _text_for(pid):
-    return json.dumps({"schema": 1, "written_at": time.time(), "for": pid, "processes": []})
+    written_at = WRITTEN[0]
+    return written_at, json.dumps({"schema": 1, "written_at": written_at, "for": pid,
+                                   "processes": []})  # fmt: skip
 
 
 @pytest.fixture
@@ -71,8 +75,14 @@ def test_this_process_is_proven_over_loopback_and_reads_the_resolution_once_per_
 
         first = parsed_network_resolution(parse)
         assert parsed_network_resolution(parse) is first and len(parsed) == 1
-        client.keep_alive(beacon(claims()))  # due again: a new resolution comes
-        assert parsed_network_resolution(parse) is not first and len(parsed) == 2
+        assert client.written_at == 1000.0
+        client.keep_alive(beacon(claims()))  # due again, unchanged: nothing new sent
+        assert client.ask_resolution() and parsed_network_resolution(parse) is first
+        WRITTEN[0] = 1005.0  # the agent's next pass
+        client.keep_alive(beacon(claims()))
+        second = parsed_network_resolution(parse)
+        assert second is not first and second["written_at"] == 1005.0 and len(parsed) == 2
+        assert client.written_at == 1005.0
     finally:
         client.close()
     wait_for("the agent to forget it", lambda: not agent.registry.proven())

@@ -73,8 +73,8 @@ def pod(address: str, patches: list, *, subnet=None, hostname: str = "pod"):
         box.kill()
 
 
-def _resolution_for(pid: int) -> str:
-    return json.dumps({"schema": 1, "asked_by": pid, "processes": []})
+def _resolution_for(pid: int) -> tuple[float, str]:
+    return 1000.0, json.dumps({"schema": 1, "asked_by": pid, "processes": []})
 
 
 @pytest.fixture

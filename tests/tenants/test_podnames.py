@@ -159,11 +159,11 @@ def test_the_agent_answers_each_caller_with_its_own_namespace_s_view(proc, direc
     exporter = Exporter("127.0.0.1:0", kubernetes="off", pods=directory)
     exporter.viewer.proc = str(proc)  # the synthetic host
     exporter._resolution.text(REPORT, {}, exporter.viewer.view, interval_s=5)
-    alice = containers(exporter._resolution_for(500))
+    alice = containers(exporter._resolution_for(500)[1])
     assert alice[500]["pod"] == "jupyter-alice" and alice[600]["pod"] is None
-    ml = containers(exporter._resolution_for(600))
+    ml = containers(exporter._resolution_for(600)[1])
     assert ml[600]["pod"] == "train-7" and ml[500]["pod"] is None
-    host = containers(exporter._resolution_for(700))
+    host = containers(exporter._resolution_for(700)[1])
     assert host[500]["pod"] is None and host[600]["pod"] is None
 
 
