@@ -30,19 +30,22 @@ def _run(*args: str) -> None:
 
 @pytest.fixture
 def subnet():
-    """A /24 of 10.213-254.x.0 of this test's own (other runs on this machine pick others)."""
+    """A veth pair with a /24 of 10.213-254.x.0 and a /64 of fd00:213:x:y:: of this test's own
+    (other runs on this machine pick others): ``(v4 prefix, v6 prefix, host end, pod end)``.
+    """
     need_namespaces()
     if shutil.which("ip") is None or shutil.which("nsenter") is None:
         pytest.skip("needs iproute2's ip and nsenter")
     tag = f"{os.getpid() % 100000}{random.randrange(100)}"
-    host_if = f"jn{tag}h"[:15]
-    _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", f"jn{tag}p"[:15])
-    third = random.randrange(256)
-    network = f"10.{random.randrange(213, 255)}.{third}"
+    host_if, pod_if = f"jn{tag}h"[:15], f"jn{tag}p"[:15]
+    _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", pod_if)
+    network = f"10.{random.randrange(213, 255)}.{random.randrange(256)}"
+    network6 = f"fd00:213:{random.randrange(65536):x}:{random.randrange(65536):x}:"
     try:
         _run("ip", "addr", "add", f"{network}.1/24", "dev", host_if)
+        _run("ip", "-6", "addr", "add", f"{network6}:1/64", "dev", host_if, "nodad")
         _run("ip", "link", "set", host_if, "up")
-        yield network, host_if, f"jn{tag}p"[:15]
+        yield network, network6, host_if, pod_if
     finally:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=20)
 
@@ -62,10 +65,11 @@ def pod(address: str, patches: list, *, subnet=None, hostname: str = "pod"):
     box = Contained(popen, sys.executable)
     try:
         if subnet is not None:
-            network, _, pod_if = subnet
+            network, network6, _, pod_if = subnet
             _run("ip", "link", "set", pod_if, "netns", str(box.host_pid))
             enter = ["nsenter", "-t", str(box.host_pid), "-n", "ip"]
             _run(*enter, "addr", "add", f"{network}.2/24", "dev", pod_if)
+            _run(*enter, "-6", "addr", "add", f"{network6}:2/64", "dev", pod_if, "nodad")
             _run(*enter, "link", "set", pod_if, "up")
             _run(*enter, "link", "set", "lo", "up")
         yield box
@@ -77,13 +81,20 @@ def _resolution_for(pid: int) -> tuple[float, str]:
     return 1000.0, json.dumps({"schema": 1, "asked_by": pid, "processes": []})
 
 
-@pytest.fixture
-def agent_on(subnet):
-    network = subnet[0]
-    server = AgentServer(None, Registry(), tcp=(f"{network}.1", 0), first_line_s=5.0,
+@pytest.fixture(params=["ipv4", "ipv6", "dual-stack"])
+def agent_on(subnet, request):
+    """The agent on the host's end of the veth; dual-stack: an IPv6 socket an IPv4 pod reaches
+    (the agent sees it as ::ffff:a.b.c.d)."""
+    network, network6 = subnet[:2]
+    listen, dial = {
+        "ipv4": (f"{network}.1", f"{network}.1"),
+        "ipv6": (f"{network6}:1", f"[{network6}:1]"),
+        "dual-stack": (f"::ffff:{network}.1", f"{network}.1"),
+    }[request.param]
+    server = AgentServer(None, Registry(), tcp=(listen, 0), first_line_s=5.0,
                          line_s=2.0, resolution=_resolution_for)  # fmt: skip
     server.start()
-    yield server, f"{network}.1:{server.tcp_address[1]}"
+    yield server, f"{dial}:{server.tcp_address[1]}"
     server.stop()
 
 
@@ -97,6 +108,9 @@ def test_a_kernel_in_a_pod_of_its_own_is_proven_by_the_host_process_holding_its_
     agent, address = agent_on
     with pod(address, [{}], subnet=subnet, hostname="alice-pod") as box:
         (said,) = answers(box, 1)
+        (connection,) = agent._connections.values()
+        if "::ffff:" in agent.tcp[0]:  # the dual-stack socket saw the pod's IPv4 end mapped
+            assert connection.peer[0][0] == f"::ffff:{subnet[0]}.2"
         assert said == {"ok": True, "pid": box.host_pid, "reason": None}
         registration = agent.registry.proven()[box.host_pid]
         assert registration.view.pid_in_ns == 1 and registration.view.namespaced
