@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Container", "ContainerNames", "container_from_cgroup", "named_fully"]
+__all__ = ["Container", "ContainerNames", "container_from_cgroup", "container_text", "named_fully"]
 
 _ID = r"([0-9a-f]{64})"
 # (runtime, pattern): the first that matches a path wins; the id is group 1.
@@ -77,6 +77,20 @@ class Container:
     def to_dict(self) -> dict:
         """The resolution's ``container`` object (contract), ``name_reason`` included."""
         return asdict(self)
+
+
+def container_text(container: Any) -> str | None:
+    """A process entry's ``container`` as a person reads it, or None (no container).
+
+    ``container jupyter-bob``; in a pod ``container notebook in pod jhub/jupyter-alice`` (in
+    Zero to JupyterHub every user's container is ``notebook``: the pod says whose it is).
+    """
+    if not isinstance(container, dict) or not (container.get("name") or container.get("id")):
+        return None
+    shown = f"container {container.get('name') or str(container['id'])[:12]}"
+    if container.get("pod"):
+        shown += f" in pod {container.get('namespace') or '?'}/{container['pod']}"
+    return shown
 
 
 def container_from_cgroup(text: str) -> tuple[Container | None, str]:

@@ -22,6 +22,7 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.culling import notice_warning, read_notice
 from jax_nbmem.tenants.hostproof import host_proof
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
@@ -222,11 +223,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    container = process.get("container") or {}
-    if container.get("name") or container.get("id"):
-        shown = f"container {container.get('name') or container['id'][:12]}"
-        if container.get("pod"):  # in z2jh every container is `notebook`: its pod says whose
-            shown += f" in pod {container.get('namespace') or '?'}/{container['pod']}"
+    shown = container_text(process.get("container"))
+    if shown:
         parts.append(shown)
     if source in ("beacon", "session", "agent") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
