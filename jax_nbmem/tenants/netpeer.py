@@ -8,10 +8,12 @@ host's side, reading ``/proc`` in the host's PID namespace (:mod:`.agent`):
    namespace of its own: its kernel's socket is listed in *that* namespace's table only.
    Every host process's ``/proc/PID/ns/net`` says its network namespace; one process of each
    is enough to read the namespace's own addresses (``net/fib_trie``'s ``/32 host LOCAL``
-   entries, ``net/if_inet6``: microseconds) and only the namespaces that own the peer's
-   address (a loopback one: the agent's own) have their TCP tables read (``net/tcp`` and
-   ``tcp6``: a millisecond each, for the kernel walks every namespace's sockets to list one's).
-   An address no namespace on this node owns is a caller from elsewhere: refused at once.
+   entries, ``net/if_inet6``: microseconds; kept in a map of address to namespaces, made again
+   when an address is new to it, at most every 0.25 s, and every 30 s) and only the
+   namespaces that own the peer's address (a loopback one: the agent's own) have their TCP
+   tables read (``net/tcp`` and ``tcp6``: a millisecond each, for the kernel walks every
+   namespace's sockets to list one's). An address no namespace on this node owns is a caller
+   from elsewhere: refused at once (a flood of them costs a dictionary lookup each).
 2. In those tables, the caller's socket is an ESTABLISHED one whose local end is ``peer`` and
    whose remote end is the agent's own (address, port): the connection's 4-tuple as the
    caller's namespace sees it. Replies to ``peer`` are routed into the namespace that owns
@@ -35,11 +37,14 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 __all__ = ["PeerFinder", "Socket", "family_of", "parse_tcp_table"]
 
 _ESTABLISHED = "01"
+_MAP_FRESH_S = 0.25
+_MAP_MAX_AGE_S = 30.0
 _MAX_TABLE_BYTES = 16 << 20
 _MAX_FDS = 65536
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -114,6 +119,13 @@ class PeerFinder:
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
+        # Which namespaces own which address: made again when an address is not in it (at
+        # most every _MAP_FRESH_S: a flood of callers from elsewhere costs a dict lookup each)
+        # or when it is older than _MAP_MAX_AGE_S.
+        self._groups: dict[int, list[int]] = {}
+        self._by_address: dict[Address, list[int]] = {}
+        self._map_at = -float("inf")
+        self.maps_made = 0
 
     def namespaces(self) -> dict[int, list[int]]:
         """Every readable network namespace (its inode), with the host PIDs in it."""
@@ -144,55 +156,84 @@ class PeerFinder:
             near = (_plain(ipaddress.ip_address(agent[0].split("%")[0])), int(agent[1]))
         except (ValueError, IndexError, TypeError):
             return [], f"the connection's ends {peer!r}, {agent!r} are not IP addresses"
-        exact: list[tuple[int, list[int]]] = []
-        loose: list[tuple[int, list[int]]] = []
         owners = self._owners(far[0])
+        matches = self._matches(owners, far, near)
+        if not matches and not far[0].is_loopback and self._map_older_than(_MAP_FRESH_S):
+            self._make_map()  # the address may have moved to a new pod since the map was made
+            owners = self._owners(far[0])
+            matches = self._matches(owners, far, near)
         if not owners:
             return [], (
                 f"no network namespace on this node has the address {far[0]} (a caller from "
                 "another machine)"
             )
-        for pids in owners:
-            for found in self._table(pids):
-                if found.state != _ESTABLISHED or found.local != far:
-                    continue
-                (exact if found.remote == near else loose).append((found.inode, pids))
-        matches = exact or loose
         if not matches:
             return [], (
                 f"no process on this node holds the connecting socket {_shown(far)} (a caller "
                 "from another machine, or source NAT between the pod and the node)"
             )
-        if len({inode for inode, _ in matches}) > 1:
+        if len({inode for inode, _, _ in matches}) > 1:
             return [], f"{len(matches)} sockets on this node have the end {_shown(far)}"
-        inode, pids = matches[0]
-        held = self._holding(inode, pids)
+        inode, namespace, pids = matches[0]
+        # The namespace's processes now (the map's list may predate the caller's process).
+        held = self._holding(inode, self.namespaces().get(namespace) or pids)
         if not held:
             return [], f"no process holds the connecting socket (inode {inode}) any more"
         return held, None
 
-    def _owners(self, address: Address) -> list[list[int]]:
-        """The PIDs of each network namespace that has ``address`` as one of its own."""
-        groups = self.namespaces()
+    def _matches(self, owners: list[tuple[int, list[int]]], far: tuple, near: tuple) -> list:
+        """(socket inode, namespace inode, its PIDs) of ESTABLISHED sockets with the end ``far``."""
+        exact: list[tuple[int, int, list[int]]] = []
+        loose: list[tuple[int, int, list[int]]] = []
+        for namespace, pids in owners:
+            for found in self._table(pids):
+                if found.state != _ESTABLISHED or found.local != far:
+                    continue
+                matched = (found.inode, namespace, pids)
+                (exact if found.remote == near else loose).append(matched)
+        return exact or loose
+
+    def _map_older_than(self, seconds: float) -> bool:
+        return time.monotonic() - self._map_at > seconds
+
+    def _owners(self, address: Address) -> list[tuple[int, list[int]]]:
+        """(inode, PIDs) of each network namespace that has ``address`` as one of its own."""
         if address.is_loopback:  # loopback never leaves a namespace: the caller is in ours
+            groups = self.namespaces()
             try:
                 own = os.stat(f"{self.proc}/{os.getpid()}/ns/net").st_ino
             except OSError:
                 return []
-            return [groups[own]] if own in groups else []
-        return [pids for pids in groups.values() if self._owns(pids, address)]
+            return [(own, groups[own])] if own in groups else []
+        if self._map_older_than(_MAP_MAX_AGE_S) or (
+            address not in self._by_address and self._map_older_than(_MAP_FRESH_S)
+        ):
+            self._make_map()
+        inodes = self._by_address.get(address, ())
+        return [(inode, self._groups[inode]) for inode in inodes if inode in self._groups]
 
-    def _owns(self, pids: list[int], address: Address) -> bool:
+    def _make_map(self) -> None:
+        groups, by_address = self.namespaces(), {}
+        for inode, pids in groups.items():
+            for address in self._addresses(pids):
+                by_address.setdefault(address, []).append(inode)
+        self._groups, self._by_address = groups, by_address
+        self._map_at = time.monotonic()
+        self.maps_made += 1
+
+    def _addresses(self, pids: list[int]) -> set[Address]:
+        """The addresses a network namespace has as its own (read through one of its PIDs)."""
         for pid in pids:
             try:
-                if address.version == 4:
-                    return _local_v4(_read(f"{self.proc}/{pid}/net/fib_trie"), str(address))
-                table = _read(f"{self.proc}/{pid}/net/if_inet6")
+                found = _locals_v4(_read(f"{self.proc}/{pid}/net/fib_trie"))
             except OSError:
                 continue
-            wanted = address.exploded.replace(":", "")
-            return any(line.split()[:1] == [wanted] for line in table.splitlines())
-        return False
+            try:
+                found |= _locals_v6(_read(f"{self.proc}/{pid}/net/if_inet6"))
+            except OSError:
+                pass  # IPv6 off in this namespace
+            return found
+        return set()
 
     def _table(self, pids: list[int]) -> list[Socket]:
         """The TCP sockets of the network namespace that ``pids`` share (read through one)."""
@@ -227,18 +268,35 @@ class PeerFinder:
         return sorted(held)
 
 
-def _local_v4(fib_trie: str, address: str) -> bool:
-    """Whether ``net/fib_trie`` lists ``address`` as a local one (``/32 host LOCAL``)."""
-    lines = fib_trie.splitlines()
-    for number, line in enumerate(lines):
-        if line.strip() == f"|-- {address}":
-            for after in lines[number + 1 : number + 8]:
-                words = after.split()
-                if not words or not words[0].startswith("/"):
-                    break
-                if words[0] == "/32" and "LOCAL" in words:
-                    return True
-    return False
+def _locals_v4(fib_trie: str) -> set[Address]:
+    """The addresses ``net/fib_trie`` lists as local ones (``|-- A`` then ``/32 host LOCAL``)."""
+    found: set[Address] = set()
+    leaf = None
+    for line in fib_trie.splitlines():
+        words = line.split()
+        if words[:1] == ["|--"] and len(words) == 2:
+            leaf = words[1]
+        elif leaf and words[:1] == ["/32"] and "LOCAL" in words:
+            try:
+                found.add(ipaddress.IPv4Address(leaf))
+            except ValueError:
+                pass
+        elif not words or not words[0].startswith("/"):
+            leaf = None
+    return found
+
+
+def _locals_v6(if_inet6: str) -> set[Address]:
+    """The addresses of ``net/if_inet6`` (32 hex digits first on each line)."""
+    found: set[Address] = set()
+    for line in if_inet6.splitlines():
+        words = line.split()
+        if words and len(words[0]) == 32:
+            try:
+                found.add(ipaddress.IPv6Address(int(words[0], 16)))
+            except ValueError:
+                pass
+    return found
 
 
 def _shown(end: tuple[Address, int]) -> str:

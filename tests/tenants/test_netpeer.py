@@ -183,3 +183,16 @@ def test_this_machine_s_own_table_is_read_as_written():
         assert mine[0].local == (ipaddress.ip_address("127.0.0.1"), port)
     finally:
         listener.close()
+
+
+def test_callers_from_elsewhere_cost_a_lookup_and_a_new_pod_is_found_once_the_map_is_old(proc):
+    host = proc.namespace("host", addresses=["10.0.0.5"])
+    proc.process(1, host)
+    finder = PeerFinder(str(proc.root))
+    for port in range(40000, 40050):  # a flood from another machine
+        assert finder.holders(("192.0.2.9", port), AGENT)[0] == []
+    assert finder.maps_made <= 2
+    alice = proc.namespace("alice", tcp=line(POD, AGENT, 500), addresses=[POD[0]])
+    proc.process(4100, alice, [500])  # a pod made after the map
+    finder._map_at -= 1.0  # the map is a second old
+    assert finder.holders(POD, AGENT) == ([4100], None)
