@@ -40,8 +40,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from jax_nbmem.tenants.agent_registry import (
     AGENT_DIR,
@@ -51,7 +49,8 @@ from jax_nbmem.tenants.agent_registry import (
     beacon_from_content,
     prepare_agent_dir,
 )
-from jax_nbmem.tenants.netpeer import PeerFinder, family_of
+from jax_nbmem.tenants.agent_tcp import LISTENER_TCP, Connection, TcpSide
+from jax_nbmem.tenants.netpeer import PeerFinder
 
 __all__ = [
     "AGENT_DIR",
@@ -75,27 +74,11 @@ MAX_LINE_BYTES = 64 * 1024
 # than this unread is let go.
 MAX_ANSWER_BYTES = 32 << 20
 RESOLUTION_REQUEST = "resolution"
-_UNIX, _TCP = "unix", "tcp"
+_UNIX = "unix"
 _PEERCRED = struct.Struct("3i")
 
 
-@dataclass
-class _Connection:
-    sock: socket.socket
-    number: int
-    pid: int
-    uid: int
-    accepted_at: float
-    inbox: bytearray
-    outbox: bytearray
-    line_since: float | None = None
-    proven: bool = False
-    closing: bool = False
-    peer: tuple | None = None  # TCP: (address, port) of each end, the caller's first
-    holders: tuple[int, ...] = ()  # TCP: the host PIDs holding the caller's socket
-
-
-class AgentServer:
+class AgentServer(TcpSide):
     """Listens on ``S/agent/agent.sock`` and feeds a :class:`Registry` (see the module).
 
     ``on_change`` is called (on the server's thread) after a registration came or went.
@@ -130,8 +113,9 @@ class AgentServer:
         self.path = ""
         self._listener: socket.socket | None = None
         self._tcp_listener: socket.socket | None = None
+        self._answers: dict[tuple[float, int], tuple[str, bytes]] = {}
         self._selector: selectors.BaseSelector | None = None
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, Connection] = {}
         self._numbers = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -179,22 +163,6 @@ class AgentServer:
             ) from None
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, _UNIX)
-
-    def _listen_tcp(self, host: str, port: int) -> None:
-        listener = socket.socket(family_of(host), socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(128)
-            listener.setblocking(False)
-        except OSError as error:
-            listener.close()
-            raise AgentDirError(
-                f"cannot listen on {host}:{port} (--agent-listen): {error.strerror or error}"
-            ) from None
-        self._tcp_listener = listener
-        self.tcp_address = listener.getsockname()[:2]
-        self._selector.register(listener, selectors.EVENT_READ, _TCP)
 
     def stop(self) -> None:
         """Stop serving, close every connection and remove the socket; a second call is a no-op."""
@@ -251,7 +219,7 @@ class AgentServer:
             for key, mask in events:
                 if key.data == _UNIX:
                     self._accept()
-                elif key.data == _TCP:
+                elif key.data == LISTENER_TCP:
                     self._accept_tcp()
                 else:
                     self._service(key.data, mask)
@@ -275,7 +243,7 @@ class AgentServer:
                 sock.close()
                 continue
             self._numbers += 1
-            connection = _Connection(sock, self._numbers, pid, uid, time.monotonic(),
+            connection = Connection(sock, self._numbers, pid, uid, time.monotonic(),
                                      bytearray(), bytearray())  # fmt: skip
             reason = self._admit(connection)
             self._connections[connection.number] = connection
@@ -283,49 +251,7 @@ class AgentServer:
             if reason is not None:
                 self._refuse(connection, reason, close=True)
 
-    def _accept_tcp(self) -> None:
-        for _ in range(64):
-            try:
-                sock, far = self._tcp_listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as error:
-                log.warning("jax-nbmem agent: accept failed: %s", error)
-                return
-            sock.setblocking(False)
-            try:
-                near = sock.getsockname()
-            except OSError:
-                sock.close()
-                continue
-            self._numbers += 1
-            # Its host PID is found from the host's side at its first line (_holders).
-            connection = _Connection(sock, self._numbers, 0, -1, time.monotonic(), bytearray(),
-                                     bytearray(), peer=(far[:2], near[:2]))  # fmt: skip
-            full = len(self._connections) >= self.max_connections
-            self._connections[connection.number] = connection
-            self._selector.register(sock, selectors.EVENT_READ, connection)
-            if full:
-                why = f"the agent has {self.max_connections} connections already"
-                self._refuse(connection, why, close=True)
-
-    def _holders(self, connection: _Connection) -> str | None:
-        """Find which host processes hold a TCP caller's socket; None, or why it is refused."""
-        if connection.holders:
-            return None
-        held, reason = self.peers.holders(*connection.peer)
-        if reason is not None:
-            return reason
-        pid = held[0]
-        same = sum(1 for c in self._connections.values() if c.pid == pid)
-        if same >= self.max_per_pid:
-            return f"host PID {pid} has {same} connections already"
-        seen = self.registry.viewer.view(pid)
-        connection.holders, connection.pid = tuple(held), pid
-        connection.uid = seen.uid if seen is not None and seen.uid is not None else -1
-        return None
-
-    def _admit(self, connection: _Connection) -> str | None:
+    def _admit(self, connection: Connection) -> str | None:
         if connection.pid <= 0:
             return "your PID is not visible from the agent's PID namespace"
         if len(self._connections) >= self.max_connections:
@@ -335,7 +261,7 @@ class AgentServer:
             return f"host PID {connection.pid} has {same} connections already"
         return None
 
-    def _service(self, connection: _Connection, mask: int) -> None:
+    def _service(self, connection: Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
             self._flush(connection)
         if not mask & selectors.EVENT_READ or connection.closing:
@@ -364,7 +290,7 @@ class AgentServer:
         else:
             connection.line_since = time.monotonic() if connection.inbox else None
 
-    def _line(self, connection: _Connection, line: bytes) -> None:
+    def _line(self, connection: Connection, line: bytes) -> None:
         if len(line) > MAX_LINE_BYTES:
             self._refuse(connection, "a line over 64 KiB", close=True)
             return
@@ -394,7 +320,7 @@ class AgentServer:
         self._send(connection, {"ok": True, "pid": connection.pid})
         self._changed()
 
-    def _register(self, connection: _Connection, content: dict) -> str | None:
+    def _register(self, connection: Connection, content: dict) -> str | None:
         """Prove ``content`` for the caller's host PID (over TCP: one holder of its socket)."""
         candidates = connection.holders or (connection.pid,)
         reason = None
@@ -409,24 +335,7 @@ class AgentServer:
                 return None
         return reason
 
-    def _answer_resolution(self, connection: _Connection, since: Any) -> None:
-        found = None
-        if self.resolution is not None:
-            try:
-                found = self.resolution(connection.pid)
-            except Exception:
-                log.warning("jax-nbmem agent: the resolution for a caller failed", exc_info=True)
-        if found is None:
-            self._send(connection, {"ok": False, "reason": "the agent has no resolution yet"})
-            return
-        written_at, text = found
-        if since is not None and since == written_at:  # the caller has it already
-            self._send(connection, {"ok": True, "written_at": written_at, "unchanged": True})
-            return
-        head = b'{"ok":true,"written_at":' + json.dumps(written_at).encode() + b',"resolution":'
-        self._send_raw(connection, head + text.encode() + b"}\n")
-
-    def _refuse(self, connection: _Connection, reason: str, *, close: bool) -> None:
+    def _refuse(self, connection: Connection, reason: str, *, close: bool) -> None:
         self.refused += 1
         log.info("jax-nbmem agent: refused host PID %s: %s", connection.pid, reason)
         self._send(connection, {"ok": False, "reason": reason})
@@ -435,10 +344,10 @@ class AgentServer:
             self._flush(connection)
             self._close(connection)
 
-    def _send(self, connection: _Connection, answer: dict) -> None:
+    def _send(self, connection: Connection, answer: dict) -> None:
         self._send_raw(connection, json.dumps(answer).encode() + b"\n")
 
-    def _send_raw(self, connection: _Connection, line: bytes) -> None:
+    def _send_raw(self, connection: Connection, line: bytes) -> None:
         if len(connection.outbox) > MAX_LINE_BYTES:  # it does not read its answers
             self._close(connection)
             return
@@ -447,7 +356,7 @@ class AgentServer:
         connection.outbox += line
         self._flush(connection)
 
-    def _flush(self, connection: _Connection) -> None:
+    def _flush(self, connection: Connection) -> None:
         if connection.number not in self._connections:
             return
         try:
@@ -473,7 +382,7 @@ class AgentServer:
                 self._refuse(connection, f"nothing proven after {self.first_line_s:g} s",
                              close=True)  # fmt: skip
 
-    def _close(self, connection: _Connection) -> None:
+    def _close(self, connection: Connection) -> None:
         if self._connections.pop(connection.number, None) is None:
             return
         try:
