@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from agent_client import beacon, claims  # noqa: E402  (beside this file)
+from agent_client import claims, patched  # noqa: E402  (beside this file)
 
 from jax_nbmem.tenants import agent_client_tcp  # noqa: E402
 
@@ -44,12 +44,8 @@ def main() -> None:
     _wait_for(client.address)
     mine = claims()
     for patch in patches:
-        claimed = {k: v for k, v in patch.items() if k not in ("pid", "beacon")}
-        content = {**beacon({**mine, **claimed}), **patch.get("beacon", {})}
-        if "pid" in patch:
-            content["pid"] = patch["pid"]
         client._last_attempt = -agent_client_tcp.RECONNECT_S  # each patch: a connection now
-        client.send(content)
+        client.send(patched(mine, patch))
         said = {"ok": client.proven_pid is not None, "pid": client.proven_pid,
                 "reason": client.last_reason}  # fmt: skip
         print(json.dumps(said), flush=True)
