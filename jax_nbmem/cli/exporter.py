@@ -60,7 +60,7 @@ from jax_nbmem.tenants.cgroups import ContainerNames
 from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
-from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, PodDirectory
+from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
 from jax_nbmem.tenants.metrics import Snapshot
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
@@ -144,7 +144,7 @@ class Exporter:
         kubernetes: str = "auto",
         node_name: str | None = None,
         pod_names_visible: str = "own",
-        pods: PodDirectory | None = None,
+        pods: PodDirectory | NoPods | None = None,
     ):
         if interval <= 0:
             raise ValueError(f"--interval must be positive, not {interval}")
@@ -380,7 +380,7 @@ def _shown(address: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | None:
+def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | NoPods | None:
     """The pods' directory for ``--kubernetes`` (auto: in a pod only); ValueError when it can't."""
     if kubernetes == "off":
         return None
@@ -392,8 +392,12 @@ def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | Non
         return None
     node = node_name or os.environ.get(ENV_NODE_NAME) or ""
     if not node:
-        raise ValueError(
-            f"in a Kubernetes pod the node's name is needed to list its pods: --node-name or "
-            f"${ENV_NODE_NAME} (the downward API's spec.nodeName), or --kubernetes off"
+        why = (
+            f"the node's name is needed to list its pods: --node-name or ${ENV_NODE_NAME} "
+            "(the downward API's spec.nodeName), or --kubernetes off"
         )
+        if kubernetes == "on":
+            raise ValueError(f"--kubernetes on: {why}")
+        log.warning("jax-nbmem exporter: pods unnamed: %s", why)
+        return NoPods("error", why)  # said in its report and metrics, not fatal
     return PodDirectory(api, node)

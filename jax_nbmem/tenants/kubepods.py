@@ -35,7 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-__all__ = ["KubeAPI", "KubeError", "Pod", "PodDirectory", "SERVICE_ACCOUNT", "pod_from"]
+__all__ = [
+    "KubeAPI",
+    "KubeError",
+    "NoPods",
+    "Pod",
+    "PodDirectory",
+    "SERVICE_ACCOUNT",
+    "pod_from",
+]
 
 log = logging.getLogger("jax_nbmem")
 
@@ -375,3 +383,25 @@ class PodDirectory:
             if self._wanted.is_set():
                 self._stop.wait(max(0.0, self.relist_s - (time.monotonic() - listed)))
                 return
+
+
+class NoPods:
+    """A pods' directory that cannot be: nothing is named, and ``health`` says why."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def lookup(self, uid: str | None) -> None:
+        """No pod is known."""
+        return None
+
+    def health(self) -> dict:
+        """Its state and reason, as :meth:`PodDirectory.health` says them."""
+        return {"state": self.state, "reason": self.reason, "pods": 0, "listed_at": None,
+                "node": None}  # fmt: skip

@@ -180,7 +180,11 @@ def test_bad_kubernetes_settings_are_refused_with_a_reason(monkeypatch):
     assert Exporter(kubernetes="auto").pods is None  # outside a cluster: nothing asked
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.delenv("JAX_NBMEM_NODE_NAME", raising=False)
-    with pytest.raises(ValueError, match="node's name is needed"):
-        Exporter(kubernetes="auto")
+    with pytest.raises(ValueError, match="--kubernetes on: the node's name is needed"):
+        Exporter(kubernetes="on")
+    unnamed = Exporter(kubernetes="auto").pods  # auto: it runs, and says why pods are unnamed
+    assert unnamed.lookup(ALICE_UID) is None
+    assert unnamed.health()["state"] == "error" and "JAX_NBMEM_NODE_NAME" in (
+        unnamed.health()["reason"])  # fmt: skip
     monkeypatch.setenv("JAX_NBMEM_NODE_NAME", "gpu-node-9")
     assert Exporter(kubernetes="auto").pods.node == "gpu-node-9"
