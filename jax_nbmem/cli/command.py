@@ -3,6 +3,8 @@
 jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
                    [--defer-to-servers] [--web.config.file FILE] [--insecure] [--no-agent]
+                   [--agent-listen HOST:PORT] [--kubernetes auto|on|off] [--node-name NODE]
+                   [--pod-names-visible own|all|none|NS,...]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
 jax-nbmem shutdown PID [--yes | --dry-run] [--hub-url URL] [--share-dir DIR] [--log FILE] [--json]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
@@ -214,6 +216,10 @@ def _exporter(args: argparse.Namespace) -> int:
             web_config=args.web_config_file,
             insecure=args.insecure,
             agent=not args.no_agent,
+            agent_listen=args.agent_listen,
+            kubernetes=args.kubernetes,
+            node_name=args.node_name,
+            pod_names_visible=args.pod_names_visible,
         )
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
@@ -310,6 +316,32 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not be the node agent (by default, with a share directory, it listens on "
         "DIR/agent/agent.sock and writes DIR/agent/resolution.json)",
+    )
+    exporter.add_argument(
+        "--agent-listen",
+        metavar="HOST:PORT",
+        help="the node agent also listens on TCP there, for kernels in pods that have neither "
+        "the host's PID namespace nor the share directory (on Kubernetes: the node's address, "
+        "status.hostIP, port 9842 by convention); a caller is the host process holding its socket",
+    )
+    exporter.add_argument(
+        "--kubernetes",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="name pods from the Kubernetes API, in-cluster (auto: when run in a pod)",
+    )
+    exporter.add_argument(
+        "--node-name",
+        metavar="NODE",
+        help="the Kubernetes node whose pods are named (default: $JAX_NBMEM_NODE_NAME, from "
+        "the downward API's spec.nodeName)",
+    )
+    exporter.add_argument(
+        "--pod-names-visible",
+        default="own",
+        metavar="WHICH",
+        help="which Kubernetes namespaces' pod names a kernel may read: own (default: its own "
+        "namespace's), all, none, or namespaces (comma-separated) everyone may see besides",
     )
     exporter.set_defaults(run=_exporter)
 

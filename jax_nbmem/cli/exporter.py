@@ -21,6 +21,16 @@ listens on ``S/agent/agent.sock`` where kernels in containers prove who they are
 and idle times, it writes ``S/agent/resolution.json`` (every NVML PID and every proven
 kernel, with its container) and clears what dead kernels left. ``agent=False`` (the
 command's ``--no-agent``) leaves that out.
+
+On Kubernetes (docs/containers.md, "Kubernetes: how kernels reach the agent") users' pods
+have neither the host's PID namespace nor the share directory: ``agent_listen`` (the
+command's ``--agent-listen HOST:PORT``, the node's address) makes the agent listen on TCP
+too, where a kernel is proven by the host process that holds its socket and reads the
+node's resolution over the same connection; without a share directory it listens on TCP
+alone. In a pod (``kubernetes="auto"``, the default) it names pods from the Kubernetes API
+(:mod:`jax_nbmem.tenants.kubepods`): the pods of ``node_name`` (``--node-name``,
+``$JAX_NBMEM_NODE_NAME``); ``pod_names_visible`` (``--pod-names-visible``) says which
+namespaces' pod names a kernel may read.
 """
 
 from __future__ import annotations
@@ -39,21 +49,37 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry
-from jax_nbmem.tenants.agent_publish import ResolutionWriter, clean_dead, write_resolution
+from jax_nbmem.tenants.agent_publish import (
+    PodVisibility,
+    ResolutionWriter,
+    clean_dead,
+    write_resolution,
+)
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
+from jax_nbmem.tenants.cgroups import ContainerNames
 from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
+from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
 from jax_nbmem.tenants.metrics import Snapshot
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
-__all__ = ["DEFAULT_LISTEN", "Exporter", "is_loopback", "parse_listen"]
+__all__ = [
+    "DEFAULT_AGENT_PORT",
+    "DEFAULT_LISTEN",
+    "ENV_NODE_NAME",
+    "Exporter",
+    "is_loopback",
+    "parse_listen",
+]
 
 log = logging.getLogger("jax_nbmem")
 
 DEFAULT_LISTEN = "127.0.0.1:9840"
+DEFAULT_AGENT_PORT = 9842  # 9840: metrics, 9841: the culler's metrics
+ENV_NODE_NAME = "JAX_NBMEM_NODE_NAME"
 
 
 def is_loopback(host: str) -> bool:
@@ -61,19 +87,19 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9840`` for IPv6) as (host, port); ValueError when malformed."""
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"--listen wants HOST:PORT, e.g. {DEFAULT_LISTEN}; got {text!r}")
+        raise ValueError(f"{flag} wants HOST:PORT, e.g. {DEFAULT_LISTEN}; got {text!r}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         ipaddress.ip_address(host)
     except ValueError:
         if host != "localhost":
-            raise ValueError(f"--listen wants an IP address or localhost; got {host!r}") from None
+            raise ValueError(f"{flag} wants an IP address or localhost; got {host!r}") from None
     if not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (said at start)
-        raise ValueError(f"--listen wants a port from 0 to 65535; got {port!r}")
+        raise ValueError(f"{flag} wants a port from 0 to 65535; got {port!r}")
     return host, int(port)
 
 
@@ -115,6 +141,11 @@ class Exporter:
         web_config: str | None = None,
         insecure: bool = False,
         agent: bool = True,
+        agent_listen: str | None = None,
+        kubernetes: str = "auto",
+        node_name: str | None = None,
+        pod_names_visible: str = "own",
+        pods: PodDirectory | NoPods | None = None,
     ):
         if interval <= 0:
             raise ValueError(f"--interval must be positive, not {interval}")
@@ -144,8 +175,12 @@ class Exporter:
         self.agent: AgentServer | None = None
         self._agent_wanted = agent
         self._agent_problem: str | None = None
-        self.viewer = HostViewer()
-        self._resolution = ResolutionWriter()
+        self.agent_tcp = parse_listen(agent_listen, "--agent-listen") if agent_listen else None
+        if kubernetes not in ("auto", "on", "off"):
+            raise ValueError(f"--kubernetes wants auto, on or off, not {kubernetes!r}")
+        self.pods = pods if pods is not None else _pod_directory(kubernetes, node_name)
+        self.viewer = HostViewer(names=ContainerNames(pods=self.pods))
+        self._resolution = ResolutionWriter(PodVisibility(pod_names_visible))
 
     def latest(self) -> Snapshot | None:
         """The last snapshot, or None before the first."""
@@ -162,6 +197,8 @@ class Exporter:
             registrations = self.agent.registry.proven(views)
             host = HostProof.from_registry(registrations, self.viewer, views)
         report = dict(collect(share_dir=self.share_dir, host=host))
+        if self.pods is not None:
+            report["kubernetes"] = self.pods.health()
         if self.agent is not None:
             self._publish(report, registrations, host)
         deferred = frozenset()
@@ -180,14 +217,24 @@ class Exporter:
         directory not there yet is logged, and the agent starts once it is.
         """
         shared = self._shared()
-        if not self._agent_wanted or shared is None or self.agent is not None:
+        if not self._agent_wanted or self.agent is not None:
             return
-        if not os.path.isdir(shared):
+        if shared is None and self.agent_tcp is None:
+            return
+        if shared is not None and not os.path.isdir(shared):
             return  # said by _say_share_dir; tried again at each refresh
-        server = AgentServer(shared, Registry(self.viewer))
+        server = AgentServer(shared, Registry(self.viewer), tcp=self.agent_tcp,
+                             resolution=self._resolution_for)  # fmt: skip
         server.start()
         self.agent = server
-        log.info("jax-nbmem exporter: the node agent listens on %s", server.path)
+        where = [w for w in (server.path, server.tcp_address and _shown(server.tcp_address)) if w]
+        log.info("jax-nbmem exporter: the node agent listens on %s", " and ".join(where))
+
+    def _resolution_for(self, pid: int) -> tuple[float, str] | None:
+        """(written_at, the node's resolution as host PID ``pid``'s namespace may see it)."""
+        seen = self.viewer.view(pid)
+        namespace = seen.container.namespace if seen and seen.container else None
+        return self._resolution.latest_for(namespace)
 
     def _start_agent_when_possible(self) -> None:
         try:
@@ -200,12 +247,15 @@ class Exporter:
 
     def _publish(self, report: dict, registrations: dict, host: HostProof) -> None:
         """Write the resolution and clear what dead kernels left; a failure is logged."""
+        if self.pods is not None:
+            self._resolution.extra_agent = {"kubernetes": report["kubernetes"]}
         text = self._resolution.text(report, registrations, host.view, interval_s=self.interval)
-        try:
-            write_resolution(self.agent.directory, text)
-        except OSError as error:
-            log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
-        clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])
+        if self.agent.directory:  # else TCP alone (no share directory): readers ask the agent
+            try:
+                write_resolution(self.agent.directory, text)
+            except OSError as error:
+                log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
+            clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])
         self.viewer.forget([*registrations, *(p["pid"] for p in report.get("processes", []))])
 
     def _refresh_forever(self) -> None:
@@ -283,6 +333,8 @@ class Exporter:
         except AgentDirError:
             server.server_close()
             raise
+        if self.pods is not None:
+            self.pods.start()
         refresher = threading.Thread(target=self._refresh_forever, name="jax-nbmem-exporter")
         refresher.daemon = True
         refresher.start()
@@ -302,6 +354,8 @@ class Exporter:
             server.server_close()
             if self.agent is not None:
                 self.agent.stop()
+            if self.pods is not None:
+                self.pods.stop()
 
     def _say_share_dir(self) -> None:
         """Log where beacons are read from: a missing shared directory is never silent."""
@@ -325,3 +379,31 @@ class Exporter:
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()
+
+
+def _shown(address: tuple[str, int]) -> str:
+    host, port = address[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | NoPods | None:
+    """The pods' directory for ``--kubernetes`` (auto: in a pod only); ValueError when it can't."""
+    if kubernetes == "off":
+        return None
+    try:
+        api = KubeAPI.in_cluster()
+    except KubeError as error:
+        if kubernetes == "on":
+            raise ValueError(f"--kubernetes on: {error.reason}") from None
+        return None
+    node = node_name or os.environ.get(ENV_NODE_NAME) or ""
+    if not node:
+        why = (
+            f"the node's name is needed to list its pods: --node-name or ${ENV_NODE_NAME} "
+            "(the downward API's spec.nodeName), or --kubernetes off"
+        )
+        if kubernetes == "on":
+            raise ValueError(f"--kubernetes on: {why}")
+        log.warning("jax-nbmem exporter: pods unnamed: %s", why)
+        return NoPods("error", why)  # said in its report and metrics, not fatal
+    return PodDirectory(api, node)

@@ -19,6 +19,7 @@ from jax_nbmem.allocator.caps import (
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
+from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration
@@ -157,9 +158,9 @@ def _label(
     if read_at == AT_SHELL or is_someone_else(tenant.user, tenant.hub_user):
         owner = owner_text(tenant.user, tenant.hub_user)
         details += [owner] if owner else []
-    container = tenant.container or {}
-    if tenant.elsewhere and (container.get("name") or container.get("id")):
-        details.append(f"container {container.get('name') or container['id'][:12]}")
+    shown = container_text(tenant.container) if tenant.elsewhere else None
+    if shown:  # another container's: "container notebook in pod jhub/jupyter-alice"
+        details.append(shown)
     text = f"{noun or 'unidentified process'} PID {tenant.pid}"
     text += f" ({', '.join(details)})" if details else ""
     return text[0].upper() + text[1:] if start else text

@@ -11,6 +11,16 @@ content is *proven* for that host PID while the connection stays open; it is dro
 connection closes (a killed kernel's socket closes with it). Each line is answered with one
 line: ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": "..."}``.
 
+Over TCP (``tcp=(host, port)``, the command's ``--agent-listen``: kernels in pods that have
+neither the host's PID namespace nor the share directory) the lines and answers are the same;
+no credentials come with a TCP connection, so the caller is the host process that holds the
+connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never
+what it says. Either way a line ``{"request": "resolution"}`` is answered with
+``{"ok": true, "written_at": W, "resolution": {...}}``: the node's resolution as the caller may
+see it (``resolution(host_pid)`` gives ``(written_at, its text)``; a pod's kernel has no share
+directory to read it from), only to a caller that is a process on this node; with
+``"since": W`` of the one it has, ``{"ok": true, "written_at": W, "unchanged": true}``.
+
 The server is one selector loop on a daemon thread, with limits: connections in all and per
 peer PID, 64 KiB lines (a longer one, or one that is not a JSON object, is refused and the
 connection closed), a first line within 30 s, a started line finished within 10 s, and a peer
@@ -30,7 +40,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from jax_nbmem.tenants.agent_registry import (
     AGENT_DIR,
@@ -40,10 +49,14 @@ from jax_nbmem.tenants.agent_registry import (
     beacon_from_content,
     prepare_agent_dir,
 )
+from jax_nbmem.tenants.agent_tcp import LISTENER_TCP, Connection, TcpSide
+from jax_nbmem.tenants.netpeer import PeerFinder
 
 __all__ = [
     "AGENT_DIR",
+    "MAX_ANSWER_BYTES",
     "MAX_LINE_BYTES",
+    "RESOLUTION_REQUEST",
     "SOCKET_NAME",
     "AgentDirError",
     "AgentServer",
@@ -57,24 +70,15 @@ log = logging.getLogger("jax_nbmem")
 
 SOCKET_NAME = "agent.sock"
 MAX_LINE_BYTES = 64 * 1024
+# A resolution answer may be long (8 GPUs x 200 kernels' beacons); a peer that leaves more
+# than this unread is let go.
+MAX_ANSWER_BYTES = 32 << 20
+RESOLUTION_REQUEST = "resolution"
+_UNIX = "unix"
 _PEERCRED = struct.Struct("3i")
 
 
-@dataclass
-class _Connection:
-    sock: socket.socket
-    number: int
-    pid: int
-    uid: int
-    accepted_at: float
-    inbox: bytearray
-    outbox: bytearray
-    line_since: float | None = None
-    proven: bool = False
-    closing: bool = False
-
-
-class AgentServer:
+class AgentServer(TcpSide):
     """Listens on ``S/agent/agent.sock`` and feeds a :class:`Registry` (see the module).
 
     ``on_change`` is called (on the server's thread) after a registration came or went.
@@ -82,7 +86,7 @@ class AgentServer:
 
     def __init__(
         self,
-        share_dir: str,
+        share_dir: str | None,
         registry: Registry,
         *,
         max_connections: int = 1024,
@@ -90,8 +94,15 @@ class AgentServer:
         first_line_s: float = 30.0,
         line_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
+        tcp: tuple[str, int] | None = None,
+        peers: PeerFinder | None = None,
+        resolution: Callable[[int], tuple[float, str] | None] | None = None,
     ) -> None:
         self.share_dir = share_dir
+        self.tcp = tcp
+        self.tcp_address: tuple[str, int] | None = None  # where it listens (port 0: chosen)
+        self.peers = PeerFinder(registry.viewer.proc) if peers is None else peers
+        self.resolution = resolution
         self.registry = registry
         self.max_connections = max_connections
         self.max_per_pid = max_per_pid
@@ -101,8 +112,10 @@ class AgentServer:
         self.directory = ""
         self.path = ""
         self._listener: socket.socket | None = None
+        self._tcp_listener: socket.socket | None = None
+        self._answers: dict[tuple[float, int], tuple[str, bytes]] = {}
         self._selector: selectors.BaseSelector | None = None
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, Connection] = {}
         self._numbers = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,10 +124,29 @@ class AgentServer:
     def start(self) -> str:
         """Make the directory and the socket and serve on a thread; returns the socket's path.
 
-        AgentDirError when the directory is unsafe or another agent already listens there.
+        Without a share directory (``share_dir`` None: a Kubernetes node, whose pods reach it
+        over TCP only) it listens on TCP alone and returns ''. AgentDirError when the
+        directory is unsafe, another agent already listens there, or the TCP address is taken.
         """
         if self._thread is not None and self._thread.is_alive():
             return self.path
+        if self.share_dir is None and self.tcp is None:
+            raise AgentDirError("neither a share directory nor a TCP address to listen on")
+        self._selector = selectors.DefaultSelector()
+        try:
+            if self.share_dir is not None:
+                self._listen_unix()
+            if self.tcp is not None:
+                self._listen_tcp(*self.tcp)
+        except AgentDirError:
+            self.stop()  # what was made is undone: the socket, the selector
+            raise
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, name="jax-nbmem-agent", daemon=True)
+        self._thread.start()
+        return self.path
+
+    def _listen_unix(self) -> None:
         self.directory = prepare_agent_dir(self.share_dir)
         self.path = os.path.join(self.directory, SOCKET_NAME)
         self._clear_stale_socket()
@@ -130,12 +162,7 @@ class AgentServer:
                 f"cannot listen on {self.path}: {error.strerror or error}"
             ) from None
         self._listener = listener
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, None)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._serve, name="jax-nbmem-agent", daemon=True)
-        self._thread.start()
-        return self.path
+        self._selector.register(listener, selectors.EVENT_READ, _UNIX)
 
     def stop(self) -> None:
         """Stop serving, close every connection and remove the socket; a second call is a no-op."""
@@ -145,6 +172,9 @@ class AgentServer:
             thread.join(5.0)
         for connection in list(self._connections.values()):
             self._close(connection)
+        if self._tcp_listener is not None:
+            self._tcp_listener.close()
+            self._tcp_listener = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -187,8 +217,10 @@ class AgentServer:
             except OSError:
                 break
             for key, mask in events:
-                if key.data is None:
+                if key.data == _UNIX:
                     self._accept()
+                elif key.data == LISTENER_TCP:
+                    self._accept_tcp()
                 else:
                     self._service(key.data, mask)
             self._expire(time.monotonic())
@@ -211,7 +243,7 @@ class AgentServer:
                 sock.close()
                 continue
             self._numbers += 1
-            connection = _Connection(sock, self._numbers, pid, uid, time.monotonic(),
+            connection = Connection(sock, self._numbers, pid, uid, time.monotonic(),
                                      bytearray(), bytearray())  # fmt: skip
             reason = self._admit(connection)
             self._connections[connection.number] = connection
@@ -219,7 +251,7 @@ class AgentServer:
             if reason is not None:
                 self._refuse(connection, reason, close=True)
 
-    def _admit(self, connection: _Connection) -> str | None:
+    def _admit(self, connection: Connection) -> str | None:
         if connection.pid <= 0:
             return "your PID is not visible from the agent's PID namespace"
         if len(self._connections) >= self.max_connections:
@@ -229,7 +261,7 @@ class AgentServer:
             return f"host PID {connection.pid} has {same} connections already"
         return None
 
-    def _service(self, connection: _Connection, mask: int) -> None:
+    def _service(self, connection: Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
             self._flush(connection)
         if not mask & selectors.EVENT_READ or connection.closing:
@@ -258,7 +290,7 @@ class AgentServer:
         else:
             connection.line_since = time.monotonic() if connection.inbox else None
 
-    def _line(self, connection: _Connection, line: bytes) -> None:
+    def _line(self, connection: Connection, line: bytes) -> None:
         if len(line) > MAX_LINE_BYTES:
             self._refuse(connection, "a line over 64 KiB", close=True)
             return
@@ -269,8 +301,15 @@ class AgentServer:
         if not isinstance(content, dict):
             self._refuse(connection, "not a JSON object", close=True)
             return
-        reason = self.registry.register(connection.pid, connection.uid, content,
-                                        connection.number)  # fmt: skip
+        if connection.peer is not None:
+            reason = self._holders(connection)
+            if reason is not None:
+                self._refuse(connection, reason, close=True)
+                return
+        if content.get("request") == RESOLUTION_REQUEST:
+            self._answer_resolution(connection, content.get("since"))
+            return
+        reason = self._register(connection, content)
         if reason is not None:
             if connection.proven and self.registry.drop(connection.number):
                 connection.proven = False  # what it proved before no longer stands
@@ -281,7 +320,22 @@ class AgentServer:
         self._send(connection, {"ok": True, "pid": connection.pid})
         self._changed()
 
-    def _refuse(self, connection: _Connection, reason: str, *, close: bool) -> None:
+    def _register(self, connection: Connection, content: dict) -> str | None:
+        """Prove ``content`` for the caller's host PID (over TCP: one holder of its socket)."""
+        candidates = connection.holders or (connection.pid,)
+        reason = None
+        for pid in candidates:  # after a fork several hold it: the claims say which one
+            uid = connection.uid
+            if connection.peer is not None:
+                seen = self.registry.viewer.view(pid)
+                uid = seen.uid if seen is not None and seen.uid is not None else -1
+            reason = self.registry.register(pid, uid, content, connection.number)
+            if reason is None:
+                connection.pid = pid
+                return None
+        return reason
+
+    def _refuse(self, connection: Connection, reason: str, *, close: bool) -> None:
         self.refused += 1
         log.info("jax-nbmem agent: refused host PID %s: %s", connection.pid, reason)
         self._send(connection, {"ok": False, "reason": reason})
@@ -290,14 +344,19 @@ class AgentServer:
             self._flush(connection)
             self._close(connection)
 
-    def _send(self, connection: _Connection, answer: dict) -> None:
-        connection.outbox += json.dumps(answer).encode() + b"\n"
+    def _send(self, connection: Connection, answer: dict) -> None:
+        self._send_raw(connection, json.dumps(answer).encode() + b"\n")
+
+    def _send_raw(self, connection: Connection, line: bytes) -> None:
         if len(connection.outbox) > MAX_LINE_BYTES:  # it does not read its answers
             self._close(connection)
             return
+        if len(connection.outbox) + len(line) > MAX_ANSWER_BYTES:
+            line = json.dumps({"ok": False, "reason": "the answer is too long"}).encode() + b"\n"
+        connection.outbox += line
         self._flush(connection)
 
-    def _flush(self, connection: _Connection) -> None:
+    def _flush(self, connection: Connection) -> None:
         if connection.number not in self._connections:
             return
         try:
@@ -323,7 +382,7 @@ class AgentServer:
                 self._refuse(connection, f"nothing proven after {self.first_line_s:g} s",
                              close=True)  # fmt: skip
 
-    def _close(self, connection: _Connection) -> None:
+    def _close(self, connection: Connection) -> None:
         if self._connections.pop(connection.number, None) is None:
             return
         try:

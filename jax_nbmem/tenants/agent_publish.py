@@ -6,6 +6,13 @@ beacon; :func:`write_resolution` writes it to ``S/agent/resolution.json`` atomic
 temporary file renamed over it), mode 0644, at every refresh. The format is the contract's
 (schema 1); a reader treats it as stale once ``now - written_at > max(3 * interval_s, 10)``.
 
+Pod names are a user's to see only where :class:`PodVisibility` says (the command's
+``--pod-names-visible``; by default a kernel sees those of its own Kubernetes namespace): a
+pod of a namespace the reader may not see has its ``container`` object's names null, with a
+``name_reason`` that says so. :meth:`ResolutionWriter.for_namespace` gives the text a pod's
+kernel of that namespace reads (over the agent's TCP connection); the file is written for a
+reader of no namespace (anyone who reads the share directory).
+
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
 directory: only names of our own patterns, only regular files (never through a symlink), and
 only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
@@ -21,6 +28,7 @@ import re
 import socket
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -29,6 +37,8 @@ from jax_nbmem.tenants.agent import Registration
 from jax_nbmem.tenants.hostview import HostView, boot_id
 
 __all__ = [
+    "HIDDEN_REASON",
+    "PodVisibility",
     "RESOLUTION_NAME",
     "ResolutionWriter",
     "RESOLUTION_SCHEMA",
@@ -49,6 +59,42 @@ _MAX_NAMES = 100_000
 _NO_LOCK_GRACE_S = 60.0
 
 
+HIDDEN_REASON = "a pod of another Kubernetes namespace: its names are hidden"
+
+
+class PodVisibility:
+    """Which namespaces' pod names a reader of namespace N may see.
+
+    ``own`` (the default): N's only; ``all``: every one; ``none``: none; else a comma-separated
+    list of namespaces seen by everyone, besides N's own (``own`` may be in the list too).
+    ValueError for a malformed setting.
+    """
+
+    def __init__(self, setting: str = "own") -> None:
+        words = [word.strip() for word in setting.split(",") if word.strip()]
+        if not words:
+            raise ValueError("--pod-names-visible wants own, all, none or namespaces")
+        self.setting = setting
+        self.all = words == ["all"]
+        self.own = words != ["none"]
+        self.extra = frozenset(w for w in words if w not in ("own", "all", "none"))
+        bad = [w for w in self.extra if not _NAMESPACE.fullmatch(w)]
+        if bad or (len(words) > 1 and ({"all", "none"} & set(words))):
+            raise ValueError(
+                "--pod-names-visible wants own, all, none or Kubernetes namespaces, "
+                f"not {setting!r}"
+            )
+
+    def visible(self, reader: str | None, namespace: str | None) -> bool:
+        """Whether a reader of namespace ``reader`` may see the names of a pod in ``namespace``."""
+        if namespace is None or self.all:
+            return True
+        return namespace in self.extra or (self.own and reader is not None and reader == namespace)
+
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -64,7 +110,13 @@ def container_entry(view: HostView | None) -> dict | None:
         return None
     c = view.container
     return {"id": c.id, "runtime": c.runtime, "name": c.name, "pod_uid": c.pod_uid, "pod": c.pod,
-            "namespace": c.namespace, "name_reason": c.name_reason}  # fmt: skip
+            "namespace": c.namespace, "name_reason": c.name_reason,
+            "hub_user": c.hub_user}  # fmt: skip
+
+
+def _hidden(entry: dict) -> dict:
+    return {**entry, "name": None, "pod_uid": None, "pod": None, "namespace": None,
+            "hub_user": None, "name_reason": HIDDEN_REASON}  # fmt: skip
 
 
 class ResolutionWriter:
@@ -76,9 +128,17 @@ class ResolutionWriter:
     texts instead of encoding 1,600 beacons again (see benchmarks/agent_resolve.py).
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[Any, Any, tuple, str]] = {}
+    def __init__(self, visibility: PodVisibility | None = None) -> None:
+        self.visibility = PodVisibility() if visibility is None else visibility
+        # pid -> (view, registration, gpus, (head, container, hidden container, tail))
+        self._entries: dict[int, tuple[Any, Any, tuple, tuple]] = {}
         self._agent = ""
+        self._frame: tuple[str, str] = ("", "")
+        self.written_at: float | None = None  # the last pass's
+        self._pieces: list[tuple] = []
+        self._texts: dict[str | None, str] = {}
+        self._lock = threading.Lock()
+        self.extra_agent: dict = {}  # more of the agent's facts (its Kubernetes API's health)
 
     def text(
         self,
@@ -102,7 +162,7 @@ class ResolutionWriter:
                 listed.append(uuid)
         pids = [pid for pid in on_gpus if isinstance(pid, int)]
         pids += [pid for pid in registrations if pid not in on_gpus]
-        entries, kept = [], {}
+        pieces, kept = [], {}
         for pid in pids:
             seen = view(pid)
             registration = registrations.get(pid)
@@ -113,38 +173,71 @@ class ResolutionWriter:
             gpus = tuple(on_gpus.get(pid, ()))
             cached = self._entries.get(pid)
             if cached and cached[0] is seen and cached[1] is registration and cached[2] == gpus:
-                text = cached[3]
+                piece = cached[3]
             else:
-                text = _dumps(_entry(pid, seen, gpus, registration))
-            kept[pid] = (seen, registration, gpus, text)
-            entries.append(text)
+                piece = _pieces(pid, seen, gpus, registration)
+            kept[pid] = (seen, registration, gpus, piece)
+            pieces.append(piece)
         self._entries = kept  # only this pass's: bounded by what NVML and the registry hold
         if not self._agent:
             self._agent = _dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
-                                  "boot_id": boot_id(), "version": _version()})  # fmt: skip
+                                  "boot_id": boot_id(), "version": _version()})[:-1]  # fmt: skip
+        agent = self._agent + "".join(f",{_dumps(k)}:{_dumps(v)}" for k, v in
+                                      self.extra_agent.items()) + "}"  # fmt: skip
         written_at = time.time() if now is None else now
-        return (
-            f'{{"schema":{RESOLUTION_SCHEMA},"agent":{self._agent},'
-            f'"written_at":{_dumps(written_at)},"interval_s":{_dumps(interval_s)},'
-            f'"processes":[{",".join(entries)}]}}'
+        head = (
+            f'{{"schema":{RESOLUTION_SCHEMA},"agent":{agent},'
+            f'"written_at":{_dumps(written_at)},"interval_s":{_dumps(interval_s)},"processes":['
         )
+        with self._lock:
+            self._frame, self._pieces, self._texts = (head, "]}"), pieces, {}
+            self.written_at = written_at
+        return self.for_namespace(None)
+
+    def for_namespace(self, reader: str | None) -> str | None:
+        """The last pass's text as a reader of Kubernetes namespace ``reader`` may see it.
+
+        None before the first pass. Made once per pass and reader namespace.
+        """
+        found = self.latest_for(reader)
+        return None if found is None else found[1]
+
+    def latest_for(self, reader: str | None) -> tuple[float, str] | None:
+        """(when the last pass was written, :meth:`for_namespace`'s text), taken together."""
+        with self._lock:
+            if not self._frame[0]:
+                return None
+            found = self._texts.get(reader)
+            if found is None:
+                visible = self.visibility.visible
+                entries = [
+                    head + (shown if namespace is None or visible(reader, namespace) else hidden)
+                    + tail
+                    for head, shown, hidden, tail, namespace in self._pieces
+                ]  # fmt: skip
+                found = self._texts[reader] = f"{self._frame[0]}{','.join(entries)}{self._frame[1]}"
+            return self.written_at, found
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _entry(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
-    return {
+def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
+    """An entry's JSON in pieces: (head, container, container hidden, tail, its namespace)."""
+    head = _dumps({
         "pid": pid,
         "pid_in_container": seen.pid_in_container if seen else None,
         "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
         "start_ticks": seen.start_ticks if seen else None,
         "gpus": list(gpus),
-        "container": container_entry(seen),
-        "kernel": registration.content if registration else None,
-        "source": "agent",
-    }
+    })[:-1]  # fmt: skip
+    container = container_entry(seen)
+    namespace = container.get("namespace") if container else None
+    hidden = _dumps(_hidden(container)) if namespace is not None else ""
+    kernel = _dumps(registration.content if registration else None)
+    tail = f',"kernel":{kernel},"source":"agent"}}'
+    return f'{head},"container":', _dumps(container), hidden, tail, namespace
 
 
 def build_resolution(

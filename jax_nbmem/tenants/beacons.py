@@ -45,6 +45,7 @@ import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jax_nbmem.tenants.agent_client import AgentClient
+from jax_nbmem.tenants.agent_client_tcp import network_client
 from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
 
@@ -177,7 +178,9 @@ class BeaconWriter:
         # Held for the kernel's life beside each copy: how anyone, in any container, tells
         # that it still runs (jax_nbmem.tenants.alive).
         self.alive = AliveLock(directories, self.key)
-        self.agent = AgentClient(agent_socket) if agent_socket else None
+        # The node agent: over the share directory's socket, else at the network address the
+        # environment names (a pod on Kubernetes), else none.
+        self.agent = AgentClient(agent_socket) if agent_socket else network_client()
         self._last: dict | None = None
         self._content: dict | None = None
         self._stop = threading.Event()

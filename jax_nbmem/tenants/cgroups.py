@@ -3,7 +3,8 @@
 The container runtimes name their cgroups after the container (cgroup v1 and v2 alike):
 
 - Docker: ``/system.slice/docker-<id>.scope`` (systemd driver) or ``/docker/<id>`` (cgroupfs);
-- containerd under Kubernetes: ``.../cri-containerd-<id>.scope``; CRI-O: ``.../crio-<id>.scope``;
+- containerd under Kubernetes: ``.../cri-containerd-<id>.scope``; CRI-O: ``.../crio-<id>.scope``
+  (``.../pod<uid>/crio-<id>`` under the cgroupfs driver);
   Podman: ``.../libpod-<id>.scope`` or ``/libpod_parent/libpod-<id>``;
 - a Kubernetes pod: ``kubepods-burstable-pod<uid>.slice`` (systemd spells the UID's dashes as
   underscores) or ``/kubepods/burstable/pod<uid>/<id>`` (cgroupfs driver).
@@ -14,7 +15,9 @@ error: a 64-hex id found anywhere is kept with runtime ``unknown``; no id at all
 The raw path is kept for the log either way.
 
 Names: Docker's ``/var/lib/docker/containers/<id>/config.v2.json`` (its ``Name``; a container's
-host name is its id, not its name), and Kubernetes' log directories (``/var/log/pods/
+host name is its id, not its name); a pod's from the Kubernetes API when the agent has it
+(:class:`~.kubepods.PodDirectory`: pod, namespace, container, hub user), else from Kubernetes'
+log directories (``/var/log/pods/
 <namespace>_<pod>_<uid>``, ``/var/log/containers/<pod>_<namespace>_<container>-<id>.log``),
 readable by root only; what cannot be read is said in ``name_reason``.
 """
@@ -26,8 +29,9 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
-__all__ = ["Container", "ContainerNames", "container_from_cgroup"]
+__all__ = ["Container", "ContainerNames", "container_from_cgroup", "container_text", "named_fully"]
 
 _ID = r"([0-9a-f]{64})"
 # (runtime, pattern): the first that matches a path wins; the id is group 1.
@@ -36,6 +40,7 @@ _SCOPES = (
     ("docker", re.compile(rf"(?:^|/)docker/{_ID}(?:/|$)")),
     ("containerd", re.compile(rf"(?:^|/)cri-containerd-{_ID}\.scope(?:/|$)")),
     ("crio", re.compile(rf"(?:^|/)crio-{_ID}\.scope(?:/|$)")),
+    ("crio", re.compile(rf"(?:^|/)crio-{_ID}(?:/|$)")),  # CRI-O's cgroupfs driver: no .scope
     ("podman", re.compile(rf"(?:^|/)libpod-{_ID}\.scope(?:/|$)")),
     ("podman", re.compile(rf"(?:^|/)libpod_parent/libpod-{_ID}(?:/|$)")),
 )
@@ -45,6 +50,11 @@ _ANY_ID = re.compile(rf"(?<![0-9a-f]){_ID}(?![0-9a-f])")
 _MAX_CONFIG_BYTES = 4 << 20
 _NAMES_MAX = 4096
 _LISTING_EVERY_S = 5.0
+
+
+def named_fully(container: Container) -> bool:
+    """Whether all there is to name is named (no need to look again)."""
+    return bool(container.name) and (container.pod_uid is None or bool(container.pod))
 
 
 @dataclass(frozen=True)
@@ -62,10 +72,25 @@ class Container:
     pod: str | None = None
     namespace: str | None = None
     name_reason: str | None = None
+    hub_user: str | None = None  # a pod's hub.jupyter.org/username annotation (KubeSpawner's)
 
     def to_dict(self) -> dict:
         """The resolution's ``container`` object (contract), ``name_reason`` included."""
         return asdict(self)
+
+
+def container_text(container: Any) -> str | None:
+    """A process entry's ``container`` as a person reads it, or None (no container).
+
+    ``container jupyter-bob``; in a pod ``container notebook in pod jhub/jupyter-alice`` (in
+    Zero to JupyterHub every user's container is ``notebook``: the pod says whose it is).
+    """
+    if not isinstance(container, dict) or not (container.get("name") or container.get("id")):
+        return None
+    shown = f"container {container.get('name') or str(container['id'])[:12]}"
+    if container.get("pod"):
+        shown += f" in pod {container.get('namespace') or '?'}/{container['pod']}"
+    return shown
 
 
 def container_from_cgroup(text: str) -> tuple[Container | None, str]:
@@ -116,8 +141,10 @@ class ContainerNames:
     """Names containers from what the host keeps about them; cached by id (bounded).
 
     ``docker_root`` is Docker's data root, ``pod_logs`` and ``container_logs`` the kubelet's
-    log directories. A name found is kept; a missing one is asked again after a few seconds
-    (a container just started may not have written its config yet).
+    log directories; ``pods`` (a :class:`~.kubepods.PodDirectory`, or anything with its
+    ``lookup(uid)`` and ``health()``) names pods from the Kubernetes API first. A name found is
+    kept; a missing one is asked again after a few seconds (a container just started may not
+    have written its config yet, a pod just made may not be listed yet).
     """
 
     def __init__(
@@ -125,7 +152,9 @@ class ContainerNames:
         docker_root: str = "/var/lib/docker",
         pod_logs: str = "/var/log/pods",
         container_logs: str = "/var/log/containers",
+        pods: Any = None,
     ) -> None:
+        self.pods = pods
         self.docker_root = docker_root
         self.pod_logs = pod_logs
         self.container_logs = container_logs
@@ -139,7 +168,7 @@ class ContainerNames:
         key = (container.id, container.runtime, container.pod_uid)
         now = time.monotonic()
         cached = self._named.get(key)
-        if cached is not None and (cached[1].name or now - cached[0] < _LISTING_EVERY_S):
+        if cached is not None and (named_fully(cached[1]) or now - cached[0] < _LISTING_EVERY_S):
             return cached[1]
         named = self._look_up(container)
         if len(self._named) >= _NAMES_MAX:
@@ -149,17 +178,45 @@ class ContainerNames:
 
     def _look_up(self, container: Container) -> Container:
         fields: dict = {}
-        if container.pod_uid:
+        if container.pod_uid and self.pods is not None:
+            fields.update(self._from_api(container))
+        if container.pod_uid and not fields.get("pod"):
+            said = fields.get("name_reason")
             fields.update(self._pod(container.pod_uid))
-        if container.runtime == "docker" and container.id:
+            if said and not fields.get("pod"):
+                fields["name_reason"] = said  # the API's reason first: the log folder's is moot
+        if fields.get("name"):
+            pass
+        elif container.runtime == "docker" and container.id:
             fields.update(self._docker(container.id))
         elif container.id and container.pod_uid:
-            fields.update(self._kubernetes_container(container.id))
+            named = self._kubernetes_container(container.id)
+            if named.get("name") or not fields.get("name_reason"):
+                fields.update(named)
         elif not fields.get("name_reason"):
             fields["name_reason"] = f"names of {container.runtime} containers are not read"
         if fields.get("name"):
             fields["name_reason"] = None
         return Container(**{**asdict(container), **fields})
+
+    def _from_api(self, container: Container) -> dict:
+        """Pod, namespace, hub user and container name from the Kubernetes API's pods."""
+        try:
+            pod = self.pods.lookup(container.pod_uid)
+            if pod is None:
+                health = self.pods.health()
+        except Exception as error:  # a directory's fault names nothing, never raises
+            return {"name_reason": f"the pods' directory failed: {error}"}
+        if pod is None:
+            why = health.get("reason") or f"pod {container.pod_uid} is not on this node's list"
+            return {"name_reason": f"pod names unknown: {why}"}
+        fields = {"pod": pod.name, "namespace": pod.namespace, "hub_user": pod.hub_user}
+        name = pod.containers.get(container.id) if container.id else None
+        if name:
+            fields["name"] = name
+        elif container.id:
+            fields["name_reason"] = f"container {container.id[:12]} not yet in pod {pod.name}"
+        return fields
 
     def _docker(self, container_id: str) -> dict:
         path = os.path.join(self.docker_root, "containers", container_id, "config.v2.json")

@@ -142,12 +142,20 @@ class HostProof:
         return chosen
 
     def annotate(self, processes: list[dict]) -> None:
-        """Give each process entry ``pid_in_container`` and ``container``; proven: ``agent``."""
+        """Give each process entry ``pid_in_container`` and ``container``; proven: ``agent``.
+
+        A process in a pod without a hub user of its own gets its pod's (the API's).
+        """
         for process in processes:
             pid = process.get("pid")
             seen = self.view(pid) if isinstance(pid, int) else None
             process["pid_in_container"] = seen.pid_in_container if seen else None
             process["container"] = public_container(seen)
+            pod_user = seen.container.hub_user if seen and seen.container else None
+            if pod_user and not process.get("hub_user"):
+                # KubeSpawner's annotation, read from the Kubernetes API (no user writes it):
+                # in z2jh every container is `notebook`, and this is who the pod serves.
+                process["hub_user"] = pod_user
             if isinstance(pid, int) and self.is_proven(pid) and process.get("source") == "beacon":
                 process["source"] = "agent"
 

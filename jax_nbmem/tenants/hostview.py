@@ -11,7 +11,9 @@ read from ``/proc`` in the host's PID namespace (the node agent's, see :mod:`.ag
 - ``start_ticks``: field 22 of ``/proc/PID/stat``, clock ticks since boot (the same from any
   PID namespace). The command name before it may hold spaces and parentheses: fields are
   counted from the last ``)``.
-- ``container``: from ``/proc/PID/cgroup`` (see :mod:`.cgroups`), named where the host can.
+- ``container``: from ``/proc/PID/cgroup`` (see :mod:`.cgroups`), named where the host can;
+  a container not (fully) named yet is named again on a cached view (a pod just made may not
+  be on the API's list yet).
 
 :class:`HostViewer` caches each view by (PID, start ticks), so a steady state costs one read
 of ``/proc/PID/stat`` per PID; the cache is bounded. Nothing here raises for a process that
@@ -23,9 +25,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from jax_nbmem.tenants.cgroups import Container, ContainerNames, container_from_cgroup
+from jax_nbmem.tenants.cgroups import Container, ContainerNames, container_from_cgroup, named_fully
 
 __all__ = [
     "INIT_PID_NS_INO",
@@ -173,6 +175,8 @@ class HostViewer:
         cached = self._cache.get((pid, ticks))
         if cached is not None:
             self.hits += 1
+            if cached.container is not None and not named_fully(cached.container):
+                cached = self._renamed(pid, ticks, cached)
             return cached
         self.misses += 1
         found = self._read_view(pid, ticks)
@@ -183,6 +187,16 @@ class HostViewer:
                 self._cache.clear()
             self._cache[(pid, ticks)] = found
         return found
+
+    def _renamed(self, pid: int, ticks: int, cached: HostView) -> HostView:
+        """``cached`` with its container named again (the names' own cache says when to ask)."""
+        named = self.names.name(cached.container)
+        if named == cached.container:
+            return cached
+        renamed = replace(cached, container=named)
+        with self._lock:
+            self._cache[(pid, ticks)] = renamed
+        return renamed
 
     def views(self, pids: Iterable[int]) -> dict[int, HostView]:
         """:meth:`view` of each PID that can be read, by PID."""

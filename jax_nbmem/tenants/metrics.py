@@ -73,6 +73,8 @@ _WARNING_KINDS = (
     "pid-namespace",
     "agent-stale",
 )
+# jax_nbmem_kubernetes_api_up's reason: the pods' directory's state (tenants.kubepods).
+KUBERNETES_STATES = ("ok", "starting", "unreachable", "refused", "error")
 # jax_nbmem_nvml_up's reason: a fixed set, so that the label's values stay few.
 NVML_REASONS = (
     "ok",
@@ -102,6 +104,8 @@ FAMILIES: dict[str, str] = {
     "jax_nbmem_snapshot_timestamp_seconds": "When the served snapshot was taken, Unix seconds.",
     "jax_nbmem_snapshot_duration_seconds": "How long taking the served snapshot took, seconds.",
     "jax_nbmem_build_info": "jax_nbmem's version, and jax's and jaxlib's installed beside it.",
+    "jax_nbmem_kubernetes_api_up": "1 when the node agent's last look at the Kubernetes API "
+    "(its pods' list and watch) was answered, else 0; reason says why (absent off Kubernetes).",
     "jax_nbmem_gpu_memory_used_bytes": "GPU memory in use (NVML), bytes.",
     "jax_nbmem_gpu_memory_total_bytes": "GPU memory in all (NVML), bytes.",
     "jax_nbmem_gpu_memory_reserved_bytes": "GPU memory the driver reserves (NVML), bytes.",
@@ -250,7 +254,13 @@ def _health(
         nvml_up.add((nvml_reason(state),), 1.0 if nvml_ok else 0.0)
     else:
         nvml_up.add(("stale",), 0.0)
-    return [up, nvml_up, taken, took, build], fresh and nvml_ok
+    found = [up, nvml_up, taken, took, build]
+    pods = snapshot.report.get("kubernetes") if snapshot is not None else None
+    if isinstance(pods, Mapping) and pods.get("state") in KUBERNETES_STATES:
+        api = Family("jax_nbmem_kubernetes_api_up", ("reason",))
+        api.add((pods["state"],), 1.0 if pods["state"] == "ok" else 0.0)
+        found.append(api)
+    return found, fresh and nvml_ok
 
 
 def metric_families(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jax_nbmem.tenants.agent_client import AGENT_DIR
+from jax_nbmem.tenants.agent_client_tcp import parsed_network_resolution
 from jax_nbmem.tenants.beacons import Beacon, _count, _number, _text, beacon_from, read_small_file
 from jax_nbmem.tenants.identity import own_identity, same_namespace
 
@@ -162,8 +163,15 @@ def load_resolution(
     now: float | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Resolution:
-    """Read and check the agent's resolution in ``share_dir``; never raises."""
+    """Read and check the agent's resolution in ``share_dir``; never raises.
+
+    Without a share directory (a pod on Kubernetes), the resolution the node agent last sent
+    over the network (:mod:`~jax_nbmem.tenants.agent_client_tcp`), if any.
+    """
     if not share_dir:
+        received = parsed_network_resolution(_parse)
+        if received is not None:
+            return _judge_age(received, time.time() if now is None else now)
         return Resolution("absent", "no share directory is set")
     directory = os.path.join(share_dir, AGENT_DIR)
     path = resolution_path(share_dir)

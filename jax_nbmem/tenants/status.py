@@ -23,6 +23,7 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
+from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice
 from jax_nbmem.tenants.hostproof import host_proof
@@ -277,9 +278,9 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    container = process.get("container") or {}
-    if container.get("name") or container.get("id"):
-        parts.append(f"container {container.get('name') or container['id'][:12]}")
+    shown = container_text(process.get("container"))
+    if shown:
+        parts.append(shown)
     if source in ("beacon", "session", "agent", "inferred") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):

@@ -63,6 +63,15 @@ def beacon(identity: dict) -> dict:
     }
 
 
+def patched(mine: dict, patch: dict) -> dict:
+    """The beacon with ``patch``: merged into the claims; ``pid`` and ``beacon`` into it."""
+    claimed = {k: v for k, v in patch.items() if k not in ("pid", "beacon")}
+    content = {**beacon({**mine, **claimed}), **patch.get("beacon", {})}
+    if "pid" in patch:
+        content["pid"] = patch["pid"]
+    return content
+
+
 def main() -> None:
     path, patches = sys.argv[1], json.loads(sys.argv[2])
     share = sys.argv[3] if len(sys.argv) > 3 and not sys.argv[3].startswith("-") else ""
@@ -72,11 +81,7 @@ def main() -> None:
     replies = sock.makefile("r")
     mine = claims()
     for patch in patches:
-        claimed = {k: v for k, v in patch.items() if k not in ("pid", "beacon")}
-        content = {**beacon({**mine, **claimed}), **patch.get("beacon", {})}
-        if "pid" in patch:
-            content["pid"] = patch["pid"]
-        sock.sendall(json.dumps(content).encode() + b"\n")
+        sock.sendall(json.dumps(patched(mine, patch)).encode() + b"\n")
         print(replies.readline().strip(), flush=True)
     if share:
         ns = mine["pid_ns"]

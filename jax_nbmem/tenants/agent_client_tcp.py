@@ -1,0 +1,300 @@
+"""A kernel's side of the node agent over TCP: for pods without the share directory.
+
+On Kubernetes users' pods have neither the host's PID namespace nor a ``hostPath`` share
+directory (the baseline Pod Security Standard forbids both), so a kernel reaches the node
+agent (``jax-nbmem exporter --agent-listen HOST:PORT``) at the node's address, which the pod
+gets from the downward API:
+
+- ``$JAX_NBMEM_AGENT_ADDRESS``: ``HOST:PORT`` (``[v6]:PORT``); else
+- ``$JAX_NBMEM_AGENT_HOST`` (``valueFrom: fieldRef: status.hostIP``) and
+  ``$JAX_NBMEM_AGENT_PORT`` (default 9842).
+
+The lines are the Unix socket's (docs/containers.md, "The node agent"): the kernel's beacon,
+answered ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": ...}``. The agent
+proves the caller by the host process that holds this very socket, never by what it says. On
+the same connection the kernel asks ``{"request": "resolution", "since": W}`` (at most every
+``RESOLUTION_EVERY_S``; W: when the one it has was written, so an unchanged one is not sent
+again) and keeps the answer: the node's resolution as this pod's namespace may see it, which
+:func:`parsed_network_resolution` hands to the resolution's reader in place of
+``S/agent/resolution.json``.
+
+:class:`TcpAgentClient` has :class:`~.agent_client.AgentClient`'s interface (``send``,
+``keep_alive``, ``close``, ``proven_pid``, ``last_reason``): only the beacon writer's thread
+uses it, never a cell's path. Each exchange waits at most a few seconds; a broken connection
+is made again at most once every ``RECONNECT_S``; a failure is logged once, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+__all__ = [
+    "DEFAULT_PORT",
+    "ENV_AGENT_ADDRESS",
+    "ENV_AGENT_HOST",
+    "ENV_AGENT_PORT",
+    "RECONNECT_S",
+    "RESOLUTION_EVERY_S",
+    "TcpAgentClient",
+    "agent_address",
+    "network_client",
+    "network_resolution",
+    "parsed_network_resolution",
+]
+
+log = logging.getLogger("jax_nbmem")
+
+ENV_AGENT_ADDRESS = "JAX_NBMEM_AGENT_ADDRESS"
+ENV_AGENT_HOST = "JAX_NBMEM_AGENT_HOST"
+ENV_AGENT_PORT = "JAX_NBMEM_AGENT_PORT"
+DEFAULT_PORT = 9842
+RECONNECT_S = 5.0
+RESOLUTION_EVERY_S = 2.0
+_MAX_LINE = 64 * 1024
+_MAX_ANSWER = 32 << 20
+_TIMEOUT_S = 2.0
+_ANSWER_TIMEOUT_S = 5.0
+_HEAD, _MIDDLE, _TAIL = b'{"ok":true,"written_at":', b',"resolution":', b"}"
+T = TypeVar("T")
+
+# The last resolution received, by any client of this process: [data, source, serial].
+_latest: list = [None, "", 0]
+_parsed: list = [0, None]  # [serial, what parse made of it]
+_latest_lock = threading.Lock()
+
+
+def agent_address(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The agent's (host, port) from the environment (see the module); None when unset.
+
+    ValueError when set but malformed.
+    """
+    environ = os.environ if environ is None else environ
+    given = environ.get(ENV_AGENT_ADDRESS, "").strip()
+    if given:
+        host, sep, port = given.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"${ENV_AGENT_ADDRESS} wants HOST:PORT, not {given!r}")
+    else:
+        host = environ.get(ENV_AGENT_HOST, "").strip()
+        port = environ.get(ENV_AGENT_PORT, "").strip() or str(DEFAULT_PORT)
+        if not host:
+            return None
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"the node agent's port must be 1 to 65535, not {port!r}")
+    return host, int(port)
+
+
+def network_client(environ: Mapping[str, str] | None = None) -> TcpAgentClient | None:
+    """A client for the agent the environment names, or None (unset, or malformed: logged)."""
+    try:
+        address = agent_address(environ)
+    except ValueError as error:
+        log.warning("jax_nbmem: no node agent: %s", error)
+        return None
+    return TcpAgentClient(address) if address is not None else None
+
+
+def network_resolution() -> tuple[bytes, str] | None:
+    """The last resolution a client received (its JSON) and where from; None if none yet."""
+    with _latest_lock:
+        return None if _latest[0] is None else (_latest[0], _latest[1])
+
+
+def parsed_network_resolution(parse: Callable[[bytes, str], T]) -> T | None:
+    """``parse(data, source)`` of the last resolution received, made once per resolution."""
+    with _latest_lock:
+        data, source, serial = _latest
+    if data is None:
+        return None
+    if _parsed[0] != serial:
+        _parsed[:] = [serial, parse(data, source)]
+    return _parsed[1]
+
+
+def _split(line: bytes) -> tuple[float | None, bytes | None]:
+    """(written_at, the resolution's JSON) of an answer as the agent writes it: no parse."""
+    if not (line.startswith(_HEAD) and line.endswith(_TAIL)):
+        return None, None
+    middle = line.find(_MIDDLE, len(_HEAD), len(_HEAD) + 64)
+    if middle < 0:
+        return None, None
+    try:
+        written_at = float(line[len(_HEAD) : middle])
+    except ValueError:
+        return None, None
+    return written_at, line[middle + len(_MIDDLE) : -len(_TAIL)]
+
+
+def _keep(data: bytes, source: str) -> None:
+    with _latest_lock:
+        _latest[:] = [data, source, _latest[2] + 1]
+
+
+class TcpAgentClient:
+    """One TCP connection to the agent, kept open (see the module)."""
+
+    def __init__(self, address: tuple[str, int], resolution_every_s: float = RESOLUTION_EVERY_S):
+        self.address = address
+        host, port = address
+        self.source = f"the node agent at {f'[{host}]' if ':' in host else host}:{port}"
+        self.resolution_every_s = resolution_every_s
+        self._sock: socket.socket | None = None
+        self._pending = b""
+        self._last_attempt = -RECONNECT_S
+        self._asked_at = -resolution_every_s
+        self._logged: set[str] = set()
+        self.proven_pid: int | None = None
+        self.last_reason: str | None = None
+        self.resolution_reason: str | None = None
+        self.written_at: float | None = None  # of the resolution it has
+
+    def send(self, content: dict[str, Any], *, resend: bool = False) -> None:
+        """Send the beacon ``content`` (connecting first when need be); never raises.
+
+        ``resend``: only when the connection had to be made again (the agent forgot us).
+        Then the resolution is asked for when due.
+        """
+        try:
+            line = json.dumps(content, separators=(",", ":")).encode("utf-8") + b"\n"
+        except (TypeError, ValueError) as error:
+            self._once("encode", f"jax_nbmem: beacon not sent to the node agent: {error}")
+            return
+        if len(line) > _MAX_LINE:
+            self._once("size", "jax_nbmem: beacon too large for the node agent; not sent")
+            return
+        if self._sock is not None and self._closed_by_agent():
+            self._drop()
+        fresh = False
+        if self._sock is None:
+            if not self._connect():
+                return
+            fresh = True
+        try:
+            if fresh or not resend:
+                self._sock.sendall(line)
+                self._registered(self._answer(_MAX_LINE, _TIMEOUT_S))
+            self._resolution_when_due()
+        except OSError as error:
+            self._once("send", f"jax_nbmem: the node agent's connection failed: {error}")
+            self._drop()
+
+    def keep_alive(self, content: dict[str, Any] | None) -> None:
+        """Between writes: notice a closed connection, register again, ask for the resolution."""
+        if content is not None:
+            self.send(content, resend=True)
+
+    def close(self) -> None:
+        """Close the connection (the agent forgets the registration); a second call is a no-op."""
+        self._drop()
+
+    def ask_resolution(self) -> bool:
+        """Ask for the node's resolution now and keep it; whether one came. Never raises."""
+        if self._sock is None:
+            return False
+        request = {"request": "resolution", "since": self.written_at}
+        try:
+            self._asked_at = time.monotonic()
+            self._sock.sendall(json.dumps(request).encode() + b"\n")
+            line = self._answer(_MAX_ANSWER, _ANSWER_TIMEOUT_S)
+        except OSError as error:
+            self._once("resolution", f"jax_nbmem: the node agent's connection failed: {error}")
+            self._drop()
+            return False
+        written_at, data = _split(line)
+        if data is None:
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict) and answer.get("unchanged") is True:
+                self.resolution_reason = None
+                return True  # the one it has is the newest
+            if not isinstance(answer, dict) or not isinstance(answer.get("resolution"), dict):
+                why = answer.get("reason") if isinstance(answer, dict) else None
+                self.resolution_reason = str(why or "the agent's answer is no resolution")[:500]
+                return False
+            written_at, data = answer.get("written_at"), json.dumps(answer["resolution"]).encode()
+        self.resolution_reason, self.written_at = None, written_at
+        _keep(data, self.source)
+        return True
+
+    def _resolution_when_due(self) -> None:
+        if time.monotonic() - self._asked_at >= self.resolution_every_s:
+            self.ask_resolution()
+
+    def _connect(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_attempt < RECONNECT_S:
+            return False
+        self._last_attempt = now
+        try:
+            sock = socket.create_connection(self.address, timeout=_TIMEOUT_S)
+        except OSError as error:
+            why = f"jax_nbmem: cannot reach {self.source}: {error.strerror or error}"
+            self._once("connect", why)
+            return False
+        self._sock, self._pending = sock, b""
+        return True
+
+    def _answer(self, limit: int, timeout: float) -> bytes:
+        """The agent's next answer line (without its newline); OSError when it breaks."""
+        self._sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the node agent did not answer in time")
+            chunk = self._sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionResetError("the node agent closed the connection")
+            self._pending += chunk
+            if len(self._pending) > limit + 1:
+                raise ConnectionResetError("the node agent's answer is too long")
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def _registered(self, line: bytes) -> None:
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise ConnectionResetError("the node agent's answer is not a JSON object")
+        if reply.get("ok") is True and isinstance(reply.get("pid"), int):
+            self.proven_pid, self.last_reason = reply["pid"], None
+        else:
+            self.proven_pid = None
+            self.last_reason = str(reply.get("reason") or "refused")[:500]
+            why = f"jax_nbmem: the node agent did not register this kernel: {self.last_reason}"
+            self._once(f"refused:{self.last_reason}", why)
+
+    def _closed_by_agent(self) -> bool:
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if readable:
+                return self._sock.recv(4096, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+        return False
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        self.proven_pid = None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _once(self, what: str, message: str) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.info(message)

@@ -1,0 +1,141 @@
+"""The node agent's TCP side: kernels in pods that have no share directory (see :mod:`.agent`).
+
+No credentials come with a TCP connection, so the caller is the host process that holds the
+connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never what
+it says; then its lines are the Unix socket's. On either socket a line ``{"request":
+"resolution"}`` (``"since": W``: the one the caller has) is answered with the node's
+resolution as the caller may see it: ``{"ok": true, "written_at": W, "resolution": {...}}``,
+or ``{"ok": true, "written_at": W, "unchanged": true}``, and only to a caller that is a
+process on this node.
+
+:class:`TcpSide` is a part of :class:`~.agent.AgentServer` (its state is the server's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import selectors
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jax_nbmem.tenants.agent_registry import AgentDirError
+from jax_nbmem.tenants.netpeer import family_of
+
+__all__ = ["LISTENER_TCP", "Connection", "TcpSide"]
+
+log = logging.getLogger("jax_nbmem")
+LISTENER_TCP = "tcp"
+
+
+@dataclass
+class Connection:
+    """One kernel's connection to the agent (Unix or TCP)."""
+
+    sock: socket.socket
+    number: int
+    pid: int
+    uid: int
+    accepted_at: float
+    inbox: bytearray
+    outbox: bytearray
+    line_since: float | None = None
+    proven: bool = False
+    closing: bool = False
+    peer: tuple | None = None  # TCP: (address, port) of each end, the caller's first
+    holders: tuple[int, ...] = ()  # TCP: the host PIDs holding the caller's socket
+
+
+class TcpSide:
+    """The TCP listener, the caller's host PID from its socket, and the resolution's answers."""
+
+    def _listen_tcp(self, host: str, port: int) -> None:
+        listener = socket.socket(family_of(host), socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError as error:
+            listener.close()
+            raise AgentDirError(
+                f"cannot listen on {host}:{port} (--agent-listen): {error.strerror or error}"
+            ) from None
+        self._tcp_listener = listener
+        self.tcp_address = listener.getsockname()[:2]
+        self._selector.register(listener, selectors.EVENT_READ, LISTENER_TCP)
+
+    def _accept_tcp(self) -> None:
+        for _ in range(64):
+            try:
+                sock, far = self._tcp_listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                log.warning("jax-nbmem agent: accept failed: %s", error)
+                return
+            sock.setblocking(False)
+            try:
+                near = sock.getsockname()
+            except OSError:
+                sock.close()
+                continue
+            self._numbers += 1
+            # Its host PID is found from the host's side at its first line (_holders).
+            connection = Connection(sock, self._numbers, 0, -1, time.monotonic(), bytearray(),
+                                     bytearray(), peer=(far[:2], near[:2]))  # fmt: skip
+            full = len(self._connections) >= self.max_connections
+            self._connections[connection.number] = connection
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+            if full:
+                why = f"the agent has {self.max_connections} connections already"
+                self._refuse(connection, why, close=True)
+
+    def _holders(self, connection: Connection) -> str | None:
+        """Find which host processes hold a TCP caller's socket; None, or why it is refused."""
+        if connection.holders:
+            return None
+        held, reason = self.peers.holders(*connection.peer)
+        if reason is not None:
+            return reason
+        pid = held[0]
+        same = sum(1 for c in self._connections.values() if c.pid == pid)
+        if same >= self.max_per_pid:
+            return f"host PID {pid} has {same} connections already"
+        seen = self.registry.viewer.view(pid)
+        connection.holders, connection.pid = tuple(held), pid
+        connection.uid = seen.uid if seen is not None and seen.uid is not None else -1
+        return None
+
+    def _answer_resolution(self, connection: Connection, since: Any) -> None:
+        found = None
+        if self.resolution is not None:
+            try:
+                found = self.resolution(connection.pid)
+            except Exception:
+                log.warning("jax-nbmem agent: the resolution for a caller failed", exc_info=True)
+        if found is None:
+            self._send(connection, {"ok": False, "reason": "the agent has no resolution yet"})
+            return
+        written_at, text = found
+        if since is not None and since == written_at:  # the caller has it already
+            self._send(connection, {"ok": True, "written_at": written_at, "unchanged": True})
+            return
+        self._send_raw(connection, self._encoded(written_at, text))
+
+    def _encoded(self, written_at: float, text: str) -> bytes:
+        """The answer line for a resolution text, encoded once per pass and text.
+
+        Not once per ask: 200 kernels asking for a resolution of a few MiB would encode it
+        200 times.
+        """
+        if self._answers and next(iter(self._answers))[0] != written_at:
+            self._answers.clear()
+        key = (written_at, id(text))
+        found = self._answers.get(key)
+        if found is None or found[0] is not text:
+            head = b'{"ok":true,"written_at":' + json.dumps(written_at).encode()
+            found = self._answers[key] = (text, head + b',"resolution":' + text.encode() + b"}\n")
+        return found[1]
