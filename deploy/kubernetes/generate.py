@@ -60,6 +60,7 @@ def wanted() -> dict[Path, bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the generated files (or, with ``--check``, name those that differ: exit 1)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say which files differ")
     args = parser.parse_args(argv)

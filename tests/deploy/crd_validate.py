@@ -21,8 +21,10 @@ import sys
 from importlib import metadata
 
 PACKAGE = "cloudcoil-models-prometheus-operator"
-GROUPS = {"monitoring.coreos.com/v1": "cloudcoil.models.prometheus_operator.v1",
-          "monitoring.coreos.com/v1alpha1": "cloudcoil.models.prometheus_operator.v1alpha1"}  # fmt: skip
+GROUPS = {
+    "monitoring.coreos.com/v1": "cloudcoil.models.prometheus_operator.v1",
+    "monitoring.coreos.com/v1alpha1": "cloudcoil.models.prometheus_operator.v1alpha1",
+}
 
 
 def unknown_keys(given, kept, where: str = "") -> list[str]:
@@ -36,7 +38,7 @@ def unknown_keys(given, kept, where: str = "") -> list[str]:
             else:
                 found += unknown_keys(value, kept[key], path)
     elif isinstance(given, list) and isinstance(kept, list):
-        for i, (value, dumped) in enumerate(zip(given, kept)):
+        for i, (value, dumped) in enumerate(zip(given, kept, strict=False)):
             found += unknown_keys(value, dumped, f"{where}[{i}]")
     return found
 
@@ -55,9 +57,7 @@ def check(obj: dict) -> list[str]:
     try:
         validated = model.model_validate(obj, strict=True)
     except pydantic.ValidationError as error:
-        return [
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
-        ]
+        return [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()]
     kept = validated.model_dump(by_alias=True, exclude_unset=True, mode="json")
     return unknown_keys(obj, kept)
 
