@@ -64,6 +64,18 @@ def render(tmp_path: Path, overlay: str | None) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
+def one(objects: list[dict], kind: str) -> dict:
+    """The one object of ``kind`` among ``objects``."""
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def containers(objects: list[dict]) -> dict[str, dict]:
+    """The agent's pod's containers by name."""
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     from jax_nbmem.cli.command import _parser
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from tests.deploy.kubernetes import KUBERNETES, cli_errors, render
+from tests.deploy.kubernetes import KUBERNETES, cli_errors, containers, one, render
 from tests.deploy.prometheus import REPO, RULE_TESTS, RULES, promtool
 
 OVERLAYS = [None, "z2jh"]  # None: the base alone
@@ -30,16 +30,6 @@ KUBERNETES_VERSIONS = ["1.30", "1.37"]
 @pytest.fixture(scope="module", params=OVERLAYS, ids=lambda o: o or "base")
 def rendered(request, tmp_path_factory):
     return render(tmp_path_factory.mktemp("render"), request.param)
-
-
-def one(objects, kind):
-    (found,) = [o for o in objects if o["kind"] == kind]
-    return found
-
-
-def containers(objects):
-    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
-    return {c["name"]: c for c in pod["containers"]}
 
 
 def kubernetes_validate(objects, tmp_path, version):

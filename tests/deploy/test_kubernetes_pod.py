@@ -12,9 +12,8 @@ import re
 import pytest
 import yaml
 
-from tests.deploy.kubernetes import KUBERNETES, render
+from tests.deploy.kubernetes import KUBERNETES, containers, one, render
 from tests.deploy.prometheus import REPO, RULES
-from tests.deploy.test_kubernetes import containers, one
 
 ROUTES = {"/healthz", "/metrics"}  # what the exporter serves (tests/cli/test_exporter_health)
 
