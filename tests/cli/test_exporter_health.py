@@ -22,9 +22,7 @@ def health(url: str, **fetch_args) -> tuple[int, str]:
 
 
 @pytest.mark.timeout(120)
-def test_healthz_is_200_while_fresh_and_503_with_the_reason_once_nvml_hangs(
-    sim_state, simgpu_env
-):
+def test_healthz_is_200_while_fresh_and_503_with_the_reason_once_nvml_hangs(sim_state, simgpu_env):
     sim_state.gpu(0, total=80 * GIB).write()
     with running_exporter(simgpu_env, "--interval", "0.5", "--stale-after", "2") as url:
         status, said = wait_for("a fresh look", lambda: (h := health(url))[0] == 200 and h)
