@@ -133,10 +133,11 @@ def test_the_z2jh_culler_talks_to_the_hub_with_the_token_of_its_secret(z2jh):
     secret = one(z2jh, "Secret")
     assert reference["name"] == secret["metadata"]["name"] and reference["key"] in secret["data"]
     assert env["JUPYTERHUB_API_URL"]["value"] == "http://hub.jhub.svc.cluster.local:8081/hub/api"
-    template = one(z2jh, "DaemonSet")["spec"]["template"]
-    assert template["metadata"]["labels"]["hub.jupyter.org/network-access-hub"] == "true"
+    template = one(z2jh, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     namespace = one(z2jh, "Namespace")["metadata"]["labels"]
-    assert namespace["hub.jupyter.org/network-access-hub"] == "true"
+    for access in ("hub", "proxy-http"):  # z2jh's NetworkPolicies: the hub's API, the proxy
+        assert template[f"hub.jupyter.org/network-access-{access}"] == "true"
+        assert namespace[f"hub.jupyter.org/network-access-{access}"] == "true"
 
 
 def _hub_config_scopes() -> list[str]:
@@ -159,6 +160,7 @@ def test_the_z2jh_values_register_the_culler_as_the_hub_config_does():
     assert role["services"] == ["jax-nbmem-culler"]
     assert role["scopes"] == _hub_config_scopes()
     assert hub["networkPolicy"]["interNamespaceAccessLabels"] == "accept"
+    assert values["proxy"]["chp"]["networkPolicy"]["interNamespaceAccessLabels"] == "accept"
     user = values["singleuser"]
     host = user["extraEnv"]["JAX_NBMEM_AGENT_HOST"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert host == "status.hostIP"
