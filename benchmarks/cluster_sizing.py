@@ -44,12 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def kubernetes_report(gpus: int, per_gpu: int, seed: int) -> dict:
-    """node_report's node with every process in a z2jh user's pod, on host ``node-<seed>``."""
+    """node_report's node (GPUs and kernel ids by ``seed``) with every process in a pod."""
     from tests.tenants.test_exposition import node_report
 
     report = node_report(gpus, per_gpu, seed=seed)
-    for gpu in report["gpus"]:
-        gpu["hostname"] = f"node-{seed}"
     for process in report["processes"]:
         user = process.get("hub_user") or process["user"]
         process["container"] = {"name": "notebook", "id": f"{process['pid']:064x}",
@@ -64,6 +62,7 @@ def serve_node(seed: int, gpus: int, per_gpu: int) -> None:
     from jax_nbmem.tenants.metrics import Snapshot
 
     report = kubernetes_report(gpus, per_gpu, seed)
+    socket.gethostname = lambda: f"node-{seed}"  # each node its Hostname, as on a cluster
 
     class Replayed(Exporter):
         def take_snapshot(self) -> Snapshot:
