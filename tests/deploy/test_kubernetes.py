@@ -122,11 +122,11 @@ def test_every_option_and_variable_given_to_jax_nbmem_exists_in_its_cli(rendered
 
 def test_the_cli_check_fails_for_an_option_or_a_variable_that_does_not_exist(tmp_path):
     agent = copy.deepcopy(containers(render(tmp_path, None))["agent"])
-    agent["args"] += ["--agent-listen", "0.0.0.0:9842"]
-    agent["env"] += [{"name": "JAX_NBMEM_AGENT_PORT", "value": "9842"}]
+    agent["args"] += ["--no-such-option", "0.0.0.0:9842"]
+    agent["env"] += [{"name": "JAX_NBMEM_NO_SUCH_VARIABLE", "value": "9842"}]
     errors = cli_errors(agent)
-    assert "agent: jax-nbmem exporter has no option --agent-listen" in errors
-    assert "agent: nothing reads $JAX_NBMEM_AGENT_PORT" in errors
+    assert "agent: jax-nbmem exporter has no option --no-such-option" in errors
+    assert "agent: nothing reads $JAX_NBMEM_NO_SUCH_VARIABLE" in errors
 
 
 def test_the_prometheus_rule_is_the_shipped_rules_and_passes_promtool(rendered, tmp_path):
