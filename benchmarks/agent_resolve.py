@@ -1,7 +1,8 @@
 """What the node agent adds to the exporter's refresh, with 8 GPUs x 200 processes in containers.
 
     python benchmarks/agent_resolve.py [--gpus 8] [--per-gpu 200] [--per-container 4]
-                                       [--kernels 1.0] [--rounds 15] [--proc DIR] [--json PATH]
+                                       [--kernels 1.0] [--rounds 15] [--proc DIR] [--pods]
+                                       [--json PATH]
 
 The processes are a synthetic /proc tree (on /dev/shm, a tmpfs like /proc: one directory per
 process with ``stat``, ``status`` with its NSpid, ``cgroup`` naming a Docker container, and
@@ -17,6 +18,13 @@ PIDs, each process entry's container and in-container PID), the resolution built
 state: the views cached by (PID, start ticks), as from the second refresh on; uncached: a
 fresh viewer each round (1,600 new processes, container names read from Docker's configs).
 Medians of ``--rounds``.
+
+``--pods``: Kubernetes instead of Docker, as the DaemonSet's agent sees it (deploy/kubernetes/):
+each process a z2jh user's pod of its own (``--per-container`` is then 1), its cgroup a
+containerd scope under the systemd driver read from the agent's private cgroup namespace
+(``0::/../../kubepods.slice/...``), and names from the kubelet's log directories
+(``/var/log/pods/<namespace>_<pod>_<uid>``, ``/var/log/containers/<pod>_<namespace>_<container>
+-<id>.log``), as many entries as pods.
 """
 
 from __future__ import annotations
@@ -42,6 +50,24 @@ from jax_nbmem.tenants.agent_publish import (  # noqa: E402
 from jax_nbmem.tenants.cgroups import ContainerNames  # noqa: E402
 from jax_nbmem.tenants.hostproof import HostProof  # noqa: E402
 from jax_nbmem.tenants.hostview import HostViewer  # noqa: E402
+
+
+def fake_pods(root: Path, pids: list[int]) -> None:
+    """As :func:`fake_proc`, each PID in a z2jh pod of its own (see the module's ``--pods``)."""
+    fake_proc(root, pids, 1)
+    (root / "pods").mkdir()
+    (root / "containers").mkdir()
+    for n, pid in enumerate(pids):
+        container = f"{n:064x}"
+        uid = f"{n:08x}-1111-2222-3333-{pid:012x}"
+        pod = f"jupyter-user{n}"
+        slice_ = f"kubepods-burstable-pod{uid.replace('-', '_')}"
+        path = f"kubepods.slice/kubepods-burstable.slice/{slice_}"
+        (root / "proc" / str(pid) / "cgroup").write_text(
+            f"0::/../../{path}.slice/cri-containerd-{container}.scope\n"
+        )
+        (root / "pods" / f"jhub_{pod}_{uid}" / "notebook").mkdir(parents=True)
+        (root / "containers" / f"{pod}_jhub_notebook-{container}.log").write_text("")
 
 
 def fake_proc(root: Path, pids: list[int], per_container: int) -> None:
@@ -108,6 +134,7 @@ def main() -> None:
     parser.add_argument("--kernels", type=float, default=1.0, help="share of proven kernels")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--proc", help="time this /proc instead of a synthetic tree")
+    parser.add_argument("--pods", action="store_true", help="Kubernetes pods, not Docker")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     count = args.gpus * args.per_gpu
@@ -118,9 +145,15 @@ def main() -> None:
             pids = sorted(int(n) for n in os.listdir(proc) if n.isdigit())[:count]
         else:
             pids = list(range(10000, 10000 + count))
-            fake_proc(root, pids, args.per_container)
+            if args.pods:
+                fake_pods(root, pids)
+            else:
+                fake_proc(root, pids, args.per_container)
             proc = str(root / "proc")
-        names = lambda: ContainerNames(docker_root=str(root / "docker"))  # noqa: E731
+        names = lambda: ContainerNames(  # noqa: E731
+            docker_root=str(root / "docker"), pod_logs=str(root / "pods"),
+            container_logs=str(root / "containers"),
+        )  # fmt: skip
         share, agent = root / "share", root / "share" / "agent"
         agent.mkdir(parents=True)
         for pid in pids[: count // 10]:  # live kernels' files in the share directory
@@ -152,12 +185,15 @@ def main() -> None:
             registry.viewer = fresh
             cold.append(one_pass(report, registry, fresh, ResolutionWriter(), share, agent, 5.0))
         size = (agent / "resolution.json").stat().st_size
+        written = json.loads((agent / "resolution.json").read_text())["processes"]
+        named = sum(1 for p in written if (p.get("container") or {}).get("name"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures = {
         "processes": len(pids),
         "proven_kernels": len(registry._by_pid),
         "proc": args.proc or "synthetic (/dev/shm)",
+        "containers": "kubernetes pods" if args.pods else "docker",
         "steady_ms": _ms(statistics.median(w for w, _ in steady)),
         "steady_cpu_ms": _ms(statistics.median(c for _, c in steady)),
         "steady_max_ms": _ms(max(w for w, _ in steady)),
@@ -165,6 +201,7 @@ def main() -> None:
         "uncached_cpu_ms": _ms(statistics.median(c for _, c in cold)),
         "load_average": round(os.getloadavg()[0], 1),
         "resolution_bytes": size,
+        "containers_named": named,
     }
     print(json.dumps(figures, indent=1))
     if args.json:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh machine: install the package with its test extras,
 # Debian's chromium for the browser tests, prometheus (with promtool) for the metrics tests,
-# node and configurable-http-proxy for the hub tests, then pytest (its "no tests ran" exit 5
+# node and configurable-http-proxy for the hub tests, the Prometheus Operator's CRD models
+# for the Kubernetes manifests' tests, then pytest (its "no tests ran" exit 5
 # fails too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,5 @@ python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 bash .ci/browser-deps.sh
 bash .ci/prometheus-deps.sh
 bash .ci/hub-deps.sh
+bash .ci/k8s-deps.sh
 exec python -m pytest "$@"

@@ -13,7 +13,9 @@ kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
 :mod:`jax_nbmem.tenants.publishers`). Its health is in its metrics: a snapshot older than
 ``stale_after`` seconds makes ``jax_nbmem_up`` 0 and takes the GPU-derived series away, its age
 counted from the start of the refresh under way if one is (a slow refresh on a loaded machine
-is not stale, a hung NVML is); its own ``process_*`` figures are there too.
+is not stale, a hung NVML is); its own ``process_*`` figures are there too. ``/healthz`` says
+the same for probes (a kubelet's): 200 while the last snapshot is fresh, 503 and why before
+the first one or once it is stale; it needs no password and tells nothing else.
 
 With a share directory it is also the node agent (docs/containers.md, "The node agent"): it
 listens on ``S/agent/agent.sock`` where kernels in containers prove who they are
@@ -62,7 +64,7 @@ from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
 from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
-from jax_nbmem.tenants.metrics import Snapshot
+from jax_nbmem.tenants.metrics import Snapshot, is_fresh
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 
@@ -310,7 +312,25 @@ class Exporter:
             start_response(captured["status"], [("Content-Type", CONTENT_TYPE_LATEST)])
             return [body + rest]
 
+        def health(start_response):
+            # Before the auth check: a kubelet's probe has no password, and this says only
+            # whether the last look is fresh (NVML down is no ill health: it is in /metrics).
+            snapshot, looking_since = self.latest(), self._looking_since
+            now = time.time()
+            if is_fresh(snapshot, now, self.stale_after, looking_since):
+                status, text = "200 OK", "ok: a fresh look at the node"
+            elif snapshot is None:
+                status, text = "503 Service Unavailable", "starting: no look at the node yet"
+            else:
+                since = max(snapshot.taken_at, looking_since or 0)
+                status = "503 Service Unavailable"
+                text = f"stale: no fresh look at the node for {now - since:.0f} s (a hung NVML?)"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"jax-nbmem exporter: {text}\n".encode()]
+
         def app(environ, start_response):
+            if environ.get("PATH_INFO") == "/healthz":
+                return health(start_response)
             if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
                 start_response("401 Unauthorized", [
                     ("Content-Type", "text/plain; charset=utf-8"),

@@ -275,6 +275,8 @@ def test_prometheus_sees_each_byte_once_and_health_when_nvml_fails(
         rules = yaml.safe_load(RULES.read_text())["groups"]
         for rule in (r for group in rules for r in group["rules"]):
             answer = prometheus.query(rule["expr"])
+            if "kube_pod_owner" in rule["expr"]:
+                continue  # kernels in pods: none here (jax_nbmem.rules.test.yml tests it)
             if "record" in rule:
                 assert answer, rule["record"]
             else:
