@@ -179,6 +179,12 @@ def _said(problem: str | None) -> None:
         _trouble[0] = problem
 
 
+def _failure(source: str, error: OSError) -> str:
+    if isinstance(error, TimeoutError):
+        return f"{source} did not answer in time"
+    return f"the connection to {source} failed ({error.strerror or error})"
+
+
 def _source(address: tuple[str, int]) -> str:
     host, port = address
     return f"the node agent at {f'[{host}]' if ':' in host else host}:{port}"
@@ -229,7 +235,7 @@ class TcpAgentClient:
             self._resolution_when_due()
         except OSError as error:
             self._once("send", f"jax_nbmem: the node agent's connection failed: {error}")
-            _said(f"{self.source} failed: {error}")
+            _said(_failure(self.source, error))
             self._drop()
 
     def keep_alive(self, content: dict[str, Any] | None) -> None:
@@ -252,7 +258,7 @@ class TcpAgentClient:
             line = self._answer(_MAX_ANSWER, _ANSWER_TIMEOUT_S)
         except OSError as error:
             self._once("resolution", f"jax_nbmem: the node agent's connection failed: {error}")
-            _said(f"{self.source} failed: {error}")
+            _said(_failure(self.source, error))
             self._drop()
             return False
         written_at, data = _split(line)

@@ -180,7 +180,7 @@ def load_resolution(
         judged = _judge_age(received, time.time() if now is None else now)
         trouble = network_problem()
         if judged.state == "stale" and trouble:
-            judged = replace(judged, reason=f"{judged.reason} ({trouble})")
+            judged = replace(judged, reason=f"{judged.reason}; {trouble}")
         return judged
     directory = os.path.join(share_dir, AGENT_DIR)
     path = resolution_path(share_dir)

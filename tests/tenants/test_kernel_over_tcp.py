@@ -271,10 +271,12 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
     # Carol's pod names an address where nobody listens: said, in her status, never raised.
     report = carol.status()
     assert report["agent"]["state"] == "absent"
-    assert wrong in report["agent"]["reason"], report["agent"]
+    assert report["agent"]["reason"].startswith(f"cannot reach the node agent at {wrong}: ")
     assert report["pid"] is None and report["pid_in_container"] == 1
+    assert {w["kind"] for w in report["warnings"]} >= {"pid-namespace", "blocking-preallocation"}
     shown = carol.run("%jaxmem status")
-    assert "Traceback" not in shown and wrong in shown, shown
+    assert f"Note: Node agent: cannot reach the node agent at {wrong}" in shown, shown
+    assert "--agent-listen" in shown and "Traceback" not in shown
 
     # Alice's pod is killed: her registration goes with its connection; the driver forgets
     # her PID. Neither the agent's resolution nor bob lists her any more.
@@ -291,7 +293,51 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
     os.kill(node.agent.pid, signal.SIGSTOP)
     stale = wait_for("bob told the agent is stale", lambda: next((
         w for w in bob.status()["warnings"] if w["kind"] == "agent-stale"), None), 30)  # fmt: skip
-    assert "stopped" in stale["message"]
+    assert "the agent has stopped; " in stale["message"]
+    assert f"the node agent at {node.address}" in stale["message"]  # what failed, said
     shown = bob.run("%jaxmem status")
     assert "WARNING [agent-stale]" in shown and "Traceback" not in shown
     assert psutil.pid_exists(bob.host_pid)
+
+
+@pytest.fixture
+def heard_nothing(monkeypatch):
+    """This process as a fresh kernel: no resolution received, no exchange failed yet."""
+    from jax_nbmem.tenants import agent_client_tcp
+
+    monkeypatch.setattr(agent_client_tcp, "_latest", [None, "", 0])
+    monkeypatch.setattr(agent_client_tcp, "_parsed", [0, None])
+    monkeypatch.setattr(agent_client_tcp, "_trouble", [None])
+
+
+def test_without_a_resolution_a_pod_is_told_why_before_and_after_trying(heard_nothing):
+    from jax_nbmem.tenants.resolution import load_resolution
+
+    def reason(environ):
+        found = load_resolution(None, environ=environ)
+        assert found.state == "absent" and not found.processes
+        return found.reason
+
+    assert "nor the node agent's address ($JAX_NBMEM_AGENT_ADDRESS" in reason({})
+    assert "address is malformed" in reason({"JAX_NBMEM_AGENT_ADDRESS": "node-without-port"})
+    assert reason({"JAX_NBMEM_AGENT_HOST": "10.0.0.1"}) == (
+        "no resolution from the node agent at 10.0.0.1:9842 yet")  # fmt: skip
+
+
+def test_an_agent_that_accepts_and_never_answers_is_said_silent(heard_nothing):
+    from jax_nbmem.tenants.agent_client_tcp import TcpAgentClient
+    from jax_nbmem.tenants.resolution import load_resolution
+    from tests.tenants.agent_client import beacon, claims
+
+    with socket.socket() as silent:  # its backlog completes the handshake; nobody reads
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = ("127.0.0.1", silent.getsockname()[1])
+        client = TcpAgentClient(address)
+        client.send(beacon(claims()))  # at most its answer's timeout, on the writer's thread
+        client.close()
+    assert client.proven_pid is None
+    environ = {"JAX_NBMEM_AGENT_ADDRESS": f"127.0.0.1:{address[1]}"}
+    found = load_resolution(None, environ=environ)
+    assert found.state == "absent"
+    assert found.reason == f"the node agent at 127.0.0.1:{address[1]} did not answer in time"
