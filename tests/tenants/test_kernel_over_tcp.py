@@ -240,13 +240,15 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
     assert kernels[alice.host_pid]["pid_ns"] == alice.ns
     assert kernels[bob.host_pid]["kernel"]["identity"]["hostname"] == "bob-pod"
 
-    # Bob, in his pod: alice's kernel named from what the agent proved, his own row found.
+    # Bob, in his pod: alice's kernel named from what the agent proved, his own row found
+    # (once the resolution he holds was written after both registered: within 2 s or so).
     def alice_named():
         report = bob.status()
         theirs = _rows(report).get(alice.host_pid)
-        return report if theirs and theirs["source"] == "agent" and theirs["hub_user"] else None
+        named = theirs and theirs["source"] == "agent" and theirs["hub_user"]
+        return report if named and report["pid"] is not None else None
 
-    report = wait_for("bob's status naming alice's kernel", alice_named, 20)
+    report = wait_for("bob's status naming alice's kernel and finding his own", alice_named, 20)
     rows = _rows(report)
     theirs, ours = rows[alice.host_pid], rows[bob.host_pid]
     assert (theirs["kind"], theirs["hub_user"]) == ("kernel", "alice")
@@ -285,9 +287,11 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
     assert f"Note: Node agent: cannot reach the node agent at {wrong}" in shown, shown
     assert "--agent-listen" in shown and "Traceback" not in shown
 
-    # Alice's pod is killed: her registration goes with its connection; the driver forgets
-    # her PID. Neither the agent's resolution nor bob lists her any more.
+    # Alice's pod is killed: her registration goes with its connection, even while the driver
+    # still lists her PID; once it forgets it, neither the agent's resolution nor bob lists her.
     alice.kill()
+    wait_for("alice's kernel gone from the agent's resolution",
+             lambda: alice.host_pid not in _kernels_in_resolution(node.share), 15)  # fmt: skip
     node.state.remove_process(alice.host_pid).write()
     wait_for("alice gone from the agent's resolution", lambda: alice.host_pid not in {
         p["pid"] for p in _resolution(node.share)["processes"]}, 15)  # fmt: skip
