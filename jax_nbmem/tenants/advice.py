@@ -123,8 +123,9 @@ def _in_foreign_namespace(tenant: Tenant) -> bool:
 
 _AGENT_ADVICE = (
     "Ask the administrator to run the node agent on this GPU node (`jax-nbmem exporter "
-    "--share-dir DIR` on the host, DIR being the share directory mounted in every container): "
-    "it names every process on the GPU by its host PID, for every container."
+    "--share-dir DIR` on the host, DIR being the share directory mounted in every container; "
+    "on Kubernetes its DaemonSet, `--agent-listen` at the address pods are given): it names "
+    "every process on the GPU by its host PID, for every container."
 )
 
 
@@ -141,7 +142,8 @@ def _stale_message(agent) -> str:
     return (
         f"The node agent stopped resolving host PIDs ({agent.reason}), so the GPU's processes "
         "are named by guesses (marked inferred) until it runs again: ask the administrator "
-        "to restart it (`jax-nbmem exporter --share-dir DIR` on the host)."
+        "to restart it (`jax-nbmem exporter --share-dir DIR` on the host; on Kubernetes, its "
+        "DaemonSet's pod on this node)."
     )
 
 

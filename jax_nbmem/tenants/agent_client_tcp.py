@@ -45,7 +45,10 @@ __all__ = [
     "RESOLUTION_EVERY_S",
     "TcpAgentClient",
     "agent_address",
+    "network_absence",
     "network_client",
+    "network_configured",
+    "network_problem",
     "network_resolution",
     "parsed_network_resolution",
 ]
@@ -68,6 +71,8 @@ T = TypeVar("T")
 # The last resolution received, by any client of this process: [data, source, serial].
 _latest: list = [None, "", 0]
 _parsed: list = [0, None]  # [serial, what parse made of it]
+# Why the last exchange with the agent failed, by any client of this process (None: it went well).
+_trouble: list = [None]
 _latest_lock = threading.Lock()
 
 
@@ -93,6 +98,12 @@ def agent_address(environ: Mapping[str, str] | None = None) -> tuple[str, int] |
     return host, int(port)
 
 
+def network_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment names a node agent's address (well formed or not)."""
+    environ = os.environ if environ is None else environ
+    return any(environ.get(name, "").strip() for name in (ENV_AGENT_ADDRESS, ENV_AGENT_HOST))
+
+
 def network_client(environ: Mapping[str, str] | None = None) -> TcpAgentClient | None:
     """A client for the agent the environment names, or None (unset, or malformed: logged)."""
     try:
@@ -107,6 +118,29 @@ def network_resolution() -> tuple[bytes, str] | None:
     """The last resolution a client received (its JSON) and where from; None if none yet."""
     with _latest_lock:
         return None if _latest[0] is None else (_latest[0], _latest[1])
+
+
+def network_problem() -> str | None:
+    """Why the last exchange with the node agent failed (unreachable, silent, no resolution).
+
+    None when it went well, or none was tried yet.
+    """
+    with _latest_lock:
+        return _trouble[0]
+
+
+def network_absence(environ: Mapping[str, str] | None = None) -> str:
+    """Why no resolution has come over the network: no address, a malformed one, or a failure."""
+    try:
+        address = agent_address(environ)
+    except ValueError as error:
+        return f"the node agent's address is malformed ({error})"
+    if address is None:
+        return (
+            f"no share directory is set, nor the node agent's address (${ENV_AGENT_ADDRESS} or "
+            f"${ENV_AGENT_HOST})"
+        )
+    return network_problem() or f"no resolution from {_source(address)} yet"
 
 
 def parsed_network_resolution(parse: Callable[[bytes, str], T]) -> T | None:
@@ -137,6 +171,23 @@ def _split(line: bytes) -> tuple[float | None, bytes | None]:
 def _keep(data: bytes, source: str) -> None:
     with _latest_lock:
         _latest[:] = [data, source, _latest[2] + 1]
+        _trouble[0] = None
+
+
+def _said(problem: str | None) -> None:
+    with _latest_lock:
+        _trouble[0] = problem
+
+
+def _failure(source: str, error: OSError) -> str:
+    if isinstance(error, TimeoutError):
+        return f"{source} did not answer in time"
+    return f"the connection to {source} failed ({error.strerror or error})"
+
+
+def _source(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"the node agent at {f'[{host}]' if ':' in host else host}:{port}"
 
 
 class TcpAgentClient:
@@ -144,8 +195,7 @@ class TcpAgentClient:
 
     def __init__(self, address: tuple[str, int], resolution_every_s: float = RESOLUTION_EVERY_S):
         self.address = address
-        host, port = address
-        self.source = f"the node agent at {f'[{host}]' if ':' in host else host}:{port}"
+        self.source = _source(address)
         self.resolution_every_s = resolution_every_s
         self._sock: socket.socket | None = None
         self._pending = b""
@@ -185,6 +235,7 @@ class TcpAgentClient:
             self._resolution_when_due()
         except OSError as error:
             self._once("send", f"jax_nbmem: the node agent's connection failed: {error}")
+            _said(_failure(self.source, error))
             self._drop()
 
     def keep_alive(self, content: dict[str, Any] | None) -> None:
@@ -207,6 +258,7 @@ class TcpAgentClient:
             line = self._answer(_MAX_ANSWER, _ANSWER_TIMEOUT_S)
         except OSError as error:
             self._once("resolution", f"jax_nbmem: the node agent's connection failed: {error}")
+            _said(_failure(self.source, error))
             self._drop()
             return False
         written_at, data = _split(line)
@@ -217,10 +269,12 @@ class TcpAgentClient:
                 answer = None
             if isinstance(answer, dict) and answer.get("unchanged") is True:
                 self.resolution_reason = None
+                _said(None)
                 return True  # the one it has is the newest
             if not isinstance(answer, dict) or not isinstance(answer.get("resolution"), dict):
                 why = answer.get("reason") if isinstance(answer, dict) else None
                 self.resolution_reason = str(why or "the agent's answer is no resolution")[:500]
+                _said(f"{self.source} sent no resolution: {self.resolution_reason}")
                 return False
             written_at, data = answer.get("written_at"), json.dumps(answer["resolution"]).encode()
         self.resolution_reason, self.written_at = None, written_at
@@ -239,8 +293,9 @@ class TcpAgentClient:
         try:
             sock = socket.create_connection(self.address, timeout=_TIMEOUT_S)
         except OSError as error:
-            why = f"jax_nbmem: cannot reach {self.source}: {error.strerror or error}"
-            self._once("connect", why)
+            why = f"cannot reach {self.source}: {error.strerror or error}"
+            self._once("connect", f"jax_nbmem: {why}")
+            _said(why)
             return False
         self._sock, self._pending = sock, b""
         return True

@@ -24,11 +24,15 @@ import pwd
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jax_nbmem.tenants.agent_client import AGENT_DIR
-from jax_nbmem.tenants.agent_client_tcp import parsed_network_resolution
+from jax_nbmem.tenants.agent_client_tcp import (
+    network_absence,
+    network_problem,
+    parsed_network_resolution,
+)
 from jax_nbmem.tenants.beacons import Beacon, _count, _number, _text, beacon_from, read_small_file
 from jax_nbmem.tenants.identity import own_identity, same_namespace
 
@@ -166,13 +170,18 @@ def load_resolution(
     """Read and check the agent's resolution in ``share_dir``; never raises.
 
     Without a share directory (a pod on Kubernetes), the resolution the node agent last sent
-    over the network (:mod:`~jax_nbmem.tenants.agent_client_tcp`), if any.
+    over the network (:mod:`~jax_nbmem.tenants.agent_client_tcp`), if any; absent, or stale,
+    with the reason the agent was not heard (no address, unreachable, silent).
     """
     if not share_dir:
         received = parsed_network_resolution(_parse)
-        if received is not None:
-            return _judge_age(received, time.time() if now is None else now)
-        return Resolution("absent", "no share directory is set")
+        if received is None:
+            return Resolution("absent", network_absence(environ))
+        judged = _judge_age(received, time.time() if now is None else now)
+        trouble = network_problem()
+        if judged.state == "stale" and trouble:
+            judged = replace(judged, reason=f"{judged.reason}; {trouble}")
+        return judged
     directory = os.path.join(share_dir, AGENT_DIR)
     path = resolution_path(share_dir)
     trusted_uids = {0}

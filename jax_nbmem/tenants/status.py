@@ -21,6 +21,7 @@ from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
+from jax_nbmem.tenants.agent_client_tcp import network_configured
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.cgroups import container_text
@@ -131,7 +132,7 @@ def collect(
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
     dirs = beacon_dirs(share_dir)
     shared = share_dir or os.environ.get(ENV_SHARE_DIR) or None
-    resolution = load_resolution(shared, agent_user=agent_user)
+    resolution = load_resolution(shared, agent_user=agent_user, environ=environ)
     identity = own_identity()
     in_container = in_initial_namespace(identity) is False
     beacons = {}
@@ -189,7 +190,9 @@ def collect(
         read_at=read_at,
         own_caps=caps,
     )
-    if resolution.state in ("untrusted", "malformed"):
+    # A pod given the agent's address that has not heard from it: said (a plain host is not).
+    unheard = resolution.state == "absent" and not shared and network_configured(environ)
+    if resolution.state in ("untrusted", "malformed") or unheard:
         notes.append(f"Node agent: {resolution.reason}.")
     host_pid = own_pid
     if in_container:
