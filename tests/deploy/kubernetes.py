@@ -8,6 +8,8 @@
   ``jax-nbmem``: every option must be one of its argparse parsers' (jax_nbmem/cli/command.py),
   the whole line must parse, and every environment variable must be one that jax_nbmem/cli/
   reads (or one the container runtime reads, named with why).
+- :func:`pod_environment`: a container's environment as the kubelet would set it (the downward
+  API's fields from :data:`DOWNWARD`), to run its command here; :func:`closed_port`.
 """
 
 from __future__ import annotations
