@@ -24,7 +24,7 @@ and idle times, it writes ``S/agent/resolution.json`` (every NVML PID and every 
 kernel, with its container) and clears what dead kernels left. ``agent=False`` (the
 command's ``--no-agent``) leaves that out.
 
-On Kubernetes (docs/containers.md, "Kubernetes: how kernels reach the agent") users' pods
+On Kubernetes (docs/containers.md, "Kubernetes: how kernels reach the node agent") users' pods
 have neither the host's PID namespace nor the share directory: ``agent_listen`` (the
 command's ``--agent-listen HOST:PORT``, the node's address) makes the agent listen on TCP
 too, where a kernel is proven by the host process that holds its socket and reads the

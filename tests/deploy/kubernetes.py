@@ -8,6 +8,8 @@
   ``jax-nbmem``: every option must be one of its argparse parsers' (jax_nbmem/cli/command.py),
   the whole line must parse, and every environment variable must be one that jax_nbmem/cli/
   reads (or one the container runtime reads, named with why).
+- :func:`pod_environment`: a container's environment as the kubelet would set it (the downward
+  API's fields from :data:`DOWNWARD`), to run its command here; :func:`closed_port`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import importlib
 import io
 import shutil
+import socket
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -168,3 +171,30 @@ def cli_errors(container: dict) -> list[str]:
         if variable["name"] not in read and variable["name"] not in RUNTIME_ENV:
             errors.append(f"{container['name']}: nothing reads ${variable['name']}")
     return errors
+
+
+# What the downward API would give the agent's container, for running its command here.
+DOWNWARD = {"spec.nodeName": "gpu-node-1", "status.hostIP": "127.0.0.1"}
+
+
+def pod_environment(container: dict) -> dict[str, str]:
+    """The container's environment as the kubelet would set it: its values, and its downward
+    API fields from :data:`DOWNWARD` (any other reference fails the test)."""
+    env = {}
+    for variable in container.get("env", []):
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+            continue
+        field = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field is not None:
+            env[variable["name"]] = DOWNWARD[field]
+        elif "secretKeyRef" not in variable.get("valueFrom", {}):
+            pytest.fail(f"{container['name']}: ${variable['name']} from what? {variable}")
+    return env
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

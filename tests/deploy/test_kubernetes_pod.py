@@ -76,39 +76,102 @@ def test_every_gpu_is_seen_and_none_is_taken_from_users(base):
 
 
 def test_probes_ask_routes_the_exporter_serves_on_ports_the_container_has(base):
-    for container in containers(base).values():
-        ports = {p["name"] for p in container["ports"]}
-        probes = [k for k in container if k.endswith("Probe")]
-        assert probes
-        for kind in probes:
-            get = container[kind]["httpGet"]
-            assert get["path"] in ROUTES and get["port"] in ports, (container["name"], kind)
     agent = containers(base)["agent"]
-    assert {agent[k]["httpGet"]["path"] for k in agent if k.endswith("Probe")} == {"/healthz"}
+    ports = {p["name"] for p in agent["ports"]}
+    probes = [k for k in agent if k.endswith("Probe")]
+    assert sorted(probes) == ["livenessProbe", "readinessProbe", "startupProbe"]
+    for kind in probes:
+        get = agent[kind]["httpGet"]
+        assert get["path"] in ROUTES and get["port"] in ports, kind
+    assert {agent[k]["httpGet"]["path"] for k in probes} == {"/healthz"}
+    # The culler serves nothing off loopback (`cull --listen` refuses any other address), so
+    # there is nothing a kubelet's probe could ask: no port, no probe.
+    culler = containers(base)["culler"]
+    assert "ports" not in culler and not [k for k in culler if k.endswith("Probe")]
 
 
-def test_the_service_and_the_service_monitor_reach_both_containers(base):
+def _option(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("overlay", [None, "z2jh", "tls"], ids=lambda o: o or "base")
+def test_the_agent_listens_for_kernels_where_users_pods_are_told_to_look(overlay, tmp_path):
+    objects = render(tmp_path, overlay)
+    agent, culler = containers(objects)["agent"], containers(objects)["culler"]
+    args = agent["args"]
+    host, _, port = _option(args, "--agent-listen").rpartition(":")
+    assert host == "0.0.0.0"  # the pod's address, where the hostPort's NAT delivers
+    (declared,) = [p for p in agent["ports"] if p["name"] == "agent"]
+    assert declared["containerPort"] == declared["hostPort"] == int(port)
+    values = yaml.safe_load((KUBERNETES / "z2jh-values.yaml").read_text())
+    assert values["singleuser"]["extraEnv"]["JAX_NBMEM_AGENT_PORT"] == port
+    # Pods named through the API, for the node the pod runs on; a pod that cannot refuses.
+    assert _option(args, "--kubernetes") == "on"
+    assert _option(args, "--pod-names-visible") == "own"
+    env = {v["name"]: v for v in agent["env"]}
+    assert env["JAX_NBMEM_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # The culler would refuse a --listen off loopback: the agent serves its count.
+    assert "--listen" not in culler["args"]
+    assert _option(culler["args"], "--share-dir") == _option(args, "--share-dir")
+
+
+def test_the_service_and_the_service_monitor_reach_the_agent_s_metrics(base):
     template = one(base, "DaemonSet")["spec"]["template"]
     service = one(base, "Service")
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
-    declared = {p["name"] for c in template["spec"]["containers"] for p in c["ports"]}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} == declared
+    (agent,) = [c for c in template["spec"]["containers"] if c["name"] == "agent"]
+    declared = {p["name"] for p in agent["ports"]}
+    assert declared == {"metrics", "agent"}
+    # Kernels dial their own node's address (the hostPort), never a Service.
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
     monitor = one(base, "ServiceMonitor")
     selects = monitor["spec"]["selector"]["matchLabels"]
     assert selects.items() <= service["metadata"]["labels"].items()
-    names = {p["name"] for p in service["spec"]["ports"]}
-    jobs = set()
-    for endpoint in monitor["spec"]["endpoints"]:
-        assert endpoint["port"] in names and endpoint["honorLabels"] is True
-        relabel = endpoint["relabelings"]
-        (job,) = [r["replacement"] for r in relabel if r.get("targetLabel") == "job"]
-        jobs.add(job)
-        drops = [r for r in endpoint["relabelings"] if r["action"] == "labeldrop"]
-        assert [d["regex"] for d in drops] == ["(pod|namespace|container)"]
-    assert jobs == {"jax_nbmem", "jax_nbmem_culler"}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
+    relabel = endpoint["relabelings"]
+    assert [r["replacement"] for r in relabel if r.get("targetLabel") == "job"] == ["jax_nbmem"]
+    drops = [r for r in relabel if r["action"] == "labeldrop"]
+    assert [d["regex"] for d in drops] == ["(pod|namespace|container)"]
     assert 'absent(up{job="jax_nbmem"})' in RULES.read_text()  # the job the rules know
+
+
+def _admitted(policy: dict) -> dict[str, list[dict]]:
+    """The NetworkPolicy's ingress peers by port name."""
+    peers: dict[str, list[dict]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            peers.setdefault(port["port"], []).extend(rule["from"])
+    return peers
+
+
+def test_the_network_policy_admits_prometheus_to_the_metrics_and_users_pods_to_the_agent(
+    base, z2jh
+):
+    pod_labels = one(base, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     policy = one(base, "NetworkPolicy")
-    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == declared
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    singleuser = {"matchLabels": {"component": "singleuser-server"}}  # KubeSpawner's, in z2jh
+    monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert _admitted(policy) == {
+        "metrics": [{"namespaceSelector": monitoring}],
+        "agent": [{"namespaceSelector": {}, "podSelector": singleuser}],  # any namespace's
+    }
+    jhub = {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}}
+    assert _admitted(one(z2jh, "NetworkPolicy")) == {
+        "metrics": [{"namespaceSelector": monitoring}],
+        "agent": [{"namespaceSelector": jhub, "podSelector": singleuser}],  # the hub's only
+    }
+    # And z2jh's own policy on users' pods lets them out to the agent's pod and port.
+    values = yaml.safe_load((KUBERNETES / "z2jh-values.yaml").read_text())
+    (rule,) = values["singleuser"]["networkPolicy"]["egress"]
+    (peer,) = rule["to"]
+    namespace = one(base, "Namespace")["metadata"]["name"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    agent = containers(base)["agent"]
+    (port,) = [p["containerPort"] for p in agent["ports"] if p["name"] == "agent"]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
 
 
 def test_the_agent_may_only_read_pods(base):

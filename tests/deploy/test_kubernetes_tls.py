@@ -14,7 +14,7 @@ import pytest
 
 from jax_nbmem.simgpu import GIB
 from tests.cli.test_exporter import running_exporter
-from tests.deploy.kubernetes import containers, one, render
+from tests.deploy.kubernetes import closed_port, containers, one, pod_environment, render
 from tests.waiting import wait_for
 
 pytest.importorskip("prometheus_client")
@@ -57,6 +57,7 @@ def test_the_rendered_secrets_serve_tls_and_basic_auth_as_the_service_monitor_as
     web = secret_files(secrets[volume["secret"]["secretName"]], tmp_path / "web")
     args = [a.replace(mount["mountPath"], str(web)) for a in agent["args"]]
     args[args.index("--listen") + 1] = "0.0.0.0:0"
+    args[args.index("--agent-listen") + 1] = "127.0.0.1:0"
     args[args.index("--share-dir") + 1] = str(tmp_path / "share")
     (tmp_path / "share").mkdir()
     endpoint = one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
@@ -68,7 +69,11 @@ def test_the_rendered_secrets_serve_tls_and_basic_auth_as_the_service_monitor_as
     probe = agent["livenessProbe"]["httpGet"]
     assert (probe["scheme"], endpoint["scheme"]) == ("HTTPS", "https")
     sim_state.gpu(0, total=80 * GIB).write()
-    with running_exporter(simgpu_env, *args) as url:
+    # As in a pod (--kubernetes on refuses to start outside one): the API's address, here one
+    # that does not answer (its state is said, not fatal), and the node's name.
+    env = {**simgpu_env, **pod_environment(agent), "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+           "KUBERNETES_SERVICE_PORT": str(closed_port())}  # fmt: skip
+    with running_exporter(env, *args) as url:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         path = endpoint["path"]
         assert get(port, path, ca, name)[0] == 401
