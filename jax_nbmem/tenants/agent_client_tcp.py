@@ -16,7 +16,9 @@ the same connection the kernel asks ``{"request": "resolution", "since": W}`` (a
 ``RESOLUTION_EVERY_S``; W: when the one it has was written, so an unchanged one is not sent
 again) and keeps the answer: the node's resolution as this pod's namespace may see it, which
 :func:`parsed_network_resolution` hands to the resolution's reader in place of
-``S/agent/resolution.json``.
+``S/agent/resolution.json``. An answer may carry the culler's notice for this kernel (``"notice":
+{...}``, what ``S/jax_nbmem-cull-<key>.json`` says on a host with a share directory): kept, with
+each answer, for :func:`network_notice`; an answer without one, or a lost connection, clears it.
 
 :class:`TcpAgentClient` has :class:`~.agent_client.AgentClient`'s interface (``send``,
 ``keep_alive``, ``close``, ``proven_pid``, ``last_reason``): only the beacon writer's thread
@@ -48,6 +50,7 @@ __all__ = [
     "network_absence",
     "network_client",
     "network_configured",
+    "network_notice",
     "network_problem",
     "network_resolution",
     "parsed_network_resolution",
@@ -66,6 +69,8 @@ _MAX_ANSWER = 32 << 20
 _TIMEOUT_S = 2.0
 _ANSWER_TIMEOUT_S = 5.0
 _HEAD, _MIDDLE, _TAIL = b'{"ok":true,"written_at":', b',"resolution":', b"}"
+_NOTICE_HEAD = b'{"notice":'
+_MAX_NOTICE = 64 * 1024
 T = TypeVar("T")
 
 # The last resolution received, by any client of this process: [data, source, serial].
@@ -73,6 +78,8 @@ _latest: list = [None, "", 0]
 _parsed: list = [0, None]  # [serial, what parse made of it]
 # Why the last exchange with the agent failed, by any client of this process (None: it went well).
 _trouble: list = [None]
+# The culler's notice for this kernel in the agent's last answer (its dict), or None.
+_notice: list = [None]
 _latest_lock = threading.Lock()
 
 
@@ -141,6 +148,41 @@ def network_absence(environ: Mapping[str, str] | None = None) -> str:
             f"${ENV_AGENT_HOST})"
         )
     return network_problem() or f"no resolution from {_source(address)} yet"
+
+
+def network_notice() -> dict | None:
+    """The culler's notice for this kernel, as the node agent last relayed it; None: none.
+
+    Checked by the reader (:func:`~.culling.relayed_notice`): meant for this kernel's key and
+    host PID, of its start.
+    """
+    with _latest_lock:
+        return _notice[0]
+
+
+def _relayed(notice: Any) -> None:
+    with _latest_lock:
+        _notice[0] = notice if isinstance(notice, dict) else None
+
+
+def _without_notice(line: bytes) -> tuple[Any, bytes]:
+    """(the notice, the rest of the answer) of ``{"notice": {...}, "ok": true, ...}``.
+
+    The agent puts a caller's notice first, before the resolution it encodes once for all
+    callers; the rest is then that answer as :func:`_split` reads it. (None, ``line``) when
+    there is no notice first, or it is no JSON.
+    """
+    if not line.startswith(_NOTICE_HEAD):
+        return None, line
+    head = line[len(_NOTICE_HEAD) : len(_NOTICE_HEAD) + _MAX_NOTICE].decode("ascii", "replace")
+    try:
+        notice, end = json.JSONDecoder().raw_decode(head)
+    except ValueError:
+        return None, line
+    rest = line[len(_NOTICE_HEAD) + end :]
+    if not rest.startswith(b","):
+        return None, line
+    return notice, b"{" + rest[1:]
 
 
 def parsed_network_resolution(parse: Callable[[bytes, str], T]) -> T | None:
@@ -261,15 +303,18 @@ class TcpAgentClient:
             _said(_failure(self.source, error))
             self._drop()
             return False
-        written_at, data = _split(line)
+        notice, rest = _without_notice(line)
+        written_at, data = _split(rest)
         if data is None:
             try:
                 answer = json.loads(line)
             except ValueError:
                 answer = None
+            notice = answer.get("notice") if isinstance(answer, dict) else None
             if isinstance(answer, dict) and answer.get("unchanged") is True:
                 self.resolution_reason = None
                 _said(None)
+                _relayed(notice)
                 return True  # the one it has is the newest
             if not isinstance(answer, dict) or not isinstance(answer.get("resolution"), dict):
                 why = answer.get("reason") if isinstance(answer, dict) else None
@@ -279,6 +324,7 @@ class TcpAgentClient:
             written_at, data = answer.get("written_at"), json.dumps(answer["resolution"]).encode()
         self.resolution_reason, self.written_at = None, written_at
         _keep(data, self.source)
+        _relayed(notice)
         return True
 
     def _resolution_when_due(self) -> None:
@@ -343,6 +389,7 @@ class TcpAgentClient:
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
         self.proven_pid = None
+        _relayed(None)  # the agent relays notices to a proven connection only
         if sock is not None:
             try:
                 sock.close()

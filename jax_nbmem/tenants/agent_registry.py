@@ -188,6 +188,12 @@ class Registry:
                 del self._by_pid[registration.pid]
         return gone
 
+    def of_connection(self, pid: int, connection: int) -> Registration | None:
+        """What ``connection`` proved for host PID ``pid``, or None (nothing, or not it)."""
+        with self._lock:
+            found = self._by_pid.get(pid)
+        return found if found is not None and found.connection == connection else None
+
     def proven(self, views: dict[int, HostView | None] | None = None) -> dict[int, Registration]:
         """The registrations whose process still runs (same start ticks), by host PID.
 

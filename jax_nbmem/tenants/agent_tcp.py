@@ -8,6 +8,14 @@ resolution as the caller may see it: ``{"ok": true, "written_at": W, "resolution
 or ``{"ok": true, "written_at": W, "unchanged": true}``, and only to a caller that is a
 process on this node.
 
+The culler's notice for the caller (``jax_nbmem-cull-<key>.json`` in the share directory,
+which a kernel in a pod cannot read) comes with either answer as ``"notice": {...}``: only to
+a caller proven on this connection, only the notice of its own key (``<pid>``, or
+``<ns_ino>-<pid_in_ns>`` as the host sees its PID namespace) and of its host PID, and only a
+notice the kernel would trust as a file (root's or the share directory owner's:
+:func:`~.culling.read_notice`). In a full answer it comes first (``{"notice": {...}, "ok":
+true, ...}``), so the resolution after it is sent as encoded once for every caller.
+
 :class:`TcpSide` is a part of :class:`~.agent.AgentServer` (its state is the server's).
 """
 
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_nbmem.tenants.agent_registry import AgentDirError
+from jax_nbmem.tenants.culling import notice_content, read_notice
 from jax_nbmem.tenants.netpeer import family_of
 
 __all__ = ["LISTENER_TCP", "Connection", "TcpSide"]
@@ -120,10 +129,36 @@ class TcpSide:
             self._send(connection, {"ok": False, "reason": "the agent has no resolution yet"})
             return
         written_at, text = found
+        notice = self._notice_for(connection)
         if since is not None and since == written_at:  # the caller has it already
-            self._send(connection, {"ok": True, "written_at": written_at, "unchanged": True})
+            answer = {"ok": True, "written_at": written_at, "unchanged": True}
+            self._send(connection, answer if notice is None else {**answer, "notice": notice})
             return
-        self._send_raw(connection, self._encoded(written_at, text))
+        line = self._encoded(written_at, text)
+        if notice is not None:  # first, before the resolution encoded for every caller
+            line = b'{"notice":' + json.dumps(notice).encode() + b"," + line[1:]
+        self._send_raw(connection, line)
+
+    def _notice_for(self, connection: Connection) -> dict | None:
+        """The culler's notice for the kernel proven on ``connection``, or None (see the module).
+
+        Read at each ask (at most one small file, none when there is no notice): a notice
+        written or taken away reaches the kernel at its next ask.
+        """
+        if not connection.proven or not self.share_dir:
+            return None
+        registration = self.registry.of_connection(connection.pid, connection.number)
+        if registration is None:
+            return None
+        key = registration.key
+        try:
+            notice = read_notice([self.share_dir], registration.pid,
+                                 key=None if key == str(registration.pid) else key)  # fmt: skip
+        except OSError:
+            return None
+        if notice is None or notice.pid != registration.pid:
+            return None  # another process's (an earlier one of that key)
+        return notice_content(notice)
 
     def _encoded(self, written_at: float, text: str) -> bytes:
         """The answer line for a resolution text, encoded once per pass and text.

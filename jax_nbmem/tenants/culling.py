@@ -46,9 +46,11 @@ __all__ = [
     "Notice",
     "candidates",
     "culled_collector",
+    "notice_content",
     "notice_warning",
     "read_counts",
     "read_notice",
+    "relayed_notice",
     "remove_notice",
     "write_counts",
     "write_notice",
@@ -255,22 +257,56 @@ def read_notice(
     """
     for directory in directories:
         content = _read_trusted(directory, os.path.basename(_path(directory, key or pid)))
-        try:
-            notice = Notice(
-                pid=int(content["pid"]), started_at=content.get("started_at"),
-                warned_at=float(content["warned_at"]), deadline=float(content["deadline"]),
-                reason=str(content["reason"]), why=str(content["why"]),
-                key=content.get("key") if isinstance(content.get("key"), str) else None,
-            )  # fmt: skip
-        except (ValueError, KeyError, TypeError):
-            continue
-        if not _meant_for(notice, pid, key):
-            continue
-        if started_at is not None and notice.started_at is not None:
-            if abs(notice.started_at - started_at) > 1.0:
-                continue  # meant for an earlier process of that PID
-        return notice
+        notice = _checked(content, pid, started_at, key)
+        if notice is not None:
+            return notice
     return None
+
+
+def relayed_notice(
+    content: Any, pid: int, started_at: float | None = None, key: str | None = None
+) -> Notice | None:
+    """The notice the node agent relayed to this kernel (``content``: its dict), or None.
+
+    A kernel in a pod has no share directory: the agent, which reads the culler's notices
+    there as :func:`read_notice` does (root's or the directory owner's only), gives each
+    proven caller its own over the connection the kernel opened (:mod:`.agent_tcp`). Checked
+    here as a file's would be: meant for ``pid`` / ``key``, of this process's start.
+    """
+    return _checked(content, pid, started_at, key)
+
+
+def notice_content(notice: Notice) -> dict:
+    """A notice as the agent relays it (the file's keys)."""
+    return asdict(notice)
+
+
+def _checked(content: Any, pid: int, started_at: float | None, key: str | None) -> Notice | None:
+    """``content`` as a Notice when it is one meant for this kernel, else None."""
+    if not isinstance(content, dict):
+        return None
+    try:
+        notice = Notice(
+            pid=int(content["pid"]), started_at=_number(content.get("started_at")),
+            warned_at=float(content["warned_at"]), deadline=float(content["deadline"]),
+            reason=str(content["reason"]), why=str(content["why"]),
+            key=content.get("key") if isinstance(content.get("key"), str) else None,
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, OverflowError):
+        return None
+    if not _meant_for(notice, pid, key):
+        return None
+    if started_at is not None and notice.started_at is not None:
+        if abs(notice.started_at - started_at) > 1.0:
+            return None  # meant for an earlier process of that PID
+    return notice
+
+
+def _number(value: Any) -> float | None:
+    """A notice's ``started_at``: a number, or None (absent or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def _meant_for(notice: Notice, pid: int, key: str | None) -> bool:

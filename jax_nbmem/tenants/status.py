@@ -21,12 +21,12 @@ from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
-from jax_nbmem.tenants.agent_client_tcp import network_configured
+from jax_nbmem.tenants.agent_client_tcp import network_configured, network_notice
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.containers import from_container
-from jax_nbmem.tenants.culling import notice_warning, read_notice
+from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
 from jax_nbmem.tenants.hostproof import host_proof
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
@@ -238,7 +238,10 @@ def collect(
         process.setdefault("container", None)
     if in_kernel and host_pid is not None:  # the node's GPU culler may have warned this kernel
         key = beacon_key(identity) if in_container else None
-        notice = read_notice(dirs, host_pid, _own_start(), key=key)
+        started = _own_start()
+        notice = read_notice(dirs, host_pid, started, key=key)
+        if notice is None:  # a pod has no share directory: the agent relays its notice
+            notice = relayed_notice(network_notice(), host_pid, started, key=key)
         own_gpu = next((t.gpu for t in tenants if t.kind == "self"), None)
         pending = notice_warning(notice, host_pid, own_gpu)
         if pending is not None:
