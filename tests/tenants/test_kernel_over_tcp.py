@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import psutil
@@ -92,12 +93,18 @@ class Pod(Container):
     pods start their kernels at once; :meth:`run` does both.
     """
 
-    def __init__(self, name: str, tmp, env: dict[str, str]) -> None:
+    def __init__(self, name: str, tmp, env: dict[str, str], *, as_kernel: bool = False) -> None:
         runtime = tmp / f"{name}-runtime"
         runtime.mkdir()
         full = {k: v for k, v in env.items() if k != "JAX_NBMEM_SHARE_DIR"}
         full.update(JUPYTER_RUNTIME_DIR=str(runtime), JNM_DRIVER=_DRIVER)
         command = f'hostname {name} && exec {sys.executable} -c "$JNM_DRIVER"'
+        if as_kernel:  # its command line as ipykernel's: what the node's tools take for a kernel
+            launcher = tmp / f"{name}-kernel" / "ipykernel_launcher.py"
+            launcher.parent.mkdir()
+            launcher.write_text(_DRIVER)
+            connection = runtime / f"kernel-{name}.json"
+            command = f"hostname {name} && exec {sys.executable} {launcher} -f {connection}"
         self.name = name
         self.process = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--mount", "--net",
@@ -162,12 +169,13 @@ def node(tmp_path, simgpu_env, sim_state):
     pod_env = {k: v for k, v in {**clean_environ(), **host_env}.items()
                if not k.startswith("JAX_NBMEM_AGENT_")}  # fmt: skip
 
-    def pod(name: str, address: str | None = None, **env) -> Pod:
+    def pod(name: str, address: str | None = None, as_kernel: bool = False, **env) -> Pod:
         """A pod told ``address`` (default: the agent's; ``env`` may give the downward API's
-        ``JAX_NBMEM_AGENT_HOST`` and ``_PORT`` instead), on the bridge before its kernel runs."""
+        ``JAX_NBMEM_AGENT_HOST`` and ``_PORT`` instead), on the bridge before its kernel runs;
+        ``as_kernel``: its command line is ipykernel's (the culler acts on kernels only)."""
         given = {} if "JAX_NBMEM_AGENT_HOST" in env else {
             "JAX_NBMEM_AGENT_ADDRESS": address or f"{bridge.node}:{port}"}  # fmt: skip
-        box = Pod(name, tmp_path, {**pod_env, **given, **env})
+        box = Pod(name, tmp_path, {**pod_env, **given, **env}, as_kernel=as_kernel)
         pods.append(box)
         bridge.attach(box.host_pid)
         return box
@@ -352,3 +360,93 @@ def test_an_agent_that_accepts_and_never_answers_is_said_silent(heard_nothing):
     found = load_resolution(None, environ=environ)
     assert found.state == "absent"
     assert found.reason == f"the node agent at 127.0.0.1:{address[1]} did not answer in time"
+
+
+def _culler_args(share, log, hub_port: int, tmp_path) -> tuple[list[str], dict[str, str]]:
+    """The base manifest's culler, as rendered, in earnest: no --dry-run, a hub (that nobody
+    answers: a warning asks no server), a short --idle and --warn; and its environment."""
+    from tests.deploy.kubernetes import containers, pod_environment, render
+
+    culler = containers(render(tmp_path / "render", None))["culler"]
+    assert culler["command"] == ["jax-nbmem", "cull"]
+    args = [a for a in culler["args"] if a != "--dry-run"]
+    for option, value in (("--share-dir", str(share)), ("--log", str(log)), ("--idle", "2"),
+                          ("--warn", "300")):  # fmt: skip
+        args[args.index(option) + 1] = value
+    args += ["--hub-url", f"http://127.0.0.1:{hub_port}"]
+    return args, {**pod_environment(culler), "JUPYTERHUB_API_TOKEN": "culler-token"}
+
+
+def _pending(report: dict) -> list[dict]:
+    return [w for w in report["warnings"] if w["kind"] == "cull-pending"]
+
+
+@pytest.mark.timeout(180)
+def test_the_culler_s_warning_reaches_its_kernel_in_a_pod_and_no_other(node, tmp_path):
+    alice = node.pod("alice-pod", as_kernel=True, JUPYTERHUB_USER="alice",
+                     JPY_SESSION_NAME="/home/jovyan/hog.ipynb")  # fmt: skip
+    bob = node.pod("bob-pod", as_kernel=True, JUPYTERHUB_USER="bob",
+                   JPY_SESSION_NAME="/home/jovyan/work.ipynb")  # fmt: skip
+    for box in (alice, bob):
+        box.send("%load_ext jax_nbmem")
+    for box in (alice, bob):
+        box.answer()
+    alice.run(_ON_THE_GPU.format(uuid=node.uuid, pool=POOL))  # her default mode's pool
+    bob.run("%jaxalloc off")
+    node.state.process(0, alice.host_pid, POOL + 300 * MiB).process(0, bob.host_pid, 300 * MiB)
+    node.state.write()
+
+    def both_proven():
+        kernels = _kernels_in_resolution(node.share)
+        theirs = kernels.get(alice.host_pid, {}).get("kernel") or {}
+        return kernels if bob.host_pid in kernels and theirs.get("gpus") else None
+
+    wait_for("alice's pool and bob in the agent's resolution", both_proven, 30)
+    # Bob's pod finds its own row before anything is said (his host PID, from the agent).
+    wait_for("bob's own row", lambda: bob.status()["pid"] == bob.host_pid, 20)
+    time.sleep(2.5)  # alice idle for longer than the culler's --idle
+
+    # The culler, as the DaemonSet runs it, beside the agent: it warns alice's idle pool.
+    args, env = _culler_args(node.share, tmp_path / "admin.log", _free_port("127.0.0.1"),
+                             tmp_path)  # fmt: skip
+    culler = subprocess.Popen([sys.executable, "-m", "jax_nbmem.cli", "cull", *args],
+                              env={**node.env, **env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        ready, _, _ = select.select([culler.stdout], [], [], 60)
+        said = culler.stdout.readline() if ready else ""
+        assert said.startswith(f"jax-nbmem cull: warned kernel PID {alice.host_pid} "), said
+        notice = node.share / f"jax_nbmem-cull-{alice.ns[1]}-1.json"
+        assert json.loads(notice.read_text())["pid"] == alice.host_pid
+        # A notice for bob's key that neither root nor the share directory's owner wrote: not
+        # relayed (the agent trusts what a kernel would trust in a file). Written after the
+        # culler's round (which clears notices it did not give), before its next one (60 s).
+        forged = node.share / f"jax_nbmem-cull-{bob.ns[1]}-1.json"
+        forged.write_text(json.dumps({
+            "pid": bob.host_pid, "started_at": None, "warned_at": 1.0, "deadline": 2e9,
+            "reason": "idle-preallocated", "why": "forged", "key": f"{bob.ns[1]}-1"}))  # fmt: skip
+        os.chown(forged, 4242, 4242)
+
+        # Alice, in her pod with no share directory, is told by the agent, in her status.
+        report = wait_for("the warning in alice's status", lambda: (
+            r if _pending(r := alice.status()) else None), 20)  # fmt: skip
+        (pending,) = _pending(report)
+        assert pending["pid"] == alice.host_pid and pending["gpu"] == 0
+        assert "will be shut down at " in pending["message"] and "unless it runs a cell" in (
+            pending["message"])  # fmt: skip
+        assert report["warnings"][0] == pending  # first, as on a host with the share directory
+        shown = alice.run("%jaxmem status")
+        assert "WARNING [cull-pending]: This kernel will be shut down at" in shown, shown
+        # Bob's pod: neither alice's notice nor the forged one for his own key.
+        report = bob.status()
+        assert report["pid"] == bob.host_pid and not _pending(report), report["warnings"]
+        assert "cull-pending" not in bob.run("%jaxmem status")
+
+        # The notice taken away (as the culler does once she runs a cell): gone from her status.
+        notice.unlink()
+        wait_for("the warning gone from alice's status",
+                 lambda: not _pending(alice.status()), 20)  # fmt: skip
+    finally:
+        culler.kill()
+        _, err = culler.communicate(timeout=30)
+    assert "Traceback" not in err, err
