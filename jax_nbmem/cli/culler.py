@@ -15,7 +15,8 @@ Kernels in containers: on the host, the culler acts only on what the node agent 
 (:mod:`jax_nbmem.tenants.hostproof`): a kernel in a PID namespace of its own that the agent
 has not proven is never warned nor stopped (said once), whatever its beacon file claims. Its
 notice is keyed as its beacon (``jax_nbmem-cull-<ns_ino>-<pid_in_ns>.json``) so that the
-kernel finds it from inside its container.
+kernel finds it from inside its container; a kernel in a pod, which has no share directory,
+gets it from the node agent over its connection (:mod:`jax_nbmem.tenants.agent_tcp`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ kernel finds its own notice by what it knows of itself; the notice's ``pid`` is 
 and ``key`` its key. A kernel in the host's PID namespace keeps ``<pid>``.
 
 A kernel believes a notice only from root or the shared directory's owner (a hub runs its
-services as one of them), never from another user.
+services as one of them), never from another user. A kernel in a pod has no shared directory:
+the node agent, which reads the notices there with the same trust, relays each kernel its own
+over the connection the kernel opened (:mod:`.agent_tcp`), and the kernel checks it again
+(:func:`relayed_notice`).
 
 The culler also keeps its count of kernels culled, by reason, in the shared directory
 (``jax_nbmem-culled.json``, trusted as a notice is), where the node exporter, which Prometheus
