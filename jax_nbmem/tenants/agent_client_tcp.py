@@ -166,11 +166,8 @@ def _relayed(notice: Any) -> None:
 
 
 def _without_notice(line: bytes) -> tuple[Any, bytes]:
-    """(the notice, the rest of the answer) of ``{"notice": {...}, "ok": true, ...}``.
-
-    The agent puts a caller's notice first, before the resolution it encodes once for all
-    callers; the rest is then that answer as :func:`_split` reads it. (None, ``line``) when
-    there is no notice first, or it is no JSON.
+    """(notice, the rest) of ``{"notice": {...}, "ok": true, ...}``: the agent puts it before
+    the resolution it encodes once for all callers. (None, ``line``): no notice first, or bad.
     """
     if not line.startswith(_NOTICE_HEAD):
         return None, line
