@@ -364,14 +364,15 @@ def test_an_agent_that_accepts_and_never_answers_is_said_silent(heard_nothing):
 
 def _culler_args(share, log, hub_port: int, tmp_path) -> tuple[list[str], dict[str, str]]:
     """The base manifest's culler, as rendered, in earnest: no --dry-run, a hub (that nobody
-    answers: a warning asks no server), a short --idle and --warn; and its environment."""
+    answers: a warning asks no server), a short --idle, a --warn and --every longer than the
+    test (one round: a second would warn again what the test takes away); its environment."""
     from tests.deploy.kubernetes import containers, pod_environment, render
 
     culler = containers(render(tmp_path / "render", None))["culler"]
     assert culler["command"] == ["jax-nbmem", "cull"]
     args = [a for a in culler["args"] if a != "--dry-run"]
     for option, value in (("--share-dir", str(share)), ("--log", str(log)), ("--idle", "2"),
-                          ("--warn", "300")):  # fmt: skip
+                          ("--warn", "300"), ("--every", "600")):  # fmt: skip
         args[args.index(option) + 1] = value
     args += ["--hub-url", f"http://127.0.0.1:{hub_port}"]
     return args, {**pod_environment(culler), "JUPYTERHUB_API_TOKEN": "culler-token"}
@@ -420,7 +421,7 @@ def test_the_culler_s_warning_reaches_its_kernel_in_a_pod_and_no_other(node, tmp
         assert json.loads(notice.read_text())["pid"] == alice.host_pid
         # A notice for bob's key that neither root nor the share directory's owner wrote: not
         # relayed (the agent trusts what a kernel would trust in a file). Written after the
-        # culler's round (which clears notices it did not give), before its next one (60 s).
+        # culler's round, which clears notices it did not give.
         forged = node.share / f"jax_nbmem-cull-{bob.ns[1]}-1.json"
         forged.write_text(json.dumps({
             "pid": bob.host_pid, "started_at": None, "warned_at": 1.0, "deadline": 2e9,
