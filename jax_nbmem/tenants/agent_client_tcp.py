@@ -166,8 +166,10 @@ def _relayed(notice: Any) -> None:
 
 
 def _without_notice(line: bytes) -> tuple[Any, bytes]:
-    """(notice, the rest) of ``{"notice": {...}, "ok": true, ...}``: the agent puts it before
-    the resolution it encodes once for all callers. (None, ``line``): no notice first, or bad.
+    """(notice, the rest) of ``{"notice": {...}, "ok": true, ...}``; (None, ``line``): none.
+
+    The agent puts the notice before the resolution it encodes once for all callers; a line
+    without one first, or a bad one, is given back whole.
     """
     if not line.startswith(_NOTICE_HEAD):
         return None, line
