@@ -58,13 +58,8 @@ class AgentClient:
 
         ``resend``: only when the connection had to be made again (the agent forgot us).
         """
-        try:
-            line = json.dumps(content, separators=(",", ":")).encode("utf-8") + b"\n"
-        except (TypeError, ValueError) as exc:
-            self._once("encode", f"jax_nbmem: beacon not sent to the node agent: {exc}")
-            return
-        if len(line) > _MAX_LINE:
-            self._once("size", "jax_nbmem: beacon too large for the node agent; not sent")
+        line = self._line(content)
+        if line is None:
             return
         if self._sock is not None and self._closed_by_agent():
             self._drop()
@@ -107,15 +102,39 @@ class AgentClient:
         self._sock, self._pending = sock, b""
         return True
 
+    def _line(self, content: dict[str, Any]) -> bytes | None:
+        """``content`` as the line the agent reads, or None (said once) when it cannot be."""
+        try:
+            line = json.dumps(content, separators=(",", ":")).encode("utf-8") + b"\n"
+        except (TypeError, ValueError) as exc:
+            self._once("encode", f"jax_nbmem: beacon not sent to the node agent: {exc}")
+            return None
+        if len(line) > _MAX_LINE:
+            self._once("size", "jax_nbmem: beacon too large for the node agent; not sent")
+            return None
+        return line
+
     def _read_reply(self) -> None:
+        self._registered(self._answer(_MAX_LINE, _TIMEOUT_S))
+
+    def _answer(self, limit: int, timeout: float) -> bytes:
+        """The agent's next answer line (without its newline); OSError when it breaks."""
+        self._sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
         while b"\n" not in self._pending:
-            chunk = self._sock.recv(4096)
+            if time.monotonic() > deadline:
+                raise TimeoutError("the node agent did not answer in time")
+            chunk = self._sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionResetError("the node agent closed the connection")
             self._pending += chunk
-            if len(self._pending) > _MAX_LINE:
+            if len(self._pending) > limit + 1:
                 raise ConnectionResetError("the node agent's answer is too long")
         line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def _registered(self, line: bytes) -> None:
+        """Keep what the agent answered to a beacon: the host PID it proved, or its refusal."""
         try:
             reply = json.loads(line)
         except ValueError:

@@ -31,12 +31,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from jax_nbmem.tenants.agent_client import _MAX_LINE, _TIMEOUT_S, RECONNECT_S, AgentClient
 
 __all__ = [
     "DEFAULT_PORT",
@@ -62,11 +63,8 @@ ENV_AGENT_ADDRESS = "JAX_NBMEM_AGENT_ADDRESS"
 ENV_AGENT_HOST = "JAX_NBMEM_AGENT_HOST"
 ENV_AGENT_PORT = "JAX_NBMEM_AGENT_PORT"
 DEFAULT_PORT = 9842
-RECONNECT_S = 5.0
 RESOLUTION_EVERY_S = 2.0
-_MAX_LINE = 64 * 1024
 _MAX_ANSWER = 32 << 20
-_TIMEOUT_S = 2.0
 _ANSWER_TIMEOUT_S = 5.0
 _HEAD, _MIDDLE, _TAIL = b'{"ok":true,"written_at":', b',"resolution":', b"}"
 _NOTICE_HEAD = b'{"notice":'
@@ -231,20 +229,19 @@ def _source(address: tuple[str, int]) -> str:
     return f"the node agent at {f'[{host}]' if ':' in host else host}:{port}"
 
 
-class TcpAgentClient:
-    """One TCP connection to the agent, kept open (see the module)."""
+class TcpAgentClient(AgentClient):
+    """One TCP connection to the agent, kept open (see the module).
+
+    The lines and their answers are the Unix socket's (:class:`~.agent_client.AgentClient`);
+    only the connection, and the resolution asked for on it, differ.
+    """
 
     def __init__(self, address: tuple[str, int], resolution_every_s: float = RESOLUTION_EVERY_S):
+        super().__init__(_source(address))
         self.address = address
-        self.source = _source(address)
+        self.source = self.path  # "the node agent at HOST:PORT", as messages say it
         self.resolution_every_s = resolution_every_s
-        self._sock: socket.socket | None = None
-        self._pending = b""
-        self._last_attempt = -RECONNECT_S
         self._asked_at = -resolution_every_s
-        self._logged: set[str] = set()
-        self.proven_pid: int | None = None
-        self.last_reason: str | None = None
         self.resolution_reason: str | None = None
         self.written_at: float | None = None  # of the resolution it has
 
@@ -254,13 +251,8 @@ class TcpAgentClient:
         ``resend``: only when the connection had to be made again (the agent forgot us).
         Then the resolution is asked for when due.
         """
-        try:
-            line = json.dumps(content, separators=(",", ":")).encode("utf-8") + b"\n"
-        except (TypeError, ValueError) as error:
-            self._once("encode", f"jax_nbmem: beacon not sent to the node agent: {error}")
-            return
-        if len(line) > _MAX_LINE:
-            self._once("size", "jax_nbmem: beacon too large for the node agent; not sent")
+        line = self._line(content)
+        if line is None:
             return
         if self._sock is not None and self._closed_by_agent():
             self._drop()
@@ -278,15 +270,6 @@ class TcpAgentClient:
             self._once("send", f"jax_nbmem: the node agent's connection failed: {error}")
             _said(_failure(self.source, error))
             self._drop()
-
-    def keep_alive(self, content: dict[str, Any] | None) -> None:
-        """Between writes: notice a closed connection, register again, ask for the resolution."""
-        if content is not None:
-            self.send(content, resend=True)
-
-    def close(self) -> None:
-        """Close the connection (the agent forgets the registration); a second call is a no-op."""
-        self._drop()
 
     def ask_resolution(self) -> bool:
         """Ask for the node's resolution now and keep it; whether one came. Never raises."""
@@ -345,57 +328,6 @@ class TcpAgentClient:
         self._sock, self._pending = sock, b""
         return True
 
-    def _answer(self, limit: int, timeout: float) -> bytes:
-        """The agent's next answer line (without its newline); OSError when it breaks."""
-        self._sock.settimeout(timeout)
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the node agent did not answer in time")
-            chunk = self._sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionResetError("the node agent closed the connection")
-            self._pending += chunk
-            if len(self._pending) > limit + 1:
-                raise ConnectionResetError("the node agent's answer is too long")
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line
-
-    def _registered(self, line: bytes) -> None:
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            reply = None
-        if not isinstance(reply, dict):
-            raise ConnectionResetError("the node agent's answer is not a JSON object")
-        if reply.get("ok") is True and isinstance(reply.get("pid"), int):
-            self.proven_pid, self.last_reason = reply["pid"], None
-        else:
-            self.proven_pid = None
-            self.last_reason = str(reply.get("reason") or "refused")[:500]
-            why = f"jax_nbmem: the node agent did not register this kernel: {self.last_reason}"
-            self._once(f"refused:{self.last_reason}", why)
-
-    def _closed_by_agent(self) -> bool:
-        try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if readable:
-                return self._sock.recv(4096, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-        return False
-
     def _drop(self) -> None:
-        sock, self._sock = self._sock, None
-        self.proven_pid = None
+        super()._drop()
         _relayed(None)  # the agent relays notices to a proven connection only
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-    def _once(self, what: str, message: str) -> None:
-        if what not in self._logged:
-            self._logged.add(what)
-            log.info(message)
