@@ -64,12 +64,14 @@ def gib(nbytes: int) -> str:
 
 @pytest.fixture
 def demo(tmp_path, monkeypatch):
-    """The quickstart's simulated GPU (80 GiB), with another user's 2 GiB process on it."""
+    """An 80 GiB simulated GPU, named as such a card is (docs/labext-*.png show its name), with
+    another user's 2 GiB process on it."""
     from tests.simgpu.test_mirror import shell_env
 
     env = shell_env(tmp_path / "sim")
     state = env["JAX_NBMEM_SIMGPU_STATE"]
-    SimState(state).gpu(0, total=80 * GIB).process(0, OTHER_PID, 2 * GIB).write()
+    gpu = SimState(state).gpu(0, total=80 * GIB, name="NVIDIA H100 80GB HBM3 (simulated)")
+    gpu.process(0, OTHER_PID, 2 * GIB).write()
     for name in ("LD_LIBRARY_PATH", "IPYTHONDIR", "JAX_NBMEM_SIMGPU_STATE"):
         monkeypatch.setenv(name, env[name])  # start_tenant's neighbour sees the same GPU
     return {**env, "JAX_PLATFORMS": "cpu"}
@@ -111,7 +113,7 @@ def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_pa
         # Only the user's own kernel can be shut down from here.
         assert sidebar.get_by_role("button", name=f"Shut down PID {neighbour}").count() == 0
         sidebar.screenshot(path=str(artifacts_dir() / "labext-sidebar.png"))
-        screenshot(lab_page, "labext-sidebar-page")
+        screenshot(lab_page, "labext-sidebar-page")  # docs/labext-sidebar.png is a copy of it
 
         # A reload shows the same state, and tells no second time.
         lab_page.reload(wait_until="domcontentloaded")

@@ -438,6 +438,17 @@ def test_the_simulated_quickstart_names_the_neighbour_and_gets_its_memory_back(
         marks = lab_page.locator(f"{PLOT} .annotation-text").all_text_contents()
         assert any(m.startswith("other processes 105 GiB") for m in marks), marks
         assert any(m.startswith("device total 140 GiB") for m in marks), marks
+        # The picture agrees with itself: the warning (the watcher's, every few seconds) says
+        # as much is free as the header (the sampler's) once both have seen the cells' memory.
+        lab_page.wait_for_function(
+            r"""s => {
+                const text = document.querySelector(s).innerText;
+                const free = /Only ([\d.]+ \w+) is free/.exec(text);
+                return free !== null && text.includes(`free ${free[1]} of`);
+            }""",
+            arg=PANEL,
+            timeout=30_000,
+        )
         lab_page.locator(PANEL).scroll_into_view_if_needed()
         screenshot(lab_page, "panel-simulated-demo")
         lab_page.locator(PANEL).screenshot(path=str(artifacts_dir() / "panel-alone.png"))
