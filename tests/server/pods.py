@@ -1,0 +1,94 @@
+"""The server extension's snapshot on a Kubernetes node: kernels in pods, and one on the host.
+
+:func:`pod_snapshot` runs the extension's own :class:`~jax_nbmem.server.monitor.ServerMonitor`
+over the simulated GPU, with the host's view of the processes (a synthetic /proc, in pods of the
+stand-in Kubernetes API, as tests/tenants/test_podnames.py builds them): what the board and the
+JupyterLab sidebar are given for processes in containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+
+from jax_nbmem.server.monitor import ServerMonitor
+from jax_nbmem.simgpu import GIB
+from jax_nbmem.tenants.cgroups import ContainerNames
+from jax_nbmem.tenants.hostproof import HostProof
+from jax_nbmem.tenants.hostview import HostViewer
+from jax_nbmem.tenants.kubepods import KubeAPI, PodDirectory
+from jax_nbmem.tenants.status import collect
+from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
+from tests.tenants.test_hostview import fake_process
+
+# Above this machine's pid_max: no real process has these PIDs, so only the synthetic /proc
+# tells anything of them.
+ALICE, TRAIN, PLAIN = 40500, 40600, 40700
+ALICE_UID, ML_UID = "0f3b6c1e-5d2a-4c8e-9a71-2b4d6e8f0a13", "66666666-2222-3333-4444-555555555555"
+ALICE_CID, ML_CID = "a1" * 32, "c3" * 32
+KERNEL_ID = "5f1c0d2e-0000-4000-8000-000000000001"
+
+
+class _Kernels:
+    """This server's one kernel: a pod's process, as a remote kernel provisioner would run it."""
+
+    def list_kernels(self):
+        return [{"id": KERNEL_ID, "name": "python3", "execution_state": "idle"}]
+
+    def get_kernel(self, kernel_id):
+        provisioner = type("Provisioner", (), {"pid": ALICE})()
+        return type("Manager", (), {"provisioner": provisioner})()
+
+
+class _Sessions:
+    async def list_sessions(self):
+        return [{"path": "alice/train.ipynb", "kernel": {"id": KERNEL_ID}}]
+
+
+def _synthetic_proc(root: Path) -> None:
+    slice_ = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+    alice = f"{slice_}{ALICE_UID.replace('-', '_')}.slice/cri-containerd-{ALICE_CID}.scope\n"
+    fake_process(root, ALICE, nspids=(ALICE, 7), ticks=11, cgroup=alice)
+    train = f"0::/kubepods/burstable/pod{ML_UID}/{ML_CID}\n"  # the cgroupfs driver
+    fake_process(root, TRAIN, nspids=(TRAIN, 1), ticks=12, cgroup=train)
+    fake_process(root, PLAIN, ticks=13)  # on the host itself: no container
+
+
+def pod_snapshot(sim_state, tmp_path: Path) -> dict:
+    """One snapshot of a ServerMonitor whose GPU holds the three processes (see the module).
+
+    Needs ``simgpu_in_process`` (this process's NVML is the simulated GPU of ``sim_state``).
+    """
+    sim_state.gpu(0, total=80 * GIB).process(0, ALICE, 20 * GIB).process(0, TRAIN, 8 * GIB)
+    sim_state.process(0, PLAIN, 2 * GIB).write()
+    _synthetic_proc(tmp_path / "proc")
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    pods = [
+        pod(ALICE_UID, "jupyter-alice", "jhub", [("notebook", f"containerd://{ALICE_CID}")],
+            hub_user="alice"),
+        pod(ML_UID, "train-7", "ml", [("main", f"containerd://{ML_CID}")]),
+    ]  # fmt: skip
+    with KubeStandIn(pods) as api:
+        directory = PodDirectory(KubeAPI(api.url, token_file=str(token)), NODE)
+        directory.list_now()
+    names = ContainerNames(pod_logs="/nonexistent", container_logs="/nonexistent", pods=directory)
+    viewer = HostViewer(str(tmp_path / "proc"), names=names)
+    report = functools.partial(collect, host=HostProof(viewer, {}))
+    monitor = ServerMonitor(_Kernels(), _Sessions(), share_dir=str(tmp_path / "share"),
+                            report=report)  # fmt: skip
+
+    async def one_refresh():
+        await monitor.tick()
+        deadline = time.monotonic() + 30
+        while monitor.refreshes == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await monitor.stop()
+
+    asyncio.run(one_refresh())
+    snapshot = monitor.snapshot()
+    if snapshot is None:
+        raise RuntimeError("the monitor took no snapshot in 30 s")
+    return snapshot
