@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import subprocess
+import sys
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from jax_nbmem.server.monitor import ServerMonitor
@@ -23,22 +27,32 @@ from jax_nbmem.tenants.status import collect
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.tenants.test_hostview import fake_process
 
-# Above this machine's pid_max: no real process has these PIDs, so only the synthetic /proc
-# tells anything of them.
-ALICE, TRAIN, PLAIN = 40500, 40600, 40700
 ALICE_UID, ML_UID = "0f3b6c1e-5d2a-4c8e-9a71-2b4d6e8f0a13", "66666666-2222-3333-4444-555555555555"
 ALICE_CID, ML_CID = "a1" * 32, "c3" * 32
 KERNEL_ID = "5f1c0d2e-0000-4000-8000-000000000001"
 
 
+@dataclass(frozen=True)
+class Pids:
+    """The three processes on the GPU: alice's kernel in her pod, a training job's in its pod
+    (CRI-O's cgroupfs shape), and a plain one on the host."""
+
+    alice: int
+    train: int
+    plain: int
+
+
 class _Kernels:
-    """This server's one kernel: a pod's process, as a remote kernel provisioner would run it."""
+    """This server's one kernel: alice's, in her pod."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
 
     def list_kernels(self):
         return [{"id": KERNEL_ID, "name": "python3", "execution_state": "idle"}]
 
     def get_kernel(self, kernel_id):
-        provisioner = type("Provisioner", (), {"pid": ALICE})()
+        provisioner = type("Provisioner", (), {"pid": self.pid})()
         return type("Manager", (), {"provisioner": provisioner})()
 
 
@@ -47,23 +61,38 @@ class _Sessions:
         return [{"path": "alice/train.ipynb", "kernel": {"id": KERNEL_ID}}]
 
 
-def _synthetic_proc(root: Path) -> None:
+def _synthetic_proc(root: Path, pids: Pids) -> None:
+    """The host's view of their cgroups and namespaces (the real /proc tells who runs them)."""
     slice_ = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
     alice = f"{slice_}{ALICE_UID.replace('-', '_')}.slice/cri-containerd-{ALICE_CID}.scope\n"
-    fake_process(root, ALICE, nspids=(ALICE, 7), ticks=11, cgroup=alice)
+    fake_process(root, pids.alice, nspids=(pids.alice, 7), ticks=11, cgroup=alice)
     train = f"0::/kubepods/burstable/pod{ML_UID}/{ML_CID}\n"  # the cgroupfs driver
-    fake_process(root, TRAIN, nspids=(TRAIN, 1), ticks=12, cgroup=train)
-    fake_process(root, PLAIN, ticks=13)  # on the host itself: no container
+    fake_process(root, pids.train, nspids=(pids.train, 1), ticks=12, cgroup=train)
+    fake_process(root, pids.plain, ticks=13)  # on the host itself: no container
 
 
-def pod_snapshot(sim_state, tmp_path: Path) -> dict:
+def _sleeper(stack: ExitStack) -> int:
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    stack.callback(process.wait)
+    stack.callback(process.kill)
+    return process.pid
+
+
+def pod_snapshot(sim_state, tmp_path: Path) -> tuple[dict, Pids]:
     """One snapshot of a ServerMonitor whose GPU holds the three processes (see the module).
 
     Needs ``simgpu_in_process`` (this process's NVML is the simulated GPU of ``sim_state``).
+    The processes are real (sleepers, ended on return): only their cgroups are synthetic.
     """
-    sim_state.gpu(0, total=80 * GIB).process(0, ALICE, 20 * GIB).process(0, TRAIN, 8 * GIB)
-    sim_state.process(0, PLAIN, 2 * GIB).write()
-    _synthetic_proc(tmp_path / "proc")
+    with ExitStack() as stack:
+        pids = Pids(_sleeper(stack), _sleeper(stack), _sleeper(stack))
+        return _snapshot(sim_state, tmp_path, pids), pids
+
+
+def _snapshot(sim_state, tmp_path: Path, pids: Pids) -> dict:
+    state = sim_state.gpu(0, total=80 * GIB).process(0, pids.alice, 20 * GIB)
+    state.process(0, pids.train, 8 * GIB).process(0, pids.plain, 2 * GIB).write()
+    _synthetic_proc(tmp_path / "proc", pids)
     token = tmp_path / "token"
     token.write_text(TOKEN)
     pods = [
@@ -77,7 +106,7 @@ def pod_snapshot(sim_state, tmp_path: Path) -> dict:
     names = ContainerNames(pod_logs="/nonexistent", container_logs="/nonexistent", pods=directory)
     viewer = HostViewer(str(tmp_path / "proc"), names=names)
     report = functools.partial(collect, host=HostProof(viewer, {}))
-    monitor = ServerMonitor(_Kernels(), _Sessions(), share_dir=str(tmp_path / "share"),
+    monitor = ServerMonitor(_Kernels(pids.alice), _Sessions(), share_dir=str(tmp_path / "share"),
                             report=report)  # fmt: skip
 
     async def one_refresh():

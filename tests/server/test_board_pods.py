@@ -2,15 +2,16 @@
 pod and namespace, and the words the status line uses for them; nothing of the kind on a host."""
 
 from jax_nbmem.tenants.cgroups import container_text
-from tests.server.pods import ALICE, ALICE_CID, KERNEL_ID, PLAIN, TRAIN, pod_snapshot
+from tests.server.pods import ALICE_CID, KERNEL_ID, pod_snapshot
 
 
 def test_each_process_in_a_pod_comes_with_its_container_pod_and_namespace(
     simgpu_in_process, tmp_path
 ):
-    snapshot = pod_snapshot(simgpu_in_process, tmp_path)
+    snapshot, pids = pod_snapshot(simgpu_in_process, tmp_path)
     by_pid = {p["pid"]: p for p in snapshot["processes"]}
-    alice, train, plain = by_pid[ALICE], by_pid[TRAIN], by_pid[PLAIN]
+    alice, train, plain = by_pid[pids.alice], by_pid[pids.train], by_pid[pids.plain]
+    assert alice["kind"] == "kernel" and alice["notebook"] == "alice/train.ipynb"
     assert alice["container"] == {
         "name": "notebook", "id": ALICE_CID, "pod": "jupyter-alice", "namespace": "jhub",
     }  # fmt: skip
@@ -27,9 +28,9 @@ def test_each_process_in_a_pod_comes_with_its_container_pod_and_namespace(
 
 
 def test_the_server_s_kernel_in_a_pod_names_its_container(simgpu_in_process, tmp_path):
-    snapshot = pod_snapshot(simgpu_in_process, tmp_path)
+    snapshot, pids = pod_snapshot(simgpu_in_process, tmp_path)
     (kernel,) = snapshot["kernels"]
-    assert kernel["kernel_id"] == KERNEL_ID and kernel["pid"] == ALICE
+    assert kernel["kernel_id"] == KERNEL_ID and kernel["pid"] == pids.alice
     assert kernel["container"]["pod"] == "jupyter-alice"
     assert kernel["container"]["namespace"] == "jhub"
     assert kernel["notebook"] == "alice/train.ipynb"
