@@ -13,6 +13,7 @@ import functools
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,9 @@ def _snapshot(sim_state, tmp_path: Path, pids: Pids) -> dict:
             await asyncio.sleep(0.02)
         await monitor.stop()
 
-    asyncio.run(one_refresh())
+    # On a thread of its own: a caller may run in an event loop (Playwright's sync API does).
+    with ThreadPoolExecutor(1) as worker:
+        worker.submit(lambda: asyncio.run(one_refresh())).result()
     snapshot = monitor.snapshot()
     if snapshot is None:
         raise RuntimeError("the monitor took no snapshot in 30 s")
