@@ -23,13 +23,11 @@ from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.cgroups import ContainerNames
 from jax_nbmem.tenants.hostproof import HostProof
 from jax_nbmem.tenants.hostview import HostViewer
-from jax_nbmem.tenants.kubepods import KubeAPI, PodDirectory
 from jax_nbmem.tenants.status import collect
-from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.tenants.test_hostview import fake_process
+from tests.tenants.test_podnames import ALICE_CID, ALICE_UID, ML_CID, ML_UID, two_pods
 
-ALICE_UID, ML_UID = "0f3b6c1e-5d2a-4c8e-9a71-2b4d6e8f0a13", "66666666-2222-3333-4444-555555555555"
-ALICE_CID, ML_CID = "a1" * 32, "c3" * 32
+__all__ = ["ALICE_CID", "KERNEL_ID", "Pids", "pod_snapshot"]
 KERNEL_ID = "5f1c0d2e-0000-4000-8000-000000000001"
 
 
@@ -94,16 +92,8 @@ def _snapshot(sim_state, tmp_path: Path, pids: Pids) -> dict:
     state = sim_state.gpu(0, total=80 * GIB).process(0, pids.alice, 20 * GIB)
     state.process(0, pids.train, 8 * GIB).process(0, pids.plain, 2 * GIB).write()
     _synthetic_proc(tmp_path / "proc", pids)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    pods = [
-        pod(ALICE_UID, "jupyter-alice", "jhub", [("notebook", f"containerd://{ALICE_CID}")],
-            hub_user="alice"),
-        pod(ML_UID, "train-7", "ml", [("main", f"containerd://{ML_CID}")]),
-    ]  # fmt: skip
-    with KubeStandIn(pods) as api:
-        directory = PodDirectory(KubeAPI(api.url, token_file=str(token)), NODE)
-        directory.list_now()
+    with two_pods(tmp_path) as directory:
+        pass  # listed once: the names are in the directory's cache
     names = ContainerNames(pod_logs="/nonexistent", container_logs="/nonexistent", pods=directory)
     viewer = HostViewer(str(tmp_path / "proc"), names=names)
     report = functools.partial(collect, host=HostProof(viewer, {}))

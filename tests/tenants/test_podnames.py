@@ -4,6 +4,7 @@ Processes are a synthetic /proc (tests/tenants/test_hostview.py's), in pods of t
 Kubernetes API (tests/tenants/kubeapi.py).
 """
 
+import contextlib
 import json
 import time
 
@@ -31,8 +32,9 @@ REPORT = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def directory(tmp_path):
+@contextlib.contextmanager
+def two_pods(tmp_path):
+    """A pod directory that listed alice's pod (jhub) and a training job's (ml)."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
     pods = [
@@ -43,6 +45,12 @@ def directory(tmp_path):
     with KubeStandIn(pods) as api:
         found = PodDirectory(KubeAPI(api.url, token_file=str(token)), NODE)
         found.list_now()
+        yield found
+
+
+@pytest.fixture
+def directory(tmp_path):
+    with two_pods(tmp_path) as found:
         yield found
 
 
