@@ -125,7 +125,8 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
     assert by_pid[500]["pid_in_container"] == 7
     assert by_pid[500]["hub_user"] == "alice" and "hub_user" not in by_pid[600]
     line = _process_line({**by_pid[500], "kind": "process", "gpu": 0, "user": "jovyan"})
-    assert "alice" in line and "container notebook in pod jhub/jupyter-alice" in line
+    assert "alice" in line and "container notebook in pod jhub/jupyter-alice (pid 7 there)" in line
+    assert line.count("container") == 1  # said once, with its pod
     report = {**REPORT, "processes": processes, "kubernetes": directory.health()}
     families = {f.name: f for f in metric_families(Snapshot(report, time.time()))}
     memory = families["jax_nbmem_kernel_gpu_memory_bytes"]
