@@ -22,6 +22,7 @@ from typing import Any
 
 from jax_nbmem.server.kernel_state import with_states
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
@@ -136,7 +137,11 @@ class ServerMonitor:
                     self._snapshot["server"]["problem"] = f"refresh failed: {exc}"
             return
         now = time.time()
-        joined = _join_kernels(kernels, report.get("processes", []), now)
+        report["processes"] = [
+            {**p, "container_shown": container_text(p.get("container"))}
+            for p in report.get("processes", [])
+        ]  # the board's and the sidebar's words for it: one rule, the status line's
+        joined = _join_kernels(kernels, report["processes"], now)
         report["kernels"] = with_states(joined, report, self._pending(joined))
         report["server"] = {
             "url": self.server_url,
@@ -267,6 +272,7 @@ def _join_kernels(
             "connections": kernel.get("connections"),
             "pid": kernel.get("pid"),
             "pid_in_container": kernel.get("pid_in_container"),
+            "container": next((p["container"] for p in on_gpus if p.get("container")), None),
             "idle_s": None if last is None else round(max(0.0, now - last), 1),
             "gpus": sorted({p.get("gpu") for p in on_gpus}),
             "gpu_memory_bytes": sum(known) if known else (0 if not on_gpus else None),

@@ -276,17 +276,14 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append(process["cmdline"])
     if is_someone_else(process.get("user"), process.get("hub_user")):
         parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
-    container = process.get("container") or {}
-    if container.get("name") or container.get("id"):
+    shown = container_text(process.get("container"))  # with its pod, where it has one
+    if shown:
         inner = process.get("pid_in_container")
         where = f" (pid {inner} there)" if inner is not None and kind != "self" else ""
-        parts.append(f"container {container.get('name') or container['id'][:12]}{where}")
+        parts.append(f"{shown}{where}")
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    shown = container_text(process.get("container"))
-    if shown:
-        parts.append(shown)
     if source in ("beacon", "session", "agent", "inferred") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):

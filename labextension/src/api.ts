@@ -18,8 +18,20 @@ export interface IGpu {
   problem: string | null;
 }
 
+/** A process's container as the host sees it; pod and namespace null off Kubernetes or where
+ * the node agent may not show them to this user. */
+export interface IContainer {
+  name: string | null;
+  id: string | null;
+  pod: string | null;
+  namespace: string | null;
+}
+
 export interface IProcess {
   pid: number;
+  pid_in_container?: number | null; // its PID in its container; null on the host
+  container?: IContainer | null; // null on the host itself
+  container_shown?: string | null; // 'container notebook in pod jhub/jupyter-alice'; null: none
   gpu: number;
   used_bytes: number | null;
   kind: string;

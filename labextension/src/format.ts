@@ -67,6 +67,17 @@ export function owner(process: IProcess): string {
   return process.user || '';
 }
 
+/** Where a process runs when it is in a container, in the status line's words (the server's
+ * `container_shown`), with its PID there; '' on the host itself. */
+export function where(process: IProcess): string {
+  const shown = process.container_shown;
+  if (!shown) {
+    return '';
+  }
+  const inner = process.pid_in_container;
+  return inner === null || inner === undefined ? shown : `${shown} (PID ${inner} there)`;
+}
+
 /** Its allocator mode as the board shows it; empty when no source tells it. */
 export function mode(process: IProcess): string {
   return process.mode || process.mode_at_start || (process.preallocated ? 'preallocated' : '');

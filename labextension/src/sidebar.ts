@@ -5,7 +5,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IKernel, IProcess, IStatus } from './api';
-import { duration, element, gib, gpuLabel, mode, owner, poolsText } from './format';
+import { duration, element, gib, gpuLabel, mode, owner, poolsText, where } from './format';
 import { IGpuStatus } from './model';
 
 export const SIDEBAR_ID = 'jax-nbmem-sidebar';
@@ -131,6 +131,11 @@ export class GpuSidebar extends Widget {
         ...(process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {})
       })
     );
+    if (where(process)) {
+      item.append(
+        element('div', where(process), { class: 'jax-nbmem-note jax-nbmem-container' })
+      );
+    }
     if (mine) {
       item.append(this._shutdown(process));
     }

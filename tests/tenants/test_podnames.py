@@ -4,6 +4,7 @@ Processes are a synthetic /proc (tests/tenants/test_hostview.py's), in pods of t
 Kubernetes API (tests/tenants/kubeapi.py).
 """
 
+import contextlib
 import json
 import time
 
@@ -31,8 +32,9 @@ REPORT = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def directory(tmp_path):
+@contextlib.contextmanager
+def two_pods(tmp_path):
+    """A pod directory that listed alice's pod (jhub) and a training job's (ml)."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
     pods = [
@@ -43,6 +45,12 @@ def directory(tmp_path):
     with KubeStandIn(pods) as api:
         found = PodDirectory(KubeAPI(api.url, token_file=str(token)), NODE)
         found.list_now()
+        yield found
+
+
+@pytest.fixture
+def directory(tmp_path):
+    with two_pods(tmp_path) as found:
         yield found
 
 
@@ -117,7 +125,8 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
     assert by_pid[500]["pid_in_container"] == 7
     assert by_pid[500]["hub_user"] == "alice" and "hub_user" not in by_pid[600]
     line = _process_line({**by_pid[500], "kind": "process", "gpu": 0, "user": "jovyan"})
-    assert "alice" in line and "container notebook in pod jhub/jupyter-alice" in line
+    assert "alice" in line and "container notebook in pod jhub/jupyter-alice (pid 7 there)" in line
+    assert line.count("container") == 1  # said once, with its pod
     report = {**REPORT, "processes": processes, "kubernetes": directory.health()}
     families = {f.name: f for f in metric_families(Snapshot(report, time.time()))}
     memory = families["jax_nbmem_kernel_gpu_memory_bytes"]

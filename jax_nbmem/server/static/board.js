@@ -103,6 +103,24 @@ function owner(process) {
   return process.user || "";
 }
 
+// Where a process runs when it is in a container, in the status line's words ("container
+// notebook in pod jhub/jupyter-alice"), with its PID there; "" on the host itself.
+function where(process) {
+  if (!process.container_shown) {
+    return "";
+  }
+  const inner = process.pid_in_container;
+  return inner === null || inner === undefined ? process.container_shown : `${process.container_shown} (PID ${inner} there)`;
+}
+
+function notebookCell(process) {
+  const cell = element("td", process.notebook_shown || process.notebook || process.cmdline || "");
+  if (where(process)) {
+    cell.appendChild(element("div", where(process), { class: "note container" }));
+  }
+  return cell;
+}
+
 function say(text) {
   document.getElementById("message").textContent = text;
 }
@@ -179,7 +197,7 @@ function gpuSection(gpu, processes, history, kernelIds, blocking) {
       element("td", process.pid),
       element("td", process.kind),
       element("td", process.kernel_id ? process.kernel_id.slice(0, 8) : ""),
-      element("td", process.notebook_shown || process.notebook || process.cmdline || ""),
+      notebookCell(process),
       element("td", owner(process)),
       element("td", mode, process.mode_reason ? { title: `chosen by auto: ${process.mode_reason}` } : {}),
       element("td", gib(pool), { class: "bytes" }),
