@@ -8,13 +8,17 @@ NSpid entry and start ticks are those three (first among the ancestors of the ho
 file lists, else by one pass over ``/proc``, remembered while that process lives), and
 defers only what that process started: its descendants, of the file's owner, that the file
 lists by host PID or by PID in the container. A file naming another container's server
-defers nothing but that server's own kernels; one naming no live process, nothing.
+defers nothing but that server's own kernels; one naming no live process, nothing (and is not
+looked for again by a pass over ``/proc`` for a minute). Reading another user's
+``/proc/PID/ns/pid`` needs CAP_SYS_PTRACE, as the node agent has: without it nothing matches,
+and the exporter keeps those kernels (counted twice, never hidden).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +36,8 @@ _MAX_LISTED = 4096
 _viewer = HostViewer()
 _lock = threading.Lock()
 _found: dict[tuple, int] = {}  # (ns, pid in ns, start ticks) -> host PID, while it matches
+_missed: dict[tuple, float] = {}  # the same -> when a pass over /proc may look for it again
+_MISSED_S = 60.0
 
 
 def from_namespace(
@@ -55,16 +61,42 @@ def from_namespace(
         return {}
     url = str(content.get("url") or "")
     found = {}
-    try:
-        children = psutil.Process(server.pid).children(recursive=True)
-    except psutil.Error:
-        return {}
-    for child in children:
-        view = _viewer.view(child.pid)
+    for pid in _descendants(server.pid):
+        view = _viewer.view(pid)
         if view is None or view.uid != owner:
             continue
-        if child.pid in host_pids or (view.namespaced and view.pid_in_ns in in_container):
-            found[child.pid] = url
+        if pid in host_pids or (view.namespaced and view.pid_in_ns in in_container):
+            found[pid] = url
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """The host PIDs ``pid`` started, and theirs: from each task's ``children`` list.
+
+    That costs what the server's own tree holds, not a pass over every process; where the
+    kernel has no such list (CONFIG_PROC_CHILDREN), psutil's pass over them.
+    """
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < _MAX_LISTED:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+            listed = []
+            for task in tasks:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as f:
+                    listed.extend(int(child) for child in f.read().split())
+        except FileNotFoundError:
+            if parent != pid or not os.path.exists(f"/proc/{pid}"):
+                continue  # gone meanwhile
+            try:  # no children lists in this kernel
+                return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+            except psutil.Error:
+                return []
+        except (OSError, ValueError):
+            continue
+        found.extend(listed)
+        todo.extend(listed)
     return found
 
 
@@ -79,11 +111,21 @@ def _server(ns: tuple[int, int], in_ns: int, ticks: int, hints: set[int]) -> Hos
             return view
         with _lock:
             _found.pop(wanted, None)
-    view = _among_ancestors(wanted, hints) or _by_scan(wanted)
-    if view is not None:
+    view = _among_ancestors(wanted, hints)
+    if view is None:
+        # A pass over /proc, at most once a minute for what named no process: anyone can
+        # write files that name none, and they must not cost a pass at every refresh.
         with _lock:
-            if len(_found) > 1024:
-                _found.clear()
+            if time.monotonic() < _missed.get(wanted, 0.0):
+                return None
+        view = _by_scan(wanted)
+    with _lock:
+        if len(_found) > 1024 or len(_missed) > 1024:
+            _found.clear()
+            _missed.clear()
+        if view is None:
+            _missed[wanted] = time.monotonic() + _MISSED_S
+        else:
             _found[wanted] = view.pid
     return view
 
