@@ -142,3 +142,42 @@ def test_on_the_host_a_plain_claim_keeps_today_s_checks(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_another_namespace_s_claim_is_matched_to_nvml_only_as_the_agent_or_its_beacon_says(
+    tmp_path, monkeypatch
+):
+    from jax_nbmem.tenants import claims
+    from jax_nbmem.tenants.resolution import Resolution, ResolvedProcess
+    from tests.tenants.agent_client import beacon
+
+    dev = os.stat("/proc/self/ns/pid").st_dev
+    host = {"pid_ns": [dev, 0xEFFFFFFC], "pid_in_ns": os.getpid()}
+    other = [dev, 4026999999]
+    writer = ClaimBook(str(tmp_path), {"pid_ns": other, "pid_in_ns": 1})
+    writer.claim(os.getpid(), {"GPU-x": 10 * GiB})  # PID `os.getpid()` of that namespace
+    reader = ClaimBook(str(tmp_path), host)
+    try:
+        (alone,) = reader.others(own_pid=-1)
+        assert alone.nvml_pid is None and not alone.in_nvml("GPU-x", {os.getpid(): 10 * GiB})
+        # The agent proved host PID 4242 for that namespace's PID: NVML's 4242 is its pool.
+        row = ResolvedProcess(pid=4242, pid_in_container=os.getpid(), pid_ns=tuple(other),
+                              start_ticks=1, gpus=(), container=None, kernel=None)  # fmt: skip
+        fresh = Resolution("fresh", processes={4242: row})
+        monkeypatch.setattr(claims, "load_resolution", lambda directory: fresh)
+        (proven,) = reader.others(own_pid=-1)
+        assert proven.nvml_pid == 4242 and proven.in_nvml("GPU-x", {4242: 10 * GiB})
+        assert not proven.in_nvml("GPU-x", {os.getpid(): 10 * GiB})
+        # Without the agent: its kernel's beacon (same key) says its pool is in place.
+        monkeypatch.setattr(claims, "load_resolution", lambda directory: Resolution("absent"))
+        identity = {"pid_ns": other, "pid_in_ns": os.getpid()}
+        pool = {"bytes_in_use": 1, "pool_bytes": 10 * GiB, "bytes_limit": 10 * GiB,
+                "peak_bytes_in_use": 1}  # fmt: skip
+        content = {**beacon(identity), "mode_in_effect": "on", "pool_fraction": 0.75,
+                   "gpus": {"GPU-x": pool}}  # fmt: skip
+        key = f"4026999999-{os.getpid()}"
+        (tmp_path / f"jax_nbmem-beacon-{key}.json").write_text(json.dumps(content))
+        (landed,) = reader.others(own_pid=-1)
+        assert landed.landed == frozenset({"GPU-x"}) and landed.in_nvml("GPU-x", {})
+    finally:
+        writer.release(os.getpid())
