@@ -181,3 +181,25 @@ def test_another_namespace_s_claim_is_matched_to_nvml_only_as_the_agent_or_its_b
         assert landed.landed == frozenset({"GPU-x"}) and landed.in_nvml("GPU-x", {})
     finally:
         writer.release(os.getpid())
+
+
+def test_the_agent_clears_claims_their_writers_let_go_of_long_ago(tmp_path):
+    from jax_nbmem.tenants.agent_publish import clean_dead
+
+    long_ago = time.time() - 600
+    held = ClaimBook(str(tmp_path), {"pid_ns": [1, 4026999999], "pid_in_ns": 1})
+    held.claim(os.getpid(), {"GPU-x": GiB})  # its writer (this process) holds it
+    abandoned = forge(tmp_path, "4026999998-1", pid=1, ns=[1, 4026999998])
+    fresh = forge(tmp_path, "4026999997-1", pid=1, ns=[1, 4026999997])
+    link = tmp_path / "jax_nbmem-claim-4026999996-1.json"
+    link.symlink_to(abandoned)
+    for path in (tmp_path / f"jax_nbmem-claim-4026999999-{os.getpid()}.json", abandoned):
+        os.utime(path, (long_ago, long_ago))
+    try:
+        assert clean_dead(str(tmp_path)) == [str(abandoned)]
+        left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("jax_nbmem-claim"))
+        assert left == sorted(
+            [link.name, fresh.name, f"jax_nbmem-claim-4026999999-{os.getpid()}.json"]
+        )
+    finally:
+        held.release(os.getpid())
