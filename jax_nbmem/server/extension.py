@@ -79,9 +79,13 @@ def load(serverapp: Any) -> None:
     url = getattr(serverapp, "connection_url", "")
 
     def claim(report: dict) -> None:  # on the monitor's thread, after each snapshot
-        pids = [k["pid"] for k in report.get("kernels", []) if k.get("pid")]
+        kernels = report.get("kernels", [])
+        pids = [k["pid"] for k in kernels if k.get("pid")]  # host PIDs (in a container: known
+        # only through the node agent), and in a container the PIDs there, which the host maps
+        here = [k["pid_in_container"] for k in kernels if k.get("pid_in_container")]
         # A claim lasts as long as the snapshot stays fresh: 3 of these "intervals".
-        write_claim(claims, url=url, pids=pids, interval_s=_stale_after(settings) / 3)
+        write_claim(claims, url=url, pids=pids, interval_s=_stale_after(settings) / 3,
+                    pids_in_container=here)  # fmt: skip
 
     monitor = ServerMonitor(
         serverapp.kernel_manager,

@@ -16,7 +16,9 @@ reader of no namespace (anyone who reads the share directory).
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
 directory: only names of our own patterns, only regular files (never through a symlink), and
 only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
-or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old.
+or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old. And
+the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its lock granted
+to us) once they are well past their time.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ RESOLUTION_SCHEMA = 1
 _KEY = r"([1-9][0-9]{0,9}|[1-9][0-9]{0,19}-[1-9][0-9]{0,9})"
 _LOCK = re.compile(rf"jax_nbmem-alive-{_KEY}\.lock")
 _BEACON = re.compile(rf"jax_nbmem-beacon-{_KEY}\.json")
+_CLAIM = re.compile(r"jax_nbmem-claim-[A-Za-z0-9_-]{1,80}\.json")  # beacon keys, kernel ids
+# A claim lasts at most 30 s (claims.CLAIM_TTL_S); one whose lock is free is cleared this late.
+_CLAIM_GRACE_S = 120.0
 _MAX_NAMES = 100_000
 # A kernel keyed by host PID with no lock is cleared only when its file is this old: one
 # starting now may not have taken its lock yet.
@@ -294,9 +299,11 @@ def clean_dead(
         names = os.listdir(share_dir)[:_MAX_NAMES]
     except OSError:
         return []
-    locks, beacons = {}, {}
+    locks, beacons, claims = {}, {}, []
     for name in names:
-        if match := _LOCK.fullmatch(name):
+        if _CLAIM.fullmatch(name):
+            claims.append(name)
+        elif match := _LOCK.fullmatch(name):
             locks[match.group(1)] = name
         elif match := _BEACON.fullmatch(name):
             beacons[match.group(1)] = name
@@ -313,6 +320,8 @@ def clean_dead(
         info = _regular(path)
         if info is not None and not pid_alive(int(key)) and now - info.st_mtime > _NO_LOCK_GRACE_S:
             _unlink(path, removed)
+    for name in claims:
+        _lock_granted_then_remove(share_dir, name, removed, None, older_than=now - _CLAIM_GRACE_S)
     return removed
 
 
@@ -333,9 +342,16 @@ def _unlink(path: str, removed: list[str]) -> None:
 
 
 def _lock_granted_then_remove(
-    directory: str, name: str, removed: list[str], beacon: str | None
+    directory: str,
+    name: str,
+    removed: list[str],
+    beacon: str | None,
+    older_than: float | None = None,
 ) -> bool:
-    """If the lock at ``name`` has no holder, remove it and its beacon; whether it did."""
+    """If the lock at ``name`` has no holder, remove it and its beacon; whether it did.
+
+    ``older_than``: only a file last changed before then.
+    """
     path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -344,6 +360,8 @@ def _lock_granted_then_remove(
     try:
         held = os.fstat(fd)
         if not stat.S_ISREG(held.st_mode):
+            return False
+        if older_than is not None and held.st_mtime >= older_than:
             return False
         try:
             # Exclusive: while we hold it, a kernel starting with this key cannot take it.

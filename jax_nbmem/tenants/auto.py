@@ -100,8 +100,9 @@ def _others_on(gpu: Any, tenants: Iterable[Any], claims: Iterable[Any]) -> tuple
     claimed = 0
     for claim in claims:
         wanted = claim.bytes_by_gpu.get(gpu.uuid or "", 0)
-        # Once NVML shows the claimant holding about that much, its claim is in `free` already.
-        if wanted and held.get(claim.pid, 0) < 0.5 * wanted:
+        # Once NVML shows the claimant holding about that much, its claim is in `free` already
+        # (by its host PID: one written in a container is matched only as the agent proved).
+        if wanted and not claim.in_nvml(gpu.uuid or "", held):
             claimed += wanted
     return on_gpu, claimed
 
@@ -253,15 +254,16 @@ def decide(
             return mode, None
         nvml = report.get("nvml", {})
         no_gpu = None if nvml.get("available") else f"NVML unavailable ({nvml.get('reason')})"
-        key = claim_key if claim_key is not None else str(claim_pid)
-        claims = book.others(own_key=key) if book is not None else []
+        # Keyed by the kernel id, else as the beacons are (the PID, with its namespace's inode
+        # in a container: two containers' kernels of the same PID never share a claim).
+        claims = book.others(own_pid=claim_pid, own_key=claim_key) if book is not None else []
         choice = choose_mode(
             gpus, tenants, claims, auto_fraction=auto_fraction, policy=policy,
             no_gpu_reason=no_gpu, caps=caps_of_report(report.get("gpus", [])),
         )  # fmt: skip
         if book is not None:
             try:
-                book.claim(claim_pid, choice.claim, key=key)
+                book.claim(claim_pid, choice.claim, key=claim_key)
             except (OSError, ValueError):
                 pass  # decided all the same; the next kernel will not see this claim
     return choice.mode, choice

@@ -11,6 +11,15 @@ A reader trusts a claim as it trusts a beacon (:mod:`.beacons`): the server's PI
 the start time it states and belongs to the file's owner; a claim not rewritten for a few of
 its own intervals (the server hung or gone) is ignored, so its kernels come back to the
 exporter; and only processes of that same owner can be claimed: nobody hides another's.
+
+A server in a container (another PID namespace) knows its own PID only there, and its kernels'
+host PIDs only when the node agent told it; it also lists their PIDs in the container
+(``pids_in_container``). Its PID is never looked up as a host PID: the host's reader (the
+exporter, in the host's PID namespace) finds the process the file's ``identity`` names (PID
+namespace, PID there and start ticks, all three as the host sees them) and defers only that
+process's own descendants of the file's owner that the file lists, by host PID or by PID in the
+container (:mod:`.publishers_host`). A file from another namespace is nothing to a reader that
+is not on the host.
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ from collections.abc import Iterable
 import psutil
 
 from jax_nbmem.tenants.beacons import _START_SLACK_S, _write_atomically
-from jax_nbmem.tenants.identity import beacon_key, own_identity
+from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
 
 SCHEMA = 1
 _PREFIX = "jax_nbmem-publisher-"
 _SUFFIX = ".json"
+_LEN = len(_SUFFIX)
 _MAX_BYTES = 256 * 1024
 # A claim is good for this many of its own intervals, and never less than _MIN_FRESH_S.
 _FRESH_INTERVALS = 3
@@ -43,8 +53,18 @@ def _path(directory: str, key: int | str) -> str:
     return os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}")
 
 
-def write_claim(directories: Iterable[str], *, url: str, pids: Iterable[int], interval_s: float):
-    """Say, in each directory, that this process publishes ``pids``; never raises."""
+def write_claim(
+    directories: Iterable[str],
+    *,
+    url: str,
+    pids: Iterable[int],
+    interval_s: float,
+    pids_in_container: Iterable[int] = (),
+):
+    """Say, in each directory, that this process publishes ``pids``; never raises.
+
+    ``pids`` are host PIDs; in a container, ``pids_in_container`` its kernels' PIDs there.
+    """
     me = psutil.Process()
     content = {
         "schema": SCHEMA,
@@ -55,6 +75,7 @@ def write_claim(directories: Iterable[str], *, url: str, pids: Iterable[int], in
         "interval_s": float(interval_s),
         "written_at": time.time(),
         "identity": own_identity(),  # its PID namespace: its PID is the host's only outside one
+        "pids_in_container": sorted({int(p) for p in pids_in_container}),
     }
     for directory in directories:
         try:
@@ -83,11 +104,11 @@ def published_pids(directories: Iterable[str], now: float | None = None) -> dict
             continue
         for entry in entries:
             if entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX):
-                found.update(_read_claim(entry.path, now))
+                found.update(_read_claim(entry.path, now, entry.name[len(_PREFIX) : -_LEN]))
     return found
 
 
-def _read_claim(path: str, now: float) -> dict[int, str]:
+def _read_claim(path: str, now: float, key: str) -> dict[int, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -102,6 +123,16 @@ def _read_claim(path: str, now: float) -> dict[int, str]:
         interval = float(content["interval_s"])
         if now - float(content["written_at"]) > max(_FRESH_INTERVALS * interval, _MIN_FRESH_S):
             return {}  # not rewritten lately: the server hung or is gone
+        identity = content.get("identity") or {}
+        ns = identity.get("pid_ns")
+        if not same_namespace(ns, own_identity()["pid_ns"]) and ns is not None:
+            if not same_namespace(ns, ns) or ns[1] == INIT_PID_NS_INO:
+                return {}  # malformed, or the host's seen from a container: not checkable
+            from jax_nbmem.tenants.publishers_host import from_namespace
+
+            return from_namespace(content, identity, key, info.st_uid)
+        if key != beacon_key({"pid_in_ns": int(content["pid"]), "pid_ns": ns}):
+            return {}  # its name says another server than its content
         server = psutil.Process(int(content["pid"]))
         if abs(server.create_time() - float(content["started_at"])) > _START_SLACK_S:
             return {}
