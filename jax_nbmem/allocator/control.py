@@ -8,8 +8,10 @@ the settings it started with. No IPython here: the magics module only forwards e
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from jax_nbmem.allocator.jaxlib import (
     MANAGED_VARIABLES,
@@ -19,7 +21,12 @@ from jax_nbmem.allocator.jaxlib import (
     installed_jaxlib,
 )
 from jax_nbmem.allocator.modes import AllocatorMode, mode_variables
-from jax_nbmem.gpu.jaxstats import GPU_PLATFORMS, backend_probe, initialized_platforms
+from jax_nbmem.gpu.jaxstats import (
+    GPU_PLATFORMS,
+    backend_bridge,
+    backend_initialized,
+    initialized_platforms,
+)
 
 __all__ = [
     "ENV_ALLOCATOR",
@@ -127,23 +134,16 @@ class AllocatorReport:
         }
 
 
-def _snapshot_reader(environ: MutableMapping) -> Callable[[], tuple]:
-    """How to read the managed variables of *environ* before every cell: a call giving a tuple.
+def _snapshot_reader(environ: MutableMapping) -> tuple[Callable[[Any], Any], tuple]:
+    """How to read the managed variables of *environ* before every cell: a getter and its keys.
 
     os.environ's own bytes table where there is one: os.environ[name] encodes the name on
-    every lookup, ten times the cost. Only compared, and decoded when JAX starts. With the
-    four names spelled out, the tuple is built at once: tuple(map(...)) costs twice as much
-    (a map object, and a tuple grown from a guess; 2k of the 3k instructions it took a cell).
+    every lookup, ten times the cost. Only compared, and decoded when JAX starts.
     """
     raw = getattr(environ, "_data", None) if environ is os.environ else None
     if isinstance(raw, dict) and os.name == "posix":
-        get, keys = raw.get, _MANAGED_KEYS
-    else:
-        get, keys = environ.get, MANAGED_VARIABLES
-    if len(keys) == 4:
-        first, second, third, fourth = keys
-        return lambda: (get(first), get(second), get(third), get(fourth))
-    return lambda: tuple(map(get, keys))
+        return raw.get, _MANAGED_KEYS
+    return environ.get, MANAGED_VARIABLES
 
 
 class AllocatorControl:
@@ -159,10 +159,12 @@ class AllocatorControl:
     ) -> None:
         self._environ = os.environ if environ is None else environ
         # The managed variables as they are, as cheaply as possible (before every cell).
-        self._snapshot = _snapshot_reader(self._environ)
+        self._get, self._keys = _snapshot_reader(self._environ)
         self._jaxlib = jaxlib
         # Whether JAX's backend is up; asked around every cell until its start is recorded.
-        self._probe = backend_probe() if probe is None else probe
+        # Ours keeps JAX's bridge module once found: then a cell's ends read its table.
+        self._probe = self._probe_and_keep if probe is None else probe
+        self._bridge: Any = None
         self._platforms = platforms
         self._ours: dict[str, str] = {}
         self.requested: AllocatorMode | None = None
@@ -188,6 +190,19 @@ class AllocatorControl:
         the GPU settings were taken once, and a new mode still needs a new process.
         """
         return self.backend is not None or self._probe()
+
+    def _probe_and_keep(self) -> bool:
+        """`backend_initialized`, keeping JAX's bridge module once found (for a cell's ends)."""
+        if "jax" not in sys.modules:
+            return False
+        bridge = backend_bridge()
+        if bridge is None:  # JAX still importing, or its internals moved: the careful question
+            return backend_initialized()
+        self._bridge = bridge
+        return len(bridge._backends) != 0
+
+    def _snapshot(self) -> tuple:
+        return tuple(map(self._get, self._keys))
 
     def _managed(self) -> dict[str, str]:
         return {name: self._environ[name] for name in MANAGED_VARIABLES if name in self._environ}
@@ -244,14 +259,40 @@ class AllocatorControl:
 
         `apply` remembers them again after it changes them (the backend still down then), so
         a cell that sets a mode and then starts JAX is recorded with the mode it set.
+
+        Both ends of every cell until JAX starts, so written out: once JAX's bridge is known
+        they read its table of backends and the four variables with no call of their own.
+        Each call costs a cell more than its instructions: the hooks run after IPython's own
+        work has pushed their code and data out of the processor's caches.
         """
-        if self.backend is None and not self._probe():
-            self._at_cell_start = self._snapshot()
+        if self.backend is not None:
+            return
+        bridge = self._bridge
+        if bridge is None:
+            up = self._probe()
+        else:
+            try:
+                up = len(bridge._backends) != 0  # a table JAX replaced is the one read
+            except Exception:  # JAX changed under us: the careful question
+                up = backend_initialized()
+        if not up:
+            get, (first, second, third, fourth) = self._get, self._keys
+            self._at_cell_start = (get(first), get(second), get(third), get(fourth))
             self._cell = cell
 
     def observe_cell_end(self, cell: int | None) -> None:
         """If the cell started the backend, record what it started with."""
-        if self.backend is not None or not self._probe():
+        if self.backend is not None:
+            return
+        bridge = self._bridge
+        if bridge is None:
+            up = self._probe()
+        else:  # as in observe_cell_start
+            try:
+                up = len(bridge._backends) != 0
+            except Exception:
+                up = backend_initialized()
+        if not up:
             return
         now = self._snapshot()
         before = self._at_cell_start

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,32 +85,19 @@ class DeviceStats:
         return max(0, self.pool_bytes - self.bytes_in_use)
 
 
-def backend_probe() -> Callable[[], bool]:
-    """A :func:`backend_initialized` for a caller that asks before and after every cell.
+def backend_bridge() -> Any:
+    """JAX's bridge module when JAX is imported and the module keeps its backends in a dict.
 
-    The same answer, cheaper once JAX is imported: the bridge module is looked up in
-    ``sys.modules`` (some 1,500 names) until it is found, and then kept, so that each
-    question reads one attribute of that module and the length of its table. Every look
-    into a large table costs a cell its cache misses. A table JAX replaced
-    (``jax.clear_backends()``) is the one read next time: it is looked up by name each time.
+    ``None`` otherwise (JAX not imported, still importing, or its internals moved). The table
+    is replaced by ``jax.clear_backends()``: a caller reads ``bridge._backends`` each time.
     """
     modules = sys.modules
-    found: list[Any] = []
-
-    def probe() -> bool:
-        if not found:
-            if "jax" not in modules:
-                return False
-            bridge = modules.get("jax._src.xla_bridge")
-            if bridge is None or not isinstance(getattr(bridge, "_backends", None), dict):
-                return backend_initialized()
-            found.append(bridge)
-        try:
-            return len(found[0]._backends) != 0
-        except Exception:  # JAX changed under us: the careful question
-            return backend_initialized()
-
-    return probe
+    if "jax" not in modules:
+        return None
+    bridge = modules.get("jax._src.xla_bridge")
+    if bridge is None or not isinstance(getattr(bridge, "_backends", None), dict):
+        return None
+    return bridge
 
 
 def backend_initialized() -> bool:

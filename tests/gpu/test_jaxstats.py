@@ -294,31 +294,12 @@ def test_a_hooks_reading_is_empty_on_the_cpu_and_follows_a_new_backend(fake_jax)
     assert jaxstats.gpu_stats_now() == []
 
 
-def test_the_per_cell_probe_answers_as_backend_initialized_does(fake_jax, monkeypatch):
+def test_the_bridge_is_found_only_with_jax_imported_and_a_table(fake_jax, monkeypatch):
     jax, bridge = fake_jax
-    monkeypatch.delitem(sys.modules, "jax")
-    probe = jaxstats.backend_probe()
-    assert probe() is False == jaxstats.backend_initialized()  # JAX not imported
-    monkeypatch.setitem(sys.modules, "jax", jax)
-    bridge._backends = {}
-    assert probe() is False  # imported, not started
-    bridge._backends["cpu"] = object()  # JAX fills its table in place when it starts
-    assert probe() is True
-    bridge._backends = {}  # jax.clear_backends() puts a new table in place: that one is read
-    assert probe() is False
-    bridge._backends = {"cuda": object()}
-    assert probe() is True
-    del bridge._backends  # internals moved: the careful question, and its answer
-    assert probe() is False == jaxstats.backend_initialized()
-    bridge.backends_are_initialized = lambda: True
-    assert probe() is True == jaxstats.backend_initialized()
-
-
-def test_the_per_cell_probe_waits_for_a_bridge_with_a_table(fake_jax):
-    _, bridge = fake_jax
+    assert jaxstats.backend_bridge() is bridge
     table = bridge._backends
-    del bridge._backends
-    probe = jaxstats.backend_probe()
-    assert probe() is False
-    bridge._backends = table  # found later (a JAX still importing): read from then on
-    assert probe() is True
+    del bridge._backends  # a JAX still importing, or internals that moved
+    assert jaxstats.backend_bridge() is None
+    bridge._backends = table
+    monkeypatch.delitem(sys.modules, "jax")
+    assert jaxstats.backend_bridge() is None
