@@ -14,9 +14,11 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from tests.markdown_links import is_external, markdown_links
+
 pytest.importorskip("sphinx", reason="the docs extra: pip install -e '.[docs]'")
 pytest.importorskip("myst_parser", reason="the docs extra: pip install -e '.[docs]'")
-markdown_it = pytest.importorskip("markdown_it")
+pytest.importorskip("markdown_it")
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -53,11 +55,6 @@ def parse(page: Path) -> _Page:
     return parsed
 
 
-def is_external(link: str) -> bool:
-    parts = urlsplit(link)
-    return bool(parts.scheme or parts.netloc)
-
-
 def broken_links_in_site(site: Path) -> list[str]:
     """Each relative link of the built site whose file or anchor is not there, one line each."""
     pages: dict[Path, _Page] = {}
@@ -81,20 +78,6 @@ def broken_links_in_site(site: Path) -> list[str]:
                 if unquote(parts.fragment) not in page(target).ids:
                     broken.append(f"{where}: no such anchor in {target.name}")
     return broken
-
-
-def markdown_links(text: str) -> list[str]:
-    """The link and image targets of a Markdown text (not what code spans or blocks show)."""
-    found = []
-    stack = markdown_it.MarkdownIt("commonmark").parse(text)
-    while stack:
-        token = stack.pop(0)
-        stack[:0] = token.children or []
-        if token.type == "link_open":
-            found.append(token.attrGet("href"))
-        elif token.type == "image":
-            found.append(token.attrGet("src"))
-    return found
 
 
 def broken_links_in_readme(readme: Path, docs: Path, site: Path) -> list[str]:
