@@ -9,10 +9,12 @@ executed notebook stays small.
 
 Marked ``release`` (``pytest -m release`` runs only these; ``-m "not release"`` leaves them
 out). The virtual environment's packages come from the package index through pip, as a
-newcomer's do (about a minute with pip's cache warm).
+newcomer's do, at the versions of the environment running the suite (about a minute with
+pip's cache warm).
 """
 
 import email
+import importlib.metadata
 import os
 import re
 import shlex
@@ -136,11 +138,20 @@ def venv(dist, tmp_path_factory) -> dict:
     folder = base / "venv"
     ok([sys.executable, "-m", "venv", folder])
     python = folder / "bin" / "python"
-    # The package index serves the dependencies, as it does a newcomer's (pip's cache helps).
+    # The package index serves the dependencies, as it does a newcomer's (pip's cache helps),
+    # at the versions this environment runs the suite with: the venv differs from it only in
+    # how jax_nbmem got there, and a dependency's new release cannot fail this test alone.
+    pins = {}
+    for found in importlib.metadata.distributions():  # the first of a name is the one imported
+        name = re.sub(r"[-_.]+", "-", found.metadata["Name"] or "").lower()
+        if name and name != "jax-nbmem":
+            pins.setdefault(name, f"{name}=={found.version}\n")
+    constraints = base / "constraints.txt"
+    constraints.write_text("".join(pins.values()))
     pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     ok(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"{dist['wheel']}[lab,server]"],
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+         "--constraint", constraints, f"{dist['wheel']}[lab,server]"],
         env=pip_env,
         cwd=base,
         timeout=600,
