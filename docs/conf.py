@@ -25,6 +25,8 @@ myst_heading_anchors = 3
 # Pages are the *.md files only. jupyterhub_config.py is a file the hub tests run, shown inline
 # by jupyterhub.md; the images are referenced by the pages that show them.
 exclude_patterns = ["_build", "jupyterhub_config.py", "**/.ipynb_checkpoints"]
+# A block without a language (a tree, a state file, a terminal's output) is shown as it is.
+highlight_language = "none"
 
 html_theme = "alabaster"
 html_title = f"jax_nbmem {release}"
@@ -32,5 +34,7 @@ html_sidebars = {"**": ["about.html", "navigation.html", "searchbox.html"]}
 html_theme_options = {
     "description": "See and control JAX's GPU memory from inside a Jupyter notebook",
     "fixed_sidebar": True,
+    "page_width": "1200px",  # the pages' tables and commands are wide
+    "sidebar_width": "260px",
 }
 html_show_sourcelink = False
