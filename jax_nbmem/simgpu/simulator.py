@@ -296,12 +296,15 @@ def main(
         prog="python -m jax_nbmem.simgpu",
         description="A simulated NVIDIA GPU for the demo and the tests: a stand-in "
         "libnvidia-ml.so.1 that the real pynvml loads, answering from a state file named by "
-        f"${STATE_ENV_VAR}. Its GPUs say '(simulated)' in their names.",
+        f"${STATE_ENV_VAR}. Its GPUs say '(simulated)' in their names. The library is "
+        "compiled from C on first use: it needs a C compiler (gcc, cc or $CC).",
         epilog=STATE_FORMAT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    build_cmd = commands.add_parser("build", help="compile the stand-in libnvidia-ml.so.1")
+    build_cmd = commands.add_parser(
+        "build", help="compile the stand-in libnvidia-ml.so.1 (with gcc, cc or $CC)"
+    )
     build_cmd.add_argument("dir", help="folder to build into (reused when already built)")
     build_cmd.add_argument("--old-driver", action="store_true", help="leave out newer functions")
     state_cmd = commands.add_parser("demo-state", help="write a one-GPU state file")
