@@ -114,6 +114,17 @@ def test_the_sdist_holds_the_license_the_docs_and_the_notebooks(dist):
         assert f"{top}/{needed}" in names, needed
 
 
+def test_the_docs_build_strictly_from_the_sdist_alone(dist, tmp_path):
+    pytest.importorskip("sphinx", reason="the docs extra: pip install -e '.[docs]'")
+    with tarfile.open(dist["sdist"]) as sdist:
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.10.12+
+        sdist.extractall(tmp_path, **safe)
+    source = tmp_path / f"jax_nbmem-{VERSION}" / "docs"
+    ok([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", source,
+        tmp_path / "site"], cwd=tmp_path)  # fmt: skip
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
 def test_the_index_gets_authors_classifiers_and_a_description_it_can_show(dist):
     with zipfile.ZipFile(dist["wheel"]) as wheel:
         metadata = email.message_from_bytes(wheel.read(f"jax_nbmem-{VERSION}.dist-info/METADATA"))
