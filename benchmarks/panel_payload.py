@@ -19,7 +19,7 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from jax_nbmem.notebook import panel
+from jax_nbmem.notebook import panel_live
 from jax_nbmem.record.ledger import CellRecord
 from jax_nbmem.record.sampler import GpuSample, HostSample, Sample, SampleHistory
 
@@ -79,7 +79,7 @@ def simulate(hours: float, updates: int) -> dict:
         banner_messages=lambda: ["NVML: ok"],
     )  # fmt: skip
     began = time.perf_counter()
-    live = panel._LivePanel(session)
+    live = panel_live.LivePanel(session)
     live.widget._repr_mimebundle_()
     first_render_s = time.perf_counter() - began
     sent: list[int] = []

@@ -22,4 +22,5 @@ export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 exec "$venv/bin/python" -m pytest -p no:cacheprovider "$@" \
     tests/allocator tests/cli tests/gpu tests/notebook/test_settings.py \
     tests/notebook/test_jaxalloc_magic.py tests/notebook/test_panel_kernel.py tests/notebook/test_figure.py \
+    tests/notebook/test_panel_view.py \
     tests/tools/test_fit.py tests/tools/test_last_error.py tests/tools/test_track.py tests/record/test_export.py

@@ -1,10 +1,18 @@
-"""The README's product command: scripts/quickstart.sh starts JupyterLab on the quickstart."""
+"""The README's product command: scripts/quickstart.sh starts JupyterLab on the quickstart.
+
+One run of `bash scripts/quickstart.sh --simulated-gpu` for the module, as a newcomer starts it:
+no token given (JupyterLab makes one and prints it), a "browser" that only records what it is
+asked to open. The tests then follow the printed URL, the opened page, the copy of the
+notebook, the neighbour the script started, and the end of it all.
+"""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +24,8 @@ from tests.ipython_session import clean_environ
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "quickstart.ipynb"
+NEIGHBOUR = re.compile(r"Simulated neighbour: kernel PID (\d+) \((\S+\.ipynb), preallocated\)")
 
 
 def _free_port() -> int:
@@ -24,71 +34,169 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _api(port: int, token: str, path: str, body: dict | None = None, method: str | None = None):
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/api/{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        method=method or ("GET" if body is None else "POST"),
-    )
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        return json.loads(answer.read())
+class Quickstart:
+    """The script's process, what it printed so far, and how to reach its server."""
 
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port = tmp, _free_port()
+        self.opened = tmp / "opened.txt"
+        browser = tmp / "browser.sh"  # records the URL JupyterLab opens, opens nothing
+        browser.write_text(f'#!/bin/sh\nprintf "%s" "$1" > {self.opened}\n')
+        browser.chmod(0o755)
+        env = {**clean_environ(), "JAX_NBMEM_NO_INSTALL": "1", "TMPDIR": str(tmp)}
+        env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")
+        env.pop("JAX_PLATFORMS")  # as a user's shell: the script and its kernels decide
+        command = ["bash", "scripts/quickstart.sh", "--simulated-gpu", f"--port={self.port}",
+                   f"--ServerApp.browser={browser} %s", "--LabApp.news_url=None"]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
 
-def test_quickstart_script_serves_a_copy_of_the_notebook_on_a_simulated_gpu(tmp_path):
-    tracked = ROOT / "notebooks" / "quickstart.ipynb"
-    tracked_before = tracked.read_bytes()
-    port, token = _free_port(), "quickstart-test-token"
-    env = {**clean_environ(), "JAX_NBMEM_NO_INSTALL": "1", "TMPDIR": str(tmp_path)}
-    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
-    command = ["bash", "scripts/quickstart.sh", "--simulated-gpu", "--no-browser",
-               f"--port={port}", f"--IdentityProvider.token={token}",
-               "--LabApp.news_url=None", "--ServerApp.open_browser=False"]  # fmt: skip
-    server = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def printed_url(self, timeout: float = 150) -> str:
+        """The first URL JupyterLab printed, once its server answers there."""
+        pattern = re.compile(rf"http://127\.0\.0\.1:{self.port}/\S+")
+        deadline = time.monotonic() + timeout
         while True:
+            found = pattern.search(self.output)
+            if found:
+                return found.group(0)
+            assert self.process.poll() is None, self.output
+            assert time.monotonic() < deadline, f"no URL printed:\n{self.output}"
+            time.sleep(0.5)
+
+    @property
+    def token(self) -> str:
+        return re.search(r"[?&]token=(\w+)", self.printed_url()).group(1)
+
+    def api(self, path: str, body: dict | None = None, method: str | None = None):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/api/{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            method=method or ("GET" if body is None else "POST"),
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = answer.read()
+        return json.loads(body) if body else None
+
+    def stop(self) -> int:
+        """Stop it as a terminal's Ctrl-C would reach it (its whole process group)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                _api(port, token, "status")
-                break
-            except OSError:
-                assert server.poll() is None, server.stdout.read()
-                assert time.monotonic() < deadline, "JupyterLab did not answer"
-                time.sleep(0.5)
-        # The server serves the copy's folder, build/quickstart/, as a file argument makes it.
-        copy = "quickstart.ipynb"
-        assert [item["name"] for item in _api(port, token, "contents")["content"]] == [copy]
-        session = _api(
-            port,
-            token,
-            "sessions",
-            {"path": copy, "type": "notebook", "kernel": {"name": "python3"}},
-        )
-        assert session["path"] == copy
-        # The user runs the cells and JupyterLab saves them, outputs and all: into the copy.
-        model = _api(port, token, f"contents/{copy}")
-        model["content"]["cells"][1]["outputs"] = [
-            {"output_type": "stream", "name": "stdout", "text": "a run's output\n"}
-        ]
-        _api(
-            port,
-            token,
-            f"contents/{copy}",
-            {"type": "notebook", "content": model["content"]},
-            "PUT",
-        )
-        assert "a run's output" in (ROOT / "build" / "quickstart" / copy).read_text()
-        assert tracked.read_bytes() == tracked_before  # the repository's notebook is untouched
-        # --simulated-gpu built the stand-in library in this user's own folder, labelled.
-        state = tmp_path / f"jax_nbmem-simgpu-{os.getuid()}" / "gpu.state"
-        assert "NVIDIA H200 (simulated)" in state.read_text()
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    started = Quickstart(tmp_path_factory.mktemp("quickstart"))
+    try:
+        yield started
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        started.stop()
+
+
+def _opens_the_notebook(url: str) -> None:
+    """The page at *url* is JupyterLab opening the quickstart, not its Launcher."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        page = answer.read().decode()
+    config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                       page, re.S)  # fmt: skip
+    assert config, page[:500]
+    assert json.loads(config.group(1))["treePath"] == NOTEBOOK
+
+
+def test_the_printed_url_opens_the_quickstart_notebook(quickstart):
+    url = quickstart.printed_url()
+    assert re.fullmatch(rf"http://127\.0\.0\.1:\d+/lab/tree/{NOTEBOOK}\?token=\w+", url), url
+    _opens_the_notebook(url)
+    # The tree the page opens has that notebook: the server's own contents API says so.
+    assert quickstart.api(f"contents/{NOTEBOOK}")["type"] == "notebook"
+
+
+def test_the_page_a_browser_is_sent_to_opens_the_notebook(quickstart):
+    quickstart.printed_url()
+    deadline = time.monotonic() + 30
+    while not quickstart.opened.exists() or not quickstart.opened.read_text():
+        assert time.monotonic() < deadline, "JupyterLab opened no browser"
+        time.sleep(0.2)
+    opened = quickstart.opened.read_text()
+    assert opened.startswith("file://"), opened  # its token stays out of the command line
+    redirect = re.search(r'http-equiv="refresh" content="\d+;url=([^"]+)"',
+                         Path(opened.removeprefix("file://")).read_text())  # fmt: skip
+    assert redirect and f"/lab/tree/{NOTEBOOK}?token=" in redirect.group(1), redirect
+    _opens_the_notebook(redirect.group(1).replace("localhost", "127.0.0.1"))
+
+
+def test_it_serves_a_copy_of_the_notebook_on_a_simulated_gpu(quickstart):
+    tracked = ROOT / "notebooks" / NOTEBOOK
+    tracked_before = tracked.read_bytes()
+    quickstart.printed_url()
+    # The server serves the copy's folder, build/quickstart/, as a file argument makes it.
+    assert [item["name"] for item in quickstart.api("contents")["content"]] == [NOTEBOOK]
+    session = quickstart.api(
+        "sessions", {"path": NOTEBOOK, "type": "notebook", "kernel": {"name": "python3"}}
+    )
+    assert session["path"] == NOTEBOOK
+    # The user runs the cells and JupyterLab saves them, outputs and all: into the copy.
+    model = quickstart.api(f"contents/{NOTEBOOK}")
+    model["content"]["cells"][1]["outputs"] = [
+        {"output_type": "stream", "name": "stdout", "text": "a run's output\n"}
+    ]
+    quickstart.api(f"contents/{NOTEBOOK}", {"type": "notebook", "content": model["content"]}, "PUT")
+    assert "a run's output" in (ROOT / "build" / "quickstart" / NOTEBOOK).read_text()
+    assert tracked.read_bytes() == tracked_before  # the repository's notebook is untouched
+    quickstart.api(f"sessions/{session['id']}", method="DELETE")
+    # --simulated-gpu built the stand-in library in this user's own folder, labelled.
+    state = quickstart.tmp / f"jax_nbmem-simgpu-{os.getuid()}" / "gpu.state"
+    assert "NVIDIA H200 (simulated)" in state.read_text()
+
+
+def test_the_quickstart_names_the_neighbour_the_script_started_and_it_ends_with_it(quickstart):
+    from jax_nbmem.simgpu import SimState
+    from tests.simgpu.test_mirror import shell_env
+    from tests.test_notebooks import execute_notebook, text_of
+
+    quickstart.printed_url()
+    started = NEIGHBOUR.search(quickstart.output)
+    assert started, quickstart.output
+    neighbour, name = int(started.group(1)), started.group(2)
+    folder = quickstart.tmp / f"jax_nbmem-simgpu-{os.getuid()}"
+    assert SimState.read(folder / "gpu.state").process_bytes(neighbour) > 100 * 2**30
+    # Run All, on the GPU the script set up (the same folder's state and startup file).
+    env = {k: v for k, v in shell_env(folder).items() if k not in ("JAX_PLATFORMS",)}
+    executed = execute_notebook(ROOT / "notebooks" / NOTEBOOK, env=env)
+    text = text_of(executed)
+    blocking = [line for line in text.splitlines() if "blocking-preallocation" in line]
+    assert blocking, text
+    assert str(neighbour) in blocking[0] and name in blocking[0], blocking
+    os.kill(neighbour, 0)  # still there while the script runs
+
+    quickstart.stop()
+    deadline = time.monotonic() + 10
+    while _alive(neighbour):
+        assert time.monotonic() < deadline, f"the neighbour {neighbour} outlived the script"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return not stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))

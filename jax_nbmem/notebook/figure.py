@@ -46,6 +46,7 @@ from jax_nbmem.notebook.figure_rows import (
     time_text,
     window_rows,
 )
+from jax_nbmem.notebook.figure_scale import gpu_axis, off_scale_notes
 from jax_nbmem.units import format_bytes
 
 __all__ = [
@@ -220,12 +221,18 @@ def _assemble(
     limits: FigureLimits,
     title: str | None,
 ) -> dict[str, Any]:
-    """The figure from the timeline's *rows*; the y unit follows the *recent* samples."""
-    unit, divisor = scale(recent, gpu_index)
+    """The figure from the timeline's *rows*.
+
+    On a GPU the y axis is fitted to what is in use (:mod:`~jax_nbmem.notebook.figure_scale`);
+    for host memory it holds every value, in the unit the *recent* samples call for.
+    """
+    series = shown_series(gpu_index)
+    axis = None if gpu_index is None else gpu_axis(rows, [name for name, _, _ in series])
+    unit, divisor = (axis.unit, axis.divisor) if axis else scale(recent, gpu_index)
     digits = 3 if unit == "GiB" else 1
     traces: list[dict[str, Any]] = []
     known_values: list[float] = []
-    columns = {name: column for column, (name, _, _) in enumerate(shown_series(gpu_index), 1)}
+    columns = {name: column for column, (name, _, _) in enumerate(series, 1)}
     for group in (GPU_SERIES, HOST_SERIES):
         for name, field, colour in group:
             column = columns.get(name)
@@ -238,7 +245,7 @@ def _assemble(
                 "line": {"shape": "hv", "color": colour, "dash": dash, "width": 1.6}, **line,
                 "hovertemplate": f"%{{y:.{digits}f}} {unit}<extra>{name}</extra>",
             })  # fmt: skip
-    y_range = _value_range(known_values, unit)
+    y_range = axis.range if axis else _value_range(known_values, unit)
     all_records = list(records)
     source = cell_bars_source(all_records)
     spanned = all_records[-limits.max_spans :]
@@ -312,6 +319,9 @@ def _assemble(
         }],
         "uirevision": "jax_nbmem",  # keep the user's zoom and hidden traces across updates
     }  # fmt: skip
+    if axis and axis.above:
+        colours = {name: colour for name, _, colour in series}
+        layout["annotations"] += off_scale_notes(axis, colours, layout["yaxis"]["domain"][1])
     if title:
         layout["title"] = {"text": title, "x": 0.01, "y": 0.99, "font": {"size": 13}}
     return {"data": traces, "layout": layout}

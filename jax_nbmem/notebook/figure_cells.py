@@ -34,7 +34,7 @@ def cell_bars_source(records: Sequence[Any]) -> tuple[str, str, str, str] | None
     """
     candidates = (
         ("JAX in use", "jax_in_use_before", "jax_in_use_peak", "jax_in_use_after"),
-        ("GPU (NVML)", "gpu_self_before", "gpu_self_peak", "gpu_self_after"),
+        ("GPU memory per NVML", "gpu_self_before", "gpu_self_peak", "gpu_self_after"),
         ("host RSS", "host_rss_before", "host_rss_peak", "host_rss_after"),
     )
     recent = list(records)[-5:]

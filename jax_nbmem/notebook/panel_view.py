@@ -8,6 +8,12 @@ every view draws from the model's current state, and an update sends only the pa
 changed. Its front end (``static/panel_view.js``) draws them with the plotly.js that the
 installed plotly package ships; nothing comes from a CDN and there is no JavaScript build.
 
+plotly.js (4.6 MB) is not in the widget's state, which a notebook saves (``nbconvert
+--execute`` always does): a view loads it from the Jupyter server
+(``/jax-nbmem/static/plotly.min.js``, served by the server extension, kept by the browser),
+and where there is no such server (VS Code, Colab, a server without jax_nbmem) asks its
+kernel, which sends the file in a message of its own, never stored (:data:`PLOTLY_REQUEST`).
+
 A view tells the kernel when it has drawn (``views_drawn``): until one has, the panel's
 static snapshot is what the user sees, and it is kept current after every cell.
 """
@@ -22,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_view"]
+__all__ = ["PLOTLY_REPLY", "PLOTLY_REQUEST", "plot_view", "plotly_source"]
 
 log = logging.getLogger("jax_nbmem")
 
@@ -31,17 +37,25 @@ _STATIC = Path(__file__).with_name("static")
 # the scale and the memory lines first, they move with every sample.
 _TRAITS = {"layout": "plot_layout", "timeline": "timeline", "bars": "bars", "cells": "cells"}
 UPDATE_BUDGET_BYTES = 32 * 1024 - 1024  # a message adds its envelope to the value
+# A view without the server's copy of plotly.js sends PLOTLY_REQUEST; the kernel answers
+# PLOTLY_REPLY with the file as the message's one binary buffer (or an "error" and none).
+PLOTLY_REQUEST = "send-plotly.js"
+PLOTLY_REPLY = "plotly.js"
 
 
 @functools.lru_cache(maxsize=1)
 def _front_end() -> tuple[str, str]:
-    """The view's ES module (plotly.js inlined as a string) and its CSS, read once."""
+    """The view's ES module and its CSS, read once (a few KB: no plotly.js in them)."""
+    script = (_STATIC / "panel_view.js").read_text(encoding="utf-8")
+    css = (_STATIC / "panel_view.css").read_text(encoding="utf-8")
+    return script, css
+
+
+def plotly_source() -> bytes:
+    """The installed plotly package's plotly.js, read when a view asks (not kept in memory)."""
     from plotly.offline import get_plotlyjs
 
-    script = (_STATIC / "panel_view.js").read_text(encoding="utf-8")
-    source = json.dumps(get_plotlyjs())  # a JS string literal; the bundle is run on demand
-    css = (_STATIC / "panel_view.css").read_text(encoding="utf-8")
-    return f"const PLOTLY_SOURCE = {source};\n{script}", css
+    return get_plotlyjs().encode("utf-8")
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,9 +87,26 @@ def _plot_view_class() -> type:
             self.on_msg(self._on_view_message)
 
         def _on_view_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
-            if isinstance(content, dict) and content.get("event") == "rendered":
+            event = content.get("event") if isinstance(content, dict) else None
+            if event == "rendered":
                 with self._views_lock:
                     self.views_drawn += 1
+            elif event == PLOTLY_REQUEST:
+                self._send_plotly()
+
+        def _send_plotly(self) -> None:
+            """Answer a view that could not load plotly.js from the server (never raises)."""
+            try:
+                try:
+                    source = plotly_source()
+                except Exception as error:  # plotly went missing, or its file is unreadable
+                    log.debug("jax_nbmem: no plotly.js for a view", exc_info=True)
+                    reason = f"{type(error).__name__}: {error}"
+                    self.send({"event": PLOTLY_REPLY, "error": reason})
+                    return
+                self.send({"event": PLOTLY_REPLY}, buffers=[source])
+            except Exception:  # the comm closed meanwhile: the view is gone
+                log.debug("jax_nbmem: plotly.js not sent", exc_info=True)
 
         def show(self, parts: dict[str, Any], budget: int | None = UPDATE_BUDGET_BYTES) -> bool:
             """Sync the parts that differ from what was sent; False if some must wait.

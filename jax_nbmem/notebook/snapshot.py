@@ -71,13 +71,17 @@ class _Area:
 
 
 def _step_path(area: _Area, xs: Sequence, ys: Sequence) -> str:
-    """An SVG path of a step line (plotly's ``hv``); ``None`` breaks the line."""
+    """An SVG path of a step line (plotly's ``hv``); ``None`` breaks the line.
+
+    A value outside the area is drawn at its edge (the figure marks series above its axis).
+    """
     parts, drawing, last_y = [], False, None
+    bottom = area.top + area.height
     for x, y in zip(xs, ys, strict=False):
         if x is None or y is None:
             drawing = False
             continue
-        px, py = area.x(x), area.y(y)
+        px, py = area.x(x), min(max(area.y(y), area.top), bottom)
         if not drawing:
             parts.append(f"M{px},{py}")
             drawing = True
@@ -167,6 +171,12 @@ def figure_svg(figure: dict[str, Any], width: int = _WIDTH, height: int = _HEIGH
         out.append(
             f'<path d="{path}" fill="none" stroke="{line.get("color", "#333")}" '
             f'stroke-width="{line.get("width", 1.5)}"{dash}/>'
+        )
+    for line, note in enumerate(layout.get("annotations", [])[1:]):  # series above the axis
+        colour = html.escape(str(note.get("font", {}).get("color", _AXIS_TEXT)))
+        out.append(
+            f'<text x="{timeline.left + timeline.width - 4}" y="{timeline.top + 12 + 13 * line}" '
+            f'text-anchor="end" fill="{colour}">{html.escape(str(note.get("text", "")))}</text>'
         )
     out += _bars(layout, bars, plot_width, plot_height)
     out += _legend(lines + cells[:1] + bars, width)

@@ -4,10 +4,17 @@ Every route is behind the server's own authentication: the API answers 403 witho
 a login cookie, the board page sends the browser to the login page. The shutdown route acts
 only on this server's kernels, and a cookie-authenticated POST needs the XSRF token, as
 Jupyter's own API does (jupyter_server checks it before the handler runs).
+
+One route serves a file, not data: ``/jax-nbmem/static/plotly.min.js``, the plotly.js of the
+plotly package installed beside the server, which the notebook panel's plot loads from here
+(once per browser, then revalidated) rather than carrying 4.6 MB in every notebook's widget
+state. It is found without importing plotly; without plotly it answers 404 and the panel
+asks its kernel instead.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +23,15 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
-__all__ = ["BoardHandler", "HistoryHandler", "ShutdownHandler", "StatusHandler", "routes"]
+__all__ = [
+    "BoardHandler",
+    "HistoryHandler",
+    "PlotlyHandler",
+    "ShutdownHandler",
+    "StatusHandler",
+    "plotly_dir",
+    "routes",
+]
 
 _STATIC = Path(__file__).with_name("static")
 AUTH_RESOURCE = "kernels"  # what Jupyter's authorizer is asked about: these are kernels' data
@@ -97,12 +112,62 @@ class BoardHandler(_MonitorMixin, JupyterHandler):
         self.finish(page)
 
 
-def routes(base_url: str) -> list[tuple[str, type]]:
+def plotly_dir() -> Path | None:
+    """The folder of the installed plotly package's ``plotly.min.js``, or None without it.
+
+    Found through the import system's metadata: the server face never imports plotly.
+    """
+    try:
+        spec = importlib.util.find_spec("plotly")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        folder = Path(location) / "package_data"
+        if (folder / "plotly.min.js").is_file():
+            return folder
+    return None
+
+
+class PlotlyHandler(JupyterHandler, web.StaticFileHandler):
+    """``GET /jax-nbmem/static/plotly.min.js``: the plotly.js that draws the notebook panel.
+
+    Logged-in users only, as every route here; a browser keeps it and revalidates it (its
+    ETag: a 304 once it has it).
+    """
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    def get(self, path: str, include_body: bool = True) -> Any:
+        """The file (tornado's static file serving: ranges, ETag, 304)."""
+        return web.StaticFileHandler.get(self, path, include_body=include_body)
+
+    @web.authenticated
+    @authorized
+    def head(self, path: str) -> Any:
+        """Its headers."""
+        return web.StaticFileHandler.get(self, path, include_body=False)
+
+    def set_extra_headers(self, path: str) -> None:
+        """Kept by the browser, asked again each time (a 304 when unchanged)."""
+        self.set_header("Cache-Control", "private, no-cache")
+
+    def get_content_type(self) -> str:
+        """JavaScript, whatever the platform's MIME table says of ``.js``."""
+        return "text/javascript; charset=utf-8"
+
+
+def routes(base_url: str) -> list[tuple[str, type] | tuple[str, type, dict]]:
     """The URL patterns under the server's base URL."""
     prefix = base_url.rstrip("/") + "/jax-nbmem"
-    return [
+    found = [
         (prefix + "/?", BoardHandler),
         (prefix + "/api/status", StatusHandler),
         (prefix + "/api/history", HistoryHandler),
         (prefix + r"/api/kernels/([\w-]+)/shutdown", ShutdownHandler),
     ]
+    folder = plotly_dir()
+    if folder is not None:  # else 404, as for any unknown path: the panel asks its kernel
+        found.append((prefix + r"/static/(plotly\.min\.js)", PlotlyHandler, {"path": str(folder)}))
+    return found

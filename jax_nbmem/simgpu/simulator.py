@@ -24,9 +24,11 @@ import hashlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid as uuid_module
 from collections.abc import Callable, Mapping
@@ -213,24 +215,63 @@ def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
     return 0
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def stop_when_gone(pid: int, interval: float = 0.5) -> threading.Thread:
+    """End this process (SIGTERM) once process *pid* has ended; a daemon thread watches.
+
+    A process that has ended but is not yet reaped (a zombie) counts as ended.
+    """
+
+    def gone() -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        except OSError:  # no /proc: ask the kernel
+            return not _exists(pid)
+        return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="jax_nbmem-simgpu-stop-with", daemon=True)
+    thread.start()
+    return thread
+
+
 def start_tenant(
     state_path: str | os.PathLike[str],
     notebook: str = "neighbour.ipynb",
     fraction: float | None = None,
     timeout: float = 90.0,
+    stop_with: int | None = None,
 ) -> tuple[int, int]:
     """Start a neighbour on the simulated GPU: a real, idle Jupyter kernel that preallocated.
 
     It runs JAX (on the CPU) with preallocation on (``fraction`` of the GPU, JAX's 75% by
     default), and its mirror puts the pool on the simulated GPU; it names ``notebook`` as its
-    own (``JPY_SESSION_NAME``). It runs until it is shut down (the panel's button does) or
-    killed. Returns its PID and the bytes it holds once its pool is on the GPU.
+    own (``JPY_SESSION_NAME``). It runs until it is shut down (the panel's button does), killed,
+    or, with *stop_with*, process *stop_with* has ended (the demo script's). Returns its PID
+    and the bytes it holds once its pool is on the GPU.
     """
     from jupyter_client.connect import write_connection_file
     from jupyter_core.paths import jupyter_runtime_dir
 
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
+    if stop_with is not None and (stop_with <= 0 or not _exists(stop_with)):
+        raise ValueError(f"--stop-with needs a running process's ID, not {stop_with}")
     state_path = Path(state_path).resolve()
     runtime = Path(jupyter_runtime_dir())
     runtime.mkdir(parents=True, exist_ok=True)
@@ -246,6 +287,8 @@ def start_tenant(
         "import jax_nbmem.simgpu.mirror as _mirror, jax.numpy as _jnp; "
         "_mirror.start_from_environment(); _jnp.ones(1).block_until_ready()"
     )
+    if stop_with is not None:
+        warm_up += f"; import jax_nbmem.simgpu.simulator as _sim; _sim.stop_when_gone({stop_with})"
     log_path = state_path.with_name(f"tenant-{connection.stem}.log")
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -345,6 +388,13 @@ def main(
     tenant_cmd.add_argument(
         "--fraction", type=float, default=None, help="its pool's share of the GPU (default 0.75)"
     )
+    tenant_cmd.add_argument(
+        "--stop-with",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="it ends once process PID has ended (scripts/quickstart.sh passes its own)",
+    )
     args = parser.parse_args(argv)
     if args.command == "shell-env":
         return _print_shell_env(None if args.dir is None else Path(args.dir), kernels=args.kernels)
@@ -354,13 +404,16 @@ def main(
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")
         try:
-            pid, held = start_tenant(args.state, args.notebook, args.fraction)
+            pid, held = start_tenant(
+                args.state, args.notebook, args.fraction, stop_with=args.stop_with
+            )
         except (RuntimeError, ValueError) as error:
             print(f"jax_nbmem simulated GPU: {error}", file=sys.stderr)
             return 1
+        ends = "" if args.stop_with is None else f", or it stops when PID {args.stop_with} ends"
         print(
             f"Simulated neighbour: kernel PID {pid} ({args.notebook}, preallocated) holds "
-            f"{held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {pid}"
+            f"{held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {pid}{ends}"
         )
         return 0
     if args.command == "check":

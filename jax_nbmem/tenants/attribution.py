@@ -452,6 +452,11 @@ def attribute(
                 verdict.update(idle_s=info.idle_s, idle_source="server")
         else:
             verdict = _from_outside(info, process.used_bytes, total)
+        if info.server_url is not None and info.notebook_shown:
+            # Its Jupyter server names its notebook, as that server shows it (relative to its
+            # root, after renames): the name every view of this server uses. The beacon's is
+            # a full path, from the same server or from the kernel's start.
+            verdict.pop("notebook", None)
         fields.update(verdict)
         if "notebook" in verdict:  # the kernel named its notebook itself
             fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))

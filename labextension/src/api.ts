@@ -34,6 +34,7 @@ export interface IProcess {
   mode: string | null;
   mode_at_start: string | null;
   mode_reason: string | null;
+  runs_jax?: boolean | null; // false: it has no JAX pool at all; null: not known
   jax: { pool_bytes?: number | null } | null;
 }
 

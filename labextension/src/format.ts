@@ -27,6 +27,37 @@ export function gpuLabel(gpu: IGpu | undefined, index: number | null): string {
   return (gpu && gpu.label) || `GPU ${gpu ? gpu.index : index}`;
 }
 
+/** Whether a GPU is the simulated one (jax_nbmem.simgpu): its name says so, as everywhere. */
+export function simulated(gpu: IGpu | undefined): boolean {
+  return !!gpu && /\(simulated\)/i.test(gpu.name || '');
+}
+
+/** JAX's pool in a process: its own account, all it holds when it preallocated, 0 when it
+ * runs no JAX; null when nothing measured it (never a guessed 0). */
+export function poolBytes(process: IProcess): number | null {
+  const pool = process.jax?.pool_bytes;
+  if (pool !== null && pool !== undefined) {
+    return pool;
+  }
+  if (process.preallocated) {
+    return process.used_bytes ?? null;
+  }
+  return process.runs_jax === false ? 0 : null;
+}
+
+/** What the processes' JAX pools add up to: "1.2 GiB in JAX pools", "at least …" where some
+ * are unmeasured, "JAX pools: —" where none is. */
+export function poolsText(processes: IProcess[]): { bytes: number | null; text: string } {
+  const pools = processes.map(poolBytes);
+  const known = pools.filter((b): b is number => b !== null);
+  if (processes.length && !known.length) {
+    return { bytes: null, text: 'JAX pools: —' };
+  }
+  const bytes = known.reduce((sum, b) => sum + b, 0);
+  const some = known.length < pools.length ? 'at least ' : '';
+  return { bytes, text: `${some}${gib(bytes)} in JAX pools` };
+}
+
 /** The hub's user name where there is one (in container hubs every Unix user is `jovyan`). */
 export function owner(process: IProcess): string {
   const hub = process.hub_user;

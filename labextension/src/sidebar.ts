@@ -5,7 +5,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IKernel, IProcess, IStatus } from './api';
-import { duration, element, gib, gpuLabel, mode, owner } from './format';
+import { duration, element, gib, gpuLabel, mode, owner, poolsText } from './format';
 import { IGpuStatus } from './model';
 
 export const SIDEBAR_ID = 'jax-nbmem-sidebar';
@@ -61,14 +61,15 @@ export class GpuSidebar extends Widget {
     const on = (status.processes || [])
       .filter(p => p.gpu === gpu.index)
       .sort((a, b) => (b.used_bytes || 0) - (a.used_bytes || 0));
-    const pools = on.reduce((sum, p) => sum + poolBytes(p), 0);
+    // A GPU in MIG mode has its processes, and their pools, under its instances.
+    const pools = gpu.mig_mode ? { bytes: null, text: '' } : poolsText(on);
     section.append(
       element('h3', `${gpuLabel(gpu, gpu.index)}: ${gpu.name || 'name unknown'}`),
-      bar(gpu, pools),
+      bar(gpu, pools.bytes, pools.text),
       element(
         'div',
-        `${gib(gpu.used_bytes)} used (${gib(pools)} in JAX pools) · ${gib(gpu.free_bytes)} ` +
-          `free of ${gib(gpu.total_bytes)}`,
+        `${gib(gpu.used_bytes)} used${pools.text ? ` (${pools.text})` : ''} · ` +
+          `${gib(gpu.free_bytes)} free of ${gib(gpu.total_bytes)}`,
         { class: 'jax-nbmem-note' }
       )
     );
@@ -172,29 +173,22 @@ export class GpuSidebar extends Widget {
   private _gpus = element('div');
 }
 
-/** JAX's pool in a process: its own account, else all it holds when it preallocated. */
-function poolBytes(process: IProcess): number {
-  const pool = process.jax?.pool_bytes;
-  if (pool !== null && pool !== undefined) {
-    return pool;
-  }
-  return process.preallocated ? process.used_bytes || 0 : 0;
-}
-
-/** The used/free bar: JAX's pools (hatched), other memory in use, then what is free. */
-function bar(gpu: IGpu, pools: number): HTMLElement {
+/** The used/free bar: JAX's pools (hatched; what is measured of them), other memory in use,
+ * then what is free. */
+function bar(gpu: IGpu, measured: number | null, pools: string): HTMLElement {
   const total = gpu.total_bytes || 0;
   const used = gpu.used_bytes || 0;
   const share = (bytes: number) => `${total ? Math.min(100, (100 * bytes) / total) : 0}%`;
   const node = element('div', null, {
     class: 'jax-nbmem-bar',
     role: 'img',
-    'aria-label': `${gib(used)} of ${gib(total)} used, ${gib(pools)} of it in JAX pools`
+    'aria-label': `${gib(used)} of ${gib(total)} used${pools ? ` (${pools})` : ''}`
   });
+  const poolBytes = measured || 0; // the hatched part: only what is measured
   const pool = element('div', null, { class: 'jax-nbmem-bar-pool', title: 'JAX pools' });
-  pool.style.width = share(Math.min(pools, used));
+  pool.style.width = share(Math.min(poolBytes, used));
   const rest = element('div', null, { class: 'jax-nbmem-bar-used', title: 'other memory in use' });
-  rest.style.width = share(Math.max(0, used - pools));
+  rest.style.width = share(Math.max(0, used - poolBytes));
   node.append(pool, rest);
   return node;
 }

@@ -1,11 +1,12 @@
 // The status-bar item: the current notebook's kernel on the GPU, the GPU's free memory, JAX's
 // mode, and a colour for its state (amber: preallocated on a shared GPU; red: it blocks
-// others). A click opens the GPU sidebar.
+// others). A simulated GPU says so, as its name does in the panel, sidebar and board. A click
+// opens the GPU sidebar.
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IStatus } from './api';
-import { gib, gpuLabel, kernelOf } from './format';
+import { gib, gpuLabel, kernelOf, simulated } from './format';
 import { IGpuStatus } from './model';
 
 /** What the item says and its colour, for one kernel in one snapshot. */
@@ -32,7 +33,8 @@ export function itemView(status: IStatus, kernelId: string | undefined): IItemVi
   if (!kernel) {
     const gpu = gpus[0] || status.gpus[0];
     const text = gpu ? `${free(gpu)} · no kernel` : 'GPU: no kernel';
-    return { text, state: 'normal', title: 'This notebook has no running kernel.' };
+    const title = [...simulatedNote(gpu ? [gpu] : []), 'This notebook has no running kernel.'];
+    return { text, state: 'normal', title: title.join('\n\n') };
   }
   const state = COLOURS[kernel.state || 'normal'] || 'normal';
   const mode = kernel.mode_shown || kernel.mode || 'JAX not on a GPU';
@@ -40,10 +42,11 @@ export function itemView(status: IStatus, kernelId: string | undefined): IItemVi
   const where = status.gpus.filter(g => on.includes(g.index));
   const parts = where.length
     ? where.map(
-        g => `${gpuLabel(g, g.index)}: ${gib(kernel.gpu_memory_bytes)} · ${gib(g.free_bytes)} free`
+        g => `${label(g)}: ${gib(kernel.gpu_memory_bytes)} · ${gib(g.free_bytes)} free`
       )
     : [gpus[0] ? free(gpus[0]) : 'GPU'];
   const lines = [
+    ...simulatedNote(where.length ? where : gpus.slice(0, 1)),
     kernel.state_reason || 'This kernel blocks no one.',
     ...(kernel.warnings || []).map(w => `${w.kind}: ${w.message}`),
     'Click for the GPU sidebar.'
@@ -52,7 +55,18 @@ export function itemView(status: IStatus, kernelId: string | undefined): IItemVi
 }
 
 function free(gpu: IGpu): string {
-  return `${gpuLabel(gpu, gpu.index)}: ${gib(gpu.free_bytes)} free`;
+  return `${label(gpu)}: ${gib(gpu.free_bytes)} free`;
+}
+
+/** "GPU 0", or "GPU 0 (simulated)" on the simulated GPU. */
+function label(gpu: IGpu): string {
+  return gpuLabel(gpu, gpu.index) + (simulated(gpu) ? ' (simulated)' : '');
+}
+
+function simulatedNote(gpus: IGpu[]): string[] {
+  return gpus
+    .filter(simulated)
+    .map(g => `${gpuLabel(g, g.index)} is simulated (${g.name}): its figures come from the simulation, not from hardware.`);
 }
 
 export class GpuStatusItem extends Widget {

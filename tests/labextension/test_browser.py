@@ -85,7 +85,7 @@ def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_pa
     kernel = open_notebook(lab_page, server, "train.ipynb")
     run_all_cells(lab_page, timeout=120)
     text = wait_state(lab_page, "amber")
-    shape = r"^GPU 0: 1\d\.\d GiB · \d+\.\d GiB free · fraction 0\.2( \(starting\))?$"
+    shape = r"^GPU 0 \(simulated\): 1\d\.\d GiB · \d+\.\d GiB free · fraction 0\.2( \(starting\))?$"
     assert re.match(shape, text), text
     lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-amber.png"))
 
@@ -281,6 +281,9 @@ def test_a_mode_that_will_not_fit_is_red_before_jax_starts(
     )
     title = lab_page.locator(ITEM).get_attribute("title")
     assert "will take 75% of GPU 0" in title and "of 80.0 GiB is free" in title, title
+    # The simulated GPU says so here too, as the panel, the sidebar and the board do.
+    assert lab_page.locator(ITEM).inner_text().startswith("GPU 0 (simulated): "), title
+    assert "GPU 0 is simulated (NVIDIA H200 (simulated))" in title, title
     lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-will-not-fit.png"))
 
 
@@ -325,4 +328,7 @@ def test_a_mig_instance_is_named_as_the_gpu_it_is(
     split = lab_page.get_by_role("region", name="GPU 0", exact=True)
     assert "in MIG mode: its processes are listed under its instances" in split.inner_text()
     assert "kernel PID" not in instance.inner_text() and "30.0 GiB" in instance.inner_text()
+    # Nothing measured the pool of the process on it: said as unknown, never a guessed 0.
+    assert "(JAX pools: —)" in instance.inner_text(), instance.inner_text()
+    assert "JAX pools" not in split.inner_text()  # they are its instances'
     screenshot(lab_page, "labext-mig")

@@ -3,6 +3,8 @@
 import json
 import time
 
+import pytest
+
 from jax_nbmem.notebook.figure import (
     TIMELINE_TRACES,
     TRACE_NAMES,
@@ -79,9 +81,64 @@ def test_gpu_timeline_shows_this_kernel_others_and_total_in_gib():
     assert not trace(figure, "JAX in use")["visible"]
     assert not trace(figure, "process RSS")["visible"]
     assert "GPU 0, GiB" == figure["layout"]["yaxis"]["title"]["text"]
-    assert figure["layout"]["yaxis"]["range"][0] == 0  # the axis starts at 0
-    assert 80.0 <= figure["layout"]["yaxis"]["range"][1] <= 90.0
+    # The axis holds what is in use (the others' 10 GiB, this kernel's 8) with 20% headroom,
+    # from 0; the device total is above it, marked with its value.
+    assert y_range(figure) == pytest.approx([0.0, 12.0])
+    assert off_scale(figure) == ["device total 80.0 GiB ↑"]
     assert "width" not in figure["layout"] and figure["layout"]["autosize"]  # full width
+
+
+def y_range(figure) -> list[float]:
+    return figure["layout"]["yaxis"]["range"]
+
+
+def off_scale(figure) -> list[str]:
+    """The marks of series above the timeline's axis (the first annotation is the bars')."""
+    return [note["text"] for note in figure["layout"]["annotations"][1:]]
+
+
+def test_a_notebooks_memory_shows_next_to_a_neighbours_pool_on_a_large_card():
+    """The quickstart's story on a 150 GB card: 684 MiB of its own, a neighbour's 105 GiB."""
+    card, pool = 150_000_000_000, 105 * GIB
+    growing = [300, 300, 684, 684]  # MiB: the CUDA context, then six 64 MiB arrays
+    samples = [
+        sample(i, gpu(self_bytes=mine * MIB, others=pool, total=card))
+        for i, mine in enumerate(growing)
+    ]
+    figure = build_figure(samples, [], gpu_index=0)
+    layout = figure["layout"]
+    assert layout["yaxis"]["title"]["text"] == "GPU 0, MiB"
+    top = layout["yaxis"]["range"][1]
+    assert layout["yaxis"]["range"][0] == 0 and 684 < top <= 684 * 1.25
+    assert max(trace(figure, "this kernel")["y"]) / top > 0.8  # most of the plot's height
+    assert off_scale(figure) == ["other processes 105 GiB ↑", "device total 140 GiB ↑"]
+    notes = layout["annotations"][1:]
+    assert [n["font"]["color"] for n in notes] == [
+        trace(figure, name)["line"]["color"] for name in ("other processes", "device total")
+    ]
+    # The neighbour is shut down: its line comes down into view, unmarked.
+    samples.append(sample(5, gpu(self_bytes=684 * MIB, others=0, total=card)))
+    after = build_figure(samples, [], gpu_index=0)
+    assert off_scale(after) == ["device total 140 GiB ↑"]
+    assert trace(after, "other processes")["y"][-1] == 0
+    assert after["layout"]["yaxis"]["range"] == layout["yaxis"]["range"]
+
+
+def test_others_share_the_axis_while_they_do_not_dwarf_this_kernel():
+    near = build_figure([sample(0, gpu(self_bytes=4 * GIB, others=12 * GIB))], [], 0)
+    assert y_range(near) == pytest.approx([0.0, 14.4])  # 12 GiB <= 4 x 4 GiB: both shown
+    far = build_figure([sample(0, gpu(self_bytes=4 * GIB, others=20 * GIB))], [], 0)
+    assert y_range(far) == pytest.approx([0.0, 4.8])  # 20 GiB > 4 x 4 GiB: marked above
+    assert off_scale(far) == ["other processes 20.0 GiB ↑", "device total 80.0 GiB ↑"]
+
+
+def test_before_this_kernel_holds_anything_the_axis_holds_what_is_in_use():
+    idle = build_figure([sample(0, gpu(self_bytes=0, others=0))], [], 0)
+    assert y_range(idle) == pytest.approx([0.0, 96.0])  # an empty card looks empty
+    assert off_scale(idle) == []
+    busy = build_figure([sample(0, gpu(self_bytes=0, others=60 * GIB))], [], 0)
+    assert y_range(busy) == pytest.approx([0.0, 72.0])
+    assert off_scale(busy) == ["device total 80.0 GiB ↑"]
 
 
 def test_an_unknown_reading_is_a_gap_not_a_zero():
@@ -191,6 +248,10 @@ def test_cell_bars_show_peak_and_retained_with_colours_for_errors_and_oom():
     )
     assert "before 6.00 GiB · peak 79.0 GiB · after 6.00 GiB" in ticks["hovertext"][2]
     assert figure["layout"]["xaxis2"]["tickangle"] == 0  # upright labels
+    # The bars' note names their measure in plain words, with no brackets within brackets.
+    (note,) = [a["text"] for a in figure["layout"]["annotations"]]
+    assert note == "last 3 cells: peak rise and retained (GPU memory per NVML)", note
+    assert "GPU memory per NVML: before 6.00 GiB" in ticks["hovertext"][2]
 
 
 def test_cells_are_alternating_spans_and_many_cells_keep_few_upright_labels():

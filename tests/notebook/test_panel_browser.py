@@ -3,6 +3,8 @@
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -199,6 +201,11 @@ def plot_state(page, index: int = 0) -> dict:
     )
 
 
+def plotly_source(page) -> str | None:
+    """Where the page's plot took plotly.js from: "server" or "kernel" (panel_view.js)."""
+    return page.evaluate("() => globalThis.__jaxNbmemPlotlySource || null")
+
+
 def wait_for_plots(page, count: int, timeout_s: float) -> None:
     page.wait_for_function(
         """([selector, count]) => {
@@ -225,6 +232,7 @@ def test_two_views_and_a_page_reload_draw_the_same_live_picture(
     wait_for_plots(lab_page, 2, 60)
     # The snapshot under each view is hidden where the live plot draws.
     assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    assert plotly_source(lab_page) == "server"
 
     def same_picture() -> tuple[dict, dict]:
         deadline = time.monotonic() + 10
@@ -341,40 +349,76 @@ def test_the_panel_is_live_in_notebook_7(start_lab_server, lab_page, sim_state, 
         time.sleep(0.2)
     assert "GPU 0: NVIDIA H200 (simulated)" in lab_page.locator(PANEL).inner_text()
     assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    assert plotly_source(lab_page) == "server"  # plotly.js from the server, not the notebook
     lab_page.locator(PANEL).scroll_into_view_if_needed()
     screenshot(lab_page, "panel-notebook7")
     print(json.dumps({"points": points}))
 
 
 @pytest.mark.browser
+@pytest.mark.timeout(240)
+def test_without_the_server_extension_the_plot_gets_plotly_js_from_its_kernel(
+    start_lab_server, lab_page, sim_state, simgpu_env, tmp_path
+):
+    # What VS Code and Colab get, where no jax_nbmem server serves plotly.js: the kernel sends it.
+    sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    off = {"ServerApp": {"jpserver_extensions": {"jax_nbmem.server": False}}}
+    (config / "jupyter_server_config.json").write_text(json.dumps(off))
+    env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "JUPYTER_CONFIG_DIR": str(config)}
+    server = start_lab_server(env=env)
+    request = urllib.request.Request(
+        f"{server.base_url}/jax-nbmem/static/plotly.min.js",
+        headers={"Authorization": f"token {server.token}"},
+    )
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(request, timeout=10)
+    write_notebook(server.root_dir / "alone.ipynb", ["%load_ext jax_nbmem\n%jaxmem", "x = 1"])
+    open_notebook(lab_page, server, "alone.ipynb")
+    run_all_cells(lab_page, timeout=90)
+    wait_for_plots(lab_page, 1, 90)
+    assert plotly_source(lab_page) == "kernel"
+    state = plot_state(lab_page, 0)
+    assert "other processes" in state["names"] and "this kernel" in state["names"]
+    assert not lab_page.locator(".jax-nbmem-snapshot").first.is_visible()
+    # Saved, the notebook holds the widget's state without plotly.js.
+    lab_page.keyboard.press("Control+s")
+    lab_page.locator(".jp-NotebookPanel:visible .jp-mod-dirty").wait_for(state="detached")
+    assert (server.root_dir / "alone.ipynb").stat().st_size < 300_000
+
+
+@pytest.mark.browser
 @pytest.mark.timeout(300)
-def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
+def test_the_simulated_quickstart_names_the_neighbour_and_gets_its_memory_back(
     start_lab_server, lab_page, tmp_path, monkeypatch
 ):
+    """`scripts/quickstart.sh --simulated-gpu` as a newcomer sees it, from the first Run All.
+
+    Its panel, before the shut-down, is the README's picture (docs/panel.png is a copy of
+    panel-alone.png from here).
+    """
+    import shutil
+
     import psutil
 
     from jax_nbmem.simgpu.mirror import CONTEXT_BYTES
     from jax_nbmem.simgpu.simulator import start_tenant
     from tests.simgpu.test_mirror import shell_env
 
-    env = shell_env(tmp_path / "sim")  # what scripts/quickstart.sh --simulated-gpu uses
+    # What the script sets up: the demo's 150 GB H200, and a neighbour it started.
+    env = shell_env(tmp_path / "sim")
     state = env["JAX_NBMEM_SIMGPU_STATE"]
-    SimState(state).gpu(0, total=80 * GIB).write()
+    assert "NVIDIA H200 (simulated)" in Path(state).read_text()
     for name in ("LD_LIBRARY_PATH", "IPYTHONDIR", "JAX_NBMEM_SIMGPU_STATE"):
         monkeypatch.setenv(name, env[name])
-    # `python -m jax_nbmem.simgpu tenant`: an idle kernel that preallocated 75% of the GPU.
-    neighbour, held = start_tenant(state, notebook="hog.ipynb")
+    neighbour, held = start_tenant(state, notebook="neighbour.ipynb")
     try:
-        assert held == 60 * GIB + CONTEXT_BYTES
+        assert held == int(0.75 * 150_000_000_000) + CONTEXT_BYTES
         server = start_lab_server(env={**env, "JAX_PLATFORMS": "cpu"})
-        cells = [
-            "%load_ext jax_nbmem\n%jaxalloc on",
-            "%jaxmem",
-            "import jax.numpy as jnp\nx = jnp.ones((1024, 1024, 16))",
-        ]
-        write_notebook(server.root_dir / "demo.ipynb", cells)
-        open_notebook(lab_page, server, "demo.ipynb")
-        run_all_cells(lab_page, timeout=120)
+        shutil.copy(QUICKSTART, server.root_dir / "quickstart.ipynb")
+        open_notebook(lab_page, server, "quickstart.ipynb")
+        run_all_cells(lab_page, timeout=150)
         wait_for_plots(lab_page, 1, 60)
         banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
         lab_page.wait_for_function(
@@ -383,13 +427,19 @@ def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
             timeout=60_000,
         )
         text = banner.inner_text()
-        assert str(neighbour) in text and "hog.ipynb" in text, text
-        # This kernel's JAX took what was left, in 0.9x steps, as XLA's allocator does.
+        assert str(neighbour) in text and "neighbour.ipynb" in text, text
+        # This kernel's memory is on the plot's scale: its line fills most of the axis, and
+        # the neighbour's pool and the card's total, far above, are marked with their sizes.
         mine = SimState.read(state).process_bytes(int(server_kernel_pid(server)))
-        assert mine is not None and CONTEXT_BYTES < mine < 20 * GIB + CONTEXT_BYTES
+        assert mine is not None and CONTEXT_BYTES + 384 * 2**20 <= mine < 2 * GIB
+        layout = lab_page.evaluate("s => document.querySelector(s).layout", PLOT)
+        assert layout["yaxis"]["title"]["text"].endswith(", MiB"), layout["yaxis"]
+        assert mine / 2**20 <= layout["yaxis"]["range"][1] < 1.25 * mine / 2**20
+        marks = lab_page.locator(f"{PLOT} .annotation-text").all_text_contents()
+        assert any(m.startswith("other processes 105 GiB") for m in marks), marks
+        assert any(m.startswith("device total 140 GiB") for m in marks), marks
         lab_page.locator(PANEL).scroll_into_view_if_needed()
         screenshot(lab_page, "panel-simulated-demo")
-        # The panel alone, as the README shows it (docs/panel.png is a copy of this one).
         lab_page.locator(PANEL).screenshot(path=str(artifacts_dir() / "panel-alone.png"))
 
         # Shutting the neighbour down from the panel gives its memory back.
@@ -413,7 +463,13 @@ def test_the_simulated_demo_names_the_neighbour_and_shows_the_pool(
         from tests.simgpu.test_mirror import nvml_pids
 
         assert others is not None and others < 1.0, (others, status, nvml_pids(env))
+        lab_page.wait_for_function(
+            "s => !document.querySelector(s).innerText.includes('blocking-preallocation')",
+            arg=f"{PANEL} .jax-nbmem-banner",
+            timeout=30_000,
+        )
         screenshot(lab_page, "panel-simulated-demo-after-shutdown")
+        lab_page.locator(PANEL).screenshot(path=str(artifacts_dir() / "panel-alone-after.png"))
     finally:
         try:
             psutil.Process(neighbour).kill()

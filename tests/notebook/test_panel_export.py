@@ -1,15 +1,19 @@
-"""`jupyter nbconvert --to html --execute` on the quickstart: the panel's picture is in the page.
+"""`jupyter nbconvert --execute` on the quickstart: a small notebook whose export shows the panel.
 
-The exported page cannot run the widget without the network (its widget manager comes from a
-CDN), so the panel's snapshot must carry the picture: opened in chromium, which reaches no
-host, the page shows the panel's SVG as of the end of the run.
+The executed notebook stores the widget's state (nbconvert always does), which once carried
+plotly.js (4.6 MB): the notebook and its export stay under 300 KB. The exported page cannot run
+the widget without the network (its widget manager comes from a CDN), so the panel's snapshot
+must carry the picture: opened in chromium, which reaches no host, the page shows the panel's
+SVG as of the end of the run.
 """
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 from jax_nbmem.simgpu import GIB
@@ -27,15 +31,32 @@ def test_exported_quickstart_shows_the_panel_offline(tmp_path, sim_state, simgpu
     notebook = tmp_path / "quickstart.ipynb"
     shutil.copyfile(QUICKSTART, notebook)
     env = {**clean_environ(), **simgpu_env, "JAX_PLATFORMS": "cpu"}
-    subprocess.run(
-        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--execute", str(notebook)],
-        env=env,
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
+    executed = tmp_path / "executed.ipynb"
+    for args in (  # executed once, then exported as `--to html --execute` would export it
+        ["--to", "notebook", "--execute", str(notebook), "--output", executed.name],
+        ["--to", "html", str(executed), "--output", "quickstart"],
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "jupyter", "nbconvert", *args],
+            env=env,
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=240,
+        )
+    saved = json.loads(executed.read_text())
+    esm = _esm_of(saved)  # the plot's model is in the stored widget state, its module too...
+    assert "KERNEL_REQUEST" in esm and "plotly.min.js" in esm
+    assert len(esm) < 20_000  # ...but not plotly.js (4.6 MB)
     page_path = tmp_path / "quickstart.html"
+    sizes = {
+        "notebook": executed.stat().st_size,
+        "html": page_path.stat().st_size,
+        "html of an empty notebook": _empty_export_size(tmp_path, env),  # nbconvert's CSS
+    }
+    print(json.dumps(sizes))
+    assert sizes["notebook"] < 300_000, sizes
+    assert sizes["html"] - sizes["html of an empty notebook"] < 300_000, sizes
     text = page_path.read_text()
     code_cells = len(re.findall(r"jp-CodeCell ", text))
     assert code_cells >= 5
@@ -62,3 +83,20 @@ def test_exported_quickstart_shows_the_panel_offline(tmp_path, sim_state, simgpu
         assert shot.stat().st_size > 10_000
         errors = [m for m in console_messages(page) if m.startswith("pageerror")]
         assert not errors, errors
+
+
+def _esm_of(notebook: dict) -> str:
+    """The ES modules of the anywidget models stored in an executed notebook's widget state."""
+    models = notebook["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]
+    return "".join(m["state"].get("_esm", "") for m in models["state"].values())
+
+
+def _empty_export_size(folder, env) -> int:
+    """The size of nbconvert's HTML page for a notebook of one empty cell (its styles)."""
+    empty = folder / "empty.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")]), empty)
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(empty)],
+        env=env, cwd=folder, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return (folder / "empty.html").stat().st_size

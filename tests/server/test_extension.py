@@ -58,11 +58,13 @@ def metrics(server) -> dict:
     return found
 
 
-def start_session(server, notebook: str) -> dict:
+def start_session(server, notebook: str, name: str | None = None) -> dict:
+    """A notebook session; with *name*, as JupyterLab starts one (the kernel then gets the
+    notebook's full path in ``$JPY_SESSION_NAME``)."""
+    body = {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}}
     status, session = call(
-        server, "api/sessions", "POST",
-        {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}},
-    )  # fmt: skip
+        server, "api/sessions", "POST", {**body, **({"name": name} if name else {})}
+    )
     assert status == 201, session
     return session
 
@@ -229,3 +231,32 @@ def test_the_scope_says_whose_processes_the_metrics_carry():
     assert metrics_snapshot(Monitor(), "node").own_pids is None  # the whole node
     assert JaxNbMemServer().metrics_scope == "kernels"
     assert _stale_after(JaxNbMemServer()) == 10.0  # max(3 × 2 s, the 10 s deadline)
+
+
+def test_the_panels_plotly_js_is_served_to_logged_in_users_once_per_browser(gpu_server):
+    import http.client
+    from pathlib import Path
+
+    from jax_nbmem.server.handlers import plotly_dir
+
+    expected = (plotly_dir() / "plotly.min.js").read_bytes()
+    path = "/jax-nbmem/static/plotly.min.js"
+
+    def get(headers: dict) -> http.client.HTTPResponse:
+        connection = http.client.HTTPConnection("127.0.0.1", gpu_server.port, timeout=15)
+        connection.request("GET", path, headers=headers)
+        reply = connection.getresponse()
+        reply.body = reply.read()
+        connection.close()
+        return reply
+
+    anonymous = get({})
+    assert anonymous.status in (302, 403) and b"plotly" not in anonymous.body
+    token = {"Authorization": f"token {gpu_server.token}"}
+    reply = get(token)
+    assert reply.status == 200 and reply.body == expected
+    assert reply.getheader("Content-Type").startswith("text/javascript")
+    assert "no-cache" in reply.getheader("Cache-Control")
+    again = get({**token, "If-None-Match": reply.getheader("Etag")})
+    assert again.status == 304 and not again.body  # the browser's copy is still good
+    assert Path(plotly_dir()).name == "package_data"

@@ -46,7 +46,8 @@ def test_every_kernel_on_the_gpu_has_its_servers_idle_time(
     server = start_lab_server(env=env)
     status, sleeper = call(server, "api/kernels", "POST", {"name": "sleeper"})
     assert status == 201, sleeper
-    loaded = start_session(server, "train.ipynb")["kernel"]
+    # As JupyterLab opens it: its kernel (and so its beacon) has the full path.
+    loaded = start_session(server, "train.ipynb", name="train.ipynb")["kernel"]
     ids = (sleeper["id"], loaded["id"])
     pids = wait_for(
         "both kernels' PIDs", lambda: (p := kernel_pids(server)) and all(i in p for i in ids) and p
@@ -68,5 +69,6 @@ def test_every_kernel_on_the_gpu_has_its_servers_idle_time(
     assert other["kind"] == "kernel" and other["kernel_id"] == ids[0]
     assert other["idle_s"] is not None and other["idle_s"] >= 0
     assert other["idle_source"] == "server"
-    assert with_beacon["notebook_shown"] == "train.ipynb"
+    assert with_beacon["notebook_shown"] == "train.ipynb"  # as the server names it
+    assert with_beacon["notebook"] == str(server.root_dir / "train.ipynb")
     assert with_beacon["idle_s"] is not None and with_beacon["idle_source"] == "server"

@@ -127,6 +127,34 @@ def test_preallocation_takes_the_pool_at_the_first_operation(demo_env):
     assert nvml_pids(demo_env) == []
 
 
+@pytest.mark.kernel
+@pytest.mark.timeout(180)
+def test_a_cell_that_allocates_and_returns_at_once_is_charged_with_its_own_bytes(demo_env):
+    """On a real GPU NVML sees an allocation at once; the mirror must not lag a cell behind.
+
+    Its thread looks every 0.25 s: without the look at each cell's end, the reading right
+    after a cell misses what the cell took, and a later cell is blamed for it.
+    """
+    with demo_kernel(demo_env) as (pid, client, state):
+        execute(client, "%load_ext jax_nbmem\n%jaxalloc off")
+        execute(client, "import jax.numpy as jnp\nblocks = [jnp.ones(4)]")  # the backend starts
+        held_by(state, pid, lambda held: held is not None)
+        for code in ["blocks.append(jnp.ones((1024, 1024, 16)))"] * 3 + ["pass"]:  # 64 MiB each
+            time.sleep(0.15)  # the reading after the previous cell is in (no overlap to note)
+            execute(client, code)
+        out, error = execute(
+            client,
+            "import json, jax_nbmem\nprint(json.dumps([c.to_dict() for c in jax_nbmem.cells()]))",
+        )
+        assert error is None, out
+    records = json.loads(out.strip().splitlines()[-1])
+    grows, after = records[-4:-1], records[-1]
+    seen = [(r["first_line"], r["gpu_self_retained"], r["notes"]) for r in records]
+    assert [r["gpu_self_retained"] for r in grows] == [64 * MIB] * 3, seen
+    assert after["gpu_self_retained"] == 0, seen  # the next cell is not blamed for them
+    assert grows[-1]["gpu_self_after"] == grows[0]["gpu_self_before"] + 3 * 64 * MIB
+
+
 def nvml_pids(env) -> list[int]:
     """The PIDs the simulated GPU 0 lists, asked through the real pynvml in a subprocess."""
     code = (
@@ -204,6 +232,35 @@ def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, mirror_m
     assert path.stat().st_mtime_ns == stamp
 
 
+def test_the_look_after_a_cell_writes_what_changed_and_nothing_else(
+    tmp_path, mirror_module, monkeypatch
+):
+    path = tmp_path / "gpu.state"
+    SimState(path).gpu(0, total=80 * GIB).write()
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    live = {"bytes": 64 * MIB}
+    monkeypatch.setattr(mirror_module, "_live_array_bytes", lambda: live["bytes"])
+    monkeypatch.setattr(mirror_module, "_backend_started", lambda: False)
+    mirror = mirror_module.Mirror(path)
+    mirror.after_cell()  # JAX has not started: nothing to count (counting would start it)
+    assert SimState.read(path).process_bytes(os.getpid()) is None
+    monkeypatch.setattr(mirror_module, "_backend_started", lambda: True)
+    mirror.after_cell()
+    assert SimState.read(path).process_bytes(os.getpid()) == CONTEXT_BYTES + 64 * MIB
+    stamp = path.stat().st_mtime_ns
+    mirror.after_cell()  # the same arrays: nothing written
+    assert path.stat().st_mtime_ns == stamp
+    live["bytes"] = 192 * MIB
+    mirror.after_cell()
+    assert SimState.read(path).process_bytes(os.getpid()) == CONTEXT_BYTES + 192 * MIB
+
+    def broken():
+        raise RuntimeError("a JAX that changed")
+
+    monkeypatch.setattr(mirror_module, "_live_array_bytes", broken)
+    mirror.after_cell()  # a hook never raises into the user's cell
+
+
 def test_on_a_mig_instance_the_mirror_holds_its_share_of_the_instance(
     tmp_path, mirror_module, monkeypatch
 ):
@@ -222,3 +279,33 @@ def test_on_a_mig_instance_the_mirror_holds_its_share_of_the_instance(
     SimState(other).gpu(0, total=141 * GIB, mig=True).mig(0, 1, 18 * GIB, uuid=small).write()
     mirror_module.Mirror(other).step()
     assert SimState.read(other).process_bytes(pid) is None
+
+
+def test_a_neighbour_started_with_stop_with_ends_once_that_process_has(tmp_path):
+    """`tenant --stop-with PID` (the quickstart script's): the neighbour outlives no script."""
+    script = subprocess.Popen(["sleep", "60"])  # stands for the script
+    code = (
+        f"import time; from jax_nbmem.simgpu.simulator import stop_when_gone\n"
+        f"stop_when_gone({script.pid}, interval=0.05)\ntime.sleep(60)"
+    )
+    neighbour = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.5)
+        assert neighbour.poll() is None  # the script runs: so does it
+        script.kill()
+        script.wait()
+        assert neighbour.wait(10) == -signal.SIGTERM
+    finally:
+        neighbour.kill()
+        script.kill()
+
+
+def test_tenant_refuses_a_bad_stop_with_and_starts_nothing(tmp_path):
+    state = tmp_path / "gpu.state"
+    SimState(state).gpu(0, total=80 * GIB).write()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (0, gone.pid):
+        with pytest.raises(ValueError, match="--stop-with needs a running process's ID"):
+            start_tenant(state, stop_with=pid)
+    assert "proc" not in state.read_text()  # no neighbour

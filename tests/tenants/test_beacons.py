@@ -522,3 +522,31 @@ def test_the_shared_directory_from_config_or_environment_and_beacons_off(tmp_pat
     )
     assert all(cell.error is None for cell in off), off
     assert not (shared / "off").exists()
+
+
+def test_a_kernel_its_server_names_keeps_the_servers_name_over_its_beacons(tmp_path, monkeypatch):
+    from jax_nbmem.tenants import attribution
+
+    pid = os.getpid()
+    # JupyterLab starts a kernel with the notebook's full path ($JPY_SESSION_NAME), which its
+    # beacon repeats; the server shows it relative to its root, as everything else does.
+    full = "/srv/course/work/a.ipynb"
+    _write_file(
+        tmp_path / f"jax_nbmem-beacon-{pid}.json",
+        {**_facts(notebook=full), "written_at": time.time()},
+    )
+    served = ProcessInfo(
+        pid, "kernel", user="root", kernel_id="k1", notebook=full, notebook_shown="work/a.ipynb",
+        server_url="http://127.0.0.1:8888/",
+    )  # fmt: skip
+    monkeypatch.setattr(attribution, "inspect_process", lambda p, **_: served)
+    beacons = read_beacons([str(tmp_path)])
+    process = GpuProcess(pid, 0, 2 * GIB)
+    (tenant,) = attribute([process], [_gpu(TOTAL - 2 * GIB)], own_pid=-1, beacons=beacons)
+    assert tenant.source == "beacon" and tenant.mode == "off"
+    assert (tenant.notebook, tenant.notebook_shown) == (full, "work/a.ipynb")
+    # Without a server (VS Code, a kernel started by hand) the beacon's name is all there is.
+    alone = ProcessInfo(pid, "kernel", user="root")
+    monkeypatch.setattr(attribution, "inspect_process", lambda p, **_: alone)
+    (tenant,) = attribute([process], [_gpu(TOTAL - 2 * GIB)], own_pid=-1, beacons=beacons)
+    assert tenant.notebook == full and tenant.notebook_shown == full

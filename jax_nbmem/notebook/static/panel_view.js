@@ -1,32 +1,136 @@
 // The panel's plot: draws the figure parts the kernel syncs (timeline, cells, bars, layout)
 // with plotly.js. Every view reads the model's current state, so a second view, or one made
 // after a page reload, draws the same picture as the first and follows the same updates.
-// PLOTLY_SOURCE is put in front of this file by jax_nbmem/notebook/panel_view.py: the
-// plotly.js that the installed plotly package ships, so nothing is fetched from a CDN.
+//
+// plotly.js is not part of this module (the module is stored in every notebook that shows the
+// panel): a view loads the plotly.js of the installed plotly package, once per page, from
+//   1. the Jupyter server of this page (JupyterLab, Notebook 7): the jax_nbmem server
+//      extension serves it under the page's base URL, and the browser keeps it;
+//   2. else the kernel (VS Code, Colab, a server without jax_nbmem): asked over the widget's
+//      comm, it sends the file as a message of its own, which no notebook stores;
+//   3. else nothing: the static snapshot under the widget stays in view.
+// Nothing comes from a CDN.
 
 const PARTS = ["timeline", "cells", "bars", "plot_layout"];
 const CONFIG = { displaylogo: false, responsive: true };
+const SERVER_ROUTE = "jax-nbmem/static/plotly.min.js";
+const KERNEL_REQUEST = "send-plotly.js"; // jax_nbmem/notebook/panel_view.py: PLOTLY_REQUEST
+const KERNEL_REPLY = "plotly.js"; // PLOTLY_REPLY
+const KERNEL_WAIT_MS = 60000; // 4.6 MB over a slow link; a page without a kernel gives up
 
 // plotly.min.js is a UMD bundle. Run as a function with a local `module`, it hands its export
 // over whatever loaders the page has (an AMD `define` would otherwise take it). A Function
 // body is not strict, as the older bundles expect; where a page forbids eval, an ES module
 // made from the same text is the fallback.
-function evaluatePlotly() {
+function evaluatePlotly(source) {
   const module = { exports: {} };
   try {
-    new Function("module", "exports", PLOTLY_SOURCE).call(globalThis, module, module.exports);
+    new Function("module", "exports", source).call(globalThis, module, module.exports);
     return Promise.resolve(module.exports);
   } catch (error) {
-    const text = `const module = { exports: {} }; const exports = module.exports;\n${PLOTLY_SOURCE}\nexport default module.exports;`;
+    const text = `const module = { exports: {} }; const exports = module.exports;\n${source}\nexport default module.exports;`;
     const url = URL.createObjectURL(new Blob([text], { type: "text/javascript" }));
     return import(url).then((loaded) => loaded.default).finally(() => URL.revokeObjectURL(url));
   }
 }
 
-function plotly() {
-  // One copy per page, shared by every view of every panel.
+// The page's Jupyter server settings (JupyterLab and Notebook 7 write them into the page).
+function pageConfig() {
+  const node = document.getElementById("jupyter-config-data");
+  if (!node) {
+    return null;
+  }
+  try {
+    return JSON.parse(node.textContent);
+  } catch (error) {
+    return null;
+  }
+}
+
+async function fromServer(config) {
+  const base = String(config.baseUrl).replace(/\/?$/, "/");
+  const url = new URL(base + SERVER_ROUTE, window.location.href);
+  // The login cookie goes with it, and the XSRF header that JupyterLab's own requests carry
+  // (a hub may check it on fetches, GETs included); a page opened with a token sends that.
+  const headers = {};
+  const xsrf = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+  if (xsrf) {
+    headers["X-XSRFToken"] = xsrf[1];
+  }
+  if (config.token) {
+    headers.Authorization = `token ${config.token}`;
+  }
+  const reply = await fetch(url, { headers, credentials: "same-origin" });
+  const type = reply.headers.get("Content-Type") || "";
+  if (!reply.ok || !type.includes("javascript")) {
+    throw new Error(`${url.pathname} answered ${reply.status} ${type}`);
+  }
+  return reply.text();
+}
+
+function fromKernel(model) {
+  return new Promise((resolve, reject) => {
+    let timer = null;
+    const listen = (content, buffers) => {
+      if (!content || content.event !== KERNEL_REPLY) {
+        return;
+      }
+      clearTimeout(timer);
+      model.off("msg:custom", listen);
+      if (content.error || !buffers || !buffers.length) {
+        reject(new Error(`the kernel has no plotly.js (${content.error || "no file"})`));
+        return;
+      }
+      resolve(new TextDecoder().decode(buffers[0]));
+    };
+    timer = setTimeout(() => {
+      model.off("msg:custom", listen);
+      reject(new Error("no kernel sent plotly.js"));
+    }, KERNEL_WAIT_MS);
+    model.on("msg:custom", listen);
+    model.send({ event: KERNEL_REQUEST });
+  });
+}
+
+async function loadPlotly(model) {
+  const config = pageConfig();
+  const reasons = [];
+  if (config && typeof config.baseUrl === "string") {
+    try {
+      const loaded = await evaluatePlotly(await fromServer(config));
+      return { Plotly: loaded, source: "server" };
+    } catch (error) {
+      reasons.push(`server: ${error.message || error}`);
+      // The kernel may take a while, or never answer (a notebook opened without one): the
+      // snapshots come back into view until a plot draws.
+      globalThis.__jaxNbmemNoServer = true;
+      for (const style of document.querySelectorAll("style[id^='jax-nbmem-hide-']")) {
+        style.remove();
+      }
+    }
+  }
+  try {
+    const loaded = await evaluatePlotly(await fromKernel(model));
+    return { Plotly: loaded, source: "kernel" };
+  } catch (error) {
+    reasons.push(`kernel: ${error.message || error}`);
+  }
+  throw new Error(reasons.join("; "));
+}
+
+function plotly(model) {
+  // One copy per page, shared by every view of every panel; a failure lets a later view retry.
   if (!globalThis.__jaxNbmemPlotly) {
-    globalThis.__jaxNbmemPlotly = evaluatePlotly();
+    globalThis.__jaxNbmemPlotly = loadPlotly(model).then(
+      (loaded) => {
+        globalThis.__jaxNbmemPlotlySource = loaded.source; // which way it came, for tests
+        return loaded.Plotly;
+      },
+      (error) => {
+        globalThis.__jaxNbmemPlotly = null;
+        throw error;
+      },
+    );
   }
   return globalThis.__jaxNbmemPlotly;
 }
@@ -50,7 +154,10 @@ function render({ model, el }) {
   const plot = document.createElement("div");
   plot.className = "jax-nbmem-plot";
   el.appendChild(plot);
-  hideSnapshots(model.get("panel_id"));
+  const panelId = model.get("panel_id");
+  if (pageConfig() && !globalThis.__jaxNbmemNoServer) {
+    hideSnapshots(panelId); // a Jupyter page: its server has plotly.js, the plot comes at once
+  }
   let Plotly = null;
   let queued = false;
   let disposed = false;
@@ -82,15 +189,16 @@ function render({ model, el }) {
   });
   resize.observe(el);
 
-  plotly()
+  plotly(model)
     .then((loaded) => {
       Plotly = loaded;
+      hideSnapshots(panelId); // elsewhere, once it is sure to draw
       draw();
       model.send({ event: "rendered" });
     })
     .catch((error) => {
       plot.textContent = `jax_nbmem: plotly.js did not load (${error}); the snapshot below shows the panel.`;
-      const style = document.getElementById(`jax-nbmem-hide-${model.get("panel_id")}`);
+      const style = document.getElementById(`jax-nbmem-hide-${panelId}`);
       if (style) {
         style.remove();
       }

@@ -1,0 +1,268 @@
+"""The live widget panel: header, banner, shut-down buttons, GPU selector, pause, and the plot.
+
+Its synced state follows the sampler: the sampler's callback only marks the panel dirty; a
+small daemon thread pushes at most one update every 0.25 s (less often when an update is
+costly: ``_UPDATE_BUDGET`` of a core), and only the parts that changed. That thread sets
+traits (and makes the shut-down buttons, widgets opened over their comms) and nothing else:
+``display()`` or ``print()`` from a thread would land in whatever cell runs at that moment.
+After a cell the panel is only marked dirty; the thread re-reads the session's facts (mode,
+banner lines) and rebuilds the figure from the last cells' records only. See
+:mod:`jax_nbmem.notebook.panel` for how it is shown and how its snapshot is kept.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from jax_nbmem.gpu.mig import gpu_label
+from jax_nbmem.notebook.figure import (
+    FigureLimits,
+    LiveFigure,
+    figure_parts,
+    gpu_indices,
+)
+from jax_nbmem.notebook.panel_actions import ShutdownActions
+from jax_nbmem.notebook.panel_text import (
+    HeaderMode,
+    first_gpu,
+    header_line,
+    mode_text,
+    sampler_status,
+    session_banner,
+    snapshot_html,
+    summary_text,
+    unique_lines,
+)
+from jax_nbmem.notebook.panel_view import plot_view
+
+__all__ = ["LivePanel"]
+
+log = logging.getLogger("jax_nbmem")
+
+_MIN_UPDATE_INTERVAL_S = 0.25  # at most four figure updates a second
+# The share of a core the updates may take: a costly update (a large figure, a slow frontend
+# link) spaces the next one out, so the panel never competes with the user's cells for long.
+_UPDATE_BUDGET = 0.02
+_IDLE_CHECK_S = 1.0
+# The GPU selector: ipywidgets' description column (80 px) and a margin, then about 8 px per
+# character of the widest name at JupyterLab's 13 px font; never narrower than "GPU 12".
+_SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX, _SELECTOR_CHAR_PX = 160, 90, 8
+
+
+class LivePanel:
+    """The widget panel: header, banner, GPU selector, pause button, and the figure."""
+
+    def __init__(self, session: Any, limits: FigureLimits | None = None) -> None:
+        import ipywidgets as widgets
+
+        self.sampler = getattr(session, "sampler", None)
+        self._session = session
+        self._session_changed = False
+        # Set when a cell's end woke the update thread, cleared by the thread once it looks:
+        # cells in quick succession wake it once (an Event's set costs a cell microseconds).
+        self._woken_by_cell = False
+        self._ledger = getattr(session, "ledger", None)
+        self._timeline = LiveFigure(limits)  # keeps the history part between updates
+        self._lock = threading.RLock()
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsubscribe: Any = None
+        self._mode: HeaderMode | None = None
+        self._banner_lines: list[str] = []
+        self._report_read: Any = None  # the watcher's report the banner lines were read from
+        self.gpu_index = first_gpu(self.sampler)
+        self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
+        self.updates = 0
+
+        self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))
+        self.banner = widgets.HTML()
+        self.banner.add_class("jax-nbmem-banner")
+        self.gpu_selector = widgets.Dropdown(
+            description="GPU", layout={"width": f"{_SELECTOR_MIN_PX}px"}
+        )
+        self.gpu_selector.observe(self._on_gpu_chosen, names="value")
+        self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
+        self.pause.observe(self._on_pause, names="value")
+        figure = self._timeline.build(self._history, self._records(), self.gpu_index)
+        self.figure = figure  # the last figure drawn, for the snapshot
+        self.plot = plot_view(figure_parts(figure))
+        controls = widgets.HBox([self.gpu_selector, self.pause])
+        self.actions = ShutdownActions(
+            session, on_change=lambda: self.refresh_from_session(session)
+        )
+        self.widget = widgets.VBox(
+            [self.header, self.banner, self.actions.widget, controls, self.plot],
+            layout=widgets.Layout(width="100%"),
+        )
+        self.widget.add_class("jax-nbmem-panel")
+        self.refresh_from_session(session)
+
+    def _history(self, since: float | None) -> list[Any]:
+        return self.sampler.history(since) if self.sampler is not None else []
+
+    def _records(self) -> list[Any]:
+        # Only the cells the figure draws: reading all of them would grow with the notebook.
+        if self._ledger is None:
+            return []
+        return self._ledger.recent(self._timeline.limits.max_spans)
+
+    def snapshot_html(self) -> str:
+        """The last picture drawn, as static HTML that a drawn view hides."""
+        text = summary_text(self._session, self.gpu_index)
+        records = self._records()
+        last = records[-1].execution_count if records else None
+        return snapshot_html(self.figure, text, self.plot.panel_id, live=True, last_cell=last)
+
+    def start(self) -> None:
+        """Subscribe to the sampler and start the update thread (no-op when running)."""
+        if self.sampler is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._stop = threading.Event()  # a panel closed before may be started again
+        self._unsubscribe = self.sampler.subscribe(self._on_sample)
+        self._thread = threading.Thread(target=self._run, name="jax_nbmem-panel", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Unsubscribe and stop the update thread; the widgets stay on screen, frozen."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the update thread runs (False after :meth:`close`)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def refresh_from_session(self, session: Any) -> None:
+        """Re-read the session's facts (mode, banner lines, shutdown buttons), then update."""
+        self._read_session()
+        self.actions.refresh()
+        self.update()
+
+    def cell_finished(self) -> None:
+        """A cell ended (on its path): mark the panel, leave the work to the update thread."""
+        self._session_changed = True
+        if not self._woken_by_cell:
+            self._woken_by_cell = True
+            self._dirty.set()
+
+    def refresh_after_cell(self) -> None:
+        """Bring the figure up to date now, on the main thread (see ``_refresh_snapshot``)."""
+        self._session_changed = False
+        self._read_session()
+        self.update()
+
+    def _read_session(self) -> None:
+        self._report_read = self._watcher_report()  # first: a newer one is read next time
+        self._mode = mode_text(self._session)
+        self._banner_lines = session_banner(self._session)
+
+    def _watcher_report(self) -> Any:
+        """The status watcher's last report (cheap, any thread), or None."""
+        watcher = getattr(self._session, "watcher", None)
+        try:
+            return watcher.latest() if watcher is not None else None
+        except Exception:
+            log.debug("jax_nbmem: the watcher's report is unavailable", exc_info=True)
+            return None
+
+    def _on_sample(self, sample: Any) -> None:
+        self._dirty.set()  # the sampler's thread: nothing more here
+
+    def _on_gpu_chosen(self, change: dict) -> None:
+        if change["new"] is not None and change["new"] != self.gpu_index:
+            self.gpu_index = change["new"]
+            self._dirty.set()
+
+    def _on_pause(self, change: dict) -> None:
+        self.pause.description = "Resume" if change["new"] else "Pause"
+        self.pause.icon = "play" if change["new"] else "pause"
+        self._dirty.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woken = self._dirty.wait(_IDLE_CHECK_S)
+            if self.pause.value:
+                if woken:
+                    self._dirty.clear()
+                    self._woken_by_cell = False
+                    self._render_banner(self.sampler.latest(), paused=True)
+                continue
+            # A new look at who is on the GPU: its warnings reach the banner with no cell run.
+            news = self._watcher_report() is not self._report_read
+            if not woken and not news:
+                continue
+            started, cpu = time.monotonic(), time.thread_time()
+            self._dirty.clear()
+            # Reset before _session_changed is read: a cell that ends from here on wakes the
+            # thread again, and one that ended before is seen now.
+            self._woken_by_cell = False
+            try:
+                if self._session_changed or news:  # a cell ended, or the watcher reported
+                    self._session_changed = False
+                    self._read_session()
+                    self.actions.refresh()  # its own lock: a click may redraw it meanwhile
+                self.update()
+            except Exception:
+                log.debug("jax_nbmem: panel update failed", exc_info=True)
+            pause = max(_MIN_UPDATE_INTERVAL_S, (time.thread_time() - cpu) / _UPDATE_BUDGET)
+            self._stop.wait(max(0.0, started + pause - time.monotonic()))
+
+    def update(self) -> None:
+        """Push what changed since the last update to the figure and the header lines."""
+        with self._lock:
+            latest = self.sampler.latest() if self.sampler is not None else None
+            # A sample without GPUs (NVML failed once) keeps the choice of GPUs seen before.
+            indices = gpu_indices([latest] if latest is not None else []) or self._gpu_choices
+            self._gpu_choices = indices
+            if self.gpu_index not in indices:
+                self.gpu_index = indices[0] if indices else None
+            options = [(_gpu_option(latest, i), i) for i in indices]
+            if list(self.gpu_selector.options) != options:
+                self.gpu_selector.options = options
+                self.gpu_selector.layout.width = _selector_width(label for label, _ in options)
+            if self.gpu_selector.value != self.gpu_index and self.gpu_index is not None:
+                self.gpu_selector.value = self.gpu_index
+            self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
+            figure = self._timeline.build(self._history, self._records(), self.gpu_index)
+            if not self.plot.show(figure_parts(figure)):
+                self._dirty.set()  # over one update's budget: the rest goes next time
+            self.figure = figure
+            self.header.value = (
+                f"<b>{html.escape(header_line(latest, self.gpu_index, self._mode))}</b>"
+            )
+            self._render_banner(latest, paused=False)
+            self.updates += 1
+
+    def _render_banner(self, latest: Any, paused: bool) -> None:
+        lines = unique_lines(self._banner_lines + sampler_status(self.sampler, latest))
+        if paused:
+            lines = ["Paused: press Resume to follow the GPU again.", *lines]
+        warn = any(not line.startswith("Live:") for line in lines)
+        style = "background:#fff3cd;color:#664d03" if warn else "background:#e7f1ff;color:#084298"
+        items = "<br>".join(html.escape(line) for line in lines)
+        value = f"<div style='{style};padding:3px 8px;border-radius:4px'>{items}</div>"
+        if self.banner.value != value:
+            self.banner.value = value
+
+
+def _gpu_option(latest: Any, index: int) -> str:
+    """The selector's name for a GPU: "GPU 1", "MIG 3g.71gb instance 1 of GPU 0"."""
+    gpu = latest.gpu(index) if latest is not None else None
+    return gpu_label(gpu) if gpu is not None else f"GPU {index}"
+
+
+def _selector_width(labels: Iterable[str]) -> str:
+    """Wide enough for its longest name ("MIG 3g.71gb instance 2 of GPU 0" is 31 characters)."""
+    longest = max((len(label) for label in labels), default=0)
+    return f"{max(_SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX + _SELECTOR_CHAR_PX * longest)}px"
