@@ -220,8 +220,8 @@ def test_the_cli_answers_without_a_gpu(venv):
 def quickstart(venv, dist) -> dict:
     """The sdist's quickstart notebook, executed as a newcomer would on the simulated GPU.
 
-    Set up as ``scripts/quickstart.sh --simulated-gpu`` does (``shell-env --kernels``), with a
-    preallocated neighbour, then ``jupyter nbconvert --execute`` in the venv.
+    Set up as ``scripts/quickstart.sh --simulated-gpu`` does (``shell-env --kernels``, then
+    ``tenant``: the preallocated neighbour), then ``jupyter nbconvert --execute`` in the venv.
     """
     work = venv["cwd"]
     with tarfile.open(dist["sdist"]) as sdist:
@@ -234,8 +234,9 @@ def quickstart(venv, dist) -> dict:
     env = dict(venv["env"])
     for name, value in re.findall(r"^export (\w+)=(.*)$", exports, re.MULTILINE):
         env[name] = shlex.split(value)[0]
+    # The neighbour as the script starts it; it ends with this process at the latest.
     started = in_venv(venv, "python", "-m", "jax_nbmem.simgpu", "tenant", "--notebook",
-                      "hog.ipynb", env=env)  # fmt: skip
+                      "neighbour.ipynb", "--stop-with", os.getpid(), env=env)  # fmt: skip
     pid = int(re.search(r"kernel PID (\d+)", started)[1])
     try:
         in_venv(
@@ -265,9 +266,25 @@ def test_the_quickstart_warns_of_the_blocking_neighbour_and_names_it(quickstart)
     text = outputs_text(notebook)
     assert "NVIDIA H200 (simulated)" in text
     assert "WARNING [blocking-preallocation]" in text
-    assert "hog.ipynb" in text and "%jaxmem shutdown" in text
+    assert "neighbour.ipynb" in text and "%jaxmem shutdown" in text
 
 
 def test_the_executed_quickstart_stays_small(quickstart):
     size = quickstart["path"].stat().st_size
     assert size < MAX_EXECUTED_BYTES, f"the executed quickstart weighs {size:,} bytes"
+
+
+def test_the_html_export_shows_the_panels_snapshot_without_scripts(quickstart, venv):
+    """An export (nbconvert's HTML) carries the static snapshot, readable offline and small."""
+    work = quickstart["path"].parent
+    empty = nbformat.v4.new_notebook()
+    nbformat.write(empty, work / "empty.ipynb")
+    for name in ("executed", "empty"):
+        in_venv(venv, "jupyter", "nbconvert", "--to", "html", f"{name}.ipynb")
+    page = (work / "executed.html").read_text(encoding="utf-8")
+    outside_scripts = re.sub(r"<script\b.*?</script>", "", page, flags=re.DOTALL)
+    snapshot = re.split(r"class=[\"']jax-nbmem-snapshot[\"']", outside_scripts, maxsplit=1)
+    assert len(snapshot) == 2, "no static snapshot of the panel in the export"
+    assert "NVIDIA H200 (simulated)" in snapshot[1] and "blocking-preallocation" in snapshot[1]
+    extra = len(page.encode()) - (work / "empty.html").stat().st_size
+    assert extra < MAX_EXECUTED_BYTES, f"the export weighs {extra:,} bytes over an empty one"
