@@ -9,7 +9,7 @@ Public names: `status`, `cells`, `track`, `fit`, `load_ipython_extension`,
 `unload_ipython_extension`.
 """
 
-__version__ = "0.1.0"
+from jax_nbmem._version import __version__
 
 __all__ = [
     "__version__",

@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jax_nbmem"
 
 UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
-SHARED = {"units", "text"}
+# _version: jax_nbmem.__version__, a constant every part may read.
+SHARED = {"units", "text", "_version"}
 CORE = SHARED | {"gpu", "allocator", "record", "tenants", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
 MAY_IMPORT = {
     "units": set(),
     "text": set(),
+    "_version": set(),
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
@@ -37,7 +39,7 @@ MAY_IMPORT = {
     **{face: set(CORE) for face in FACES},
     # The package's public functions: the status report, track() and fit(), and the notebook
     # face on demand.
-    "package": {"tenants", "tools", "record", "notebook"},
+    "package": {"tenants", "tools", "record", "notebook", "_version"},
 }
 MAY_USE_UI = {"notebook", "package"}
 # A web framework only in the server face (the exporter's HTTP server is the standard library's).

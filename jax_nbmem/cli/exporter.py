@@ -8,7 +8,7 @@ snapshot only; it never waits for NVML. It listens on one address, loopback by d
 other address needs TLS and basic auth from a web-config file (:mod:`.webconfig`) or an
 explicit ``--insecure``.
 
-It is the node's one source (README, "Metrics"): every GPU and every process on it, less the
+It is the node's one source (docs/metrics.md): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
 :mod:`jax_nbmem.tenants.publishers`). Its health is in its metrics: a snapshot older than
 ``stale_after`` seconds makes ``jax_nbmem_up`` 0 and takes the GPU-derived series away, its age
@@ -162,8 +162,9 @@ class Exporter:
             if missing:
                 raise ValueError(
                     f"--listen {listen} is reachable from other machines: it needs "
-                    f'{" and ".join(missing)} from --web.config.file (README, "Exposure"), '
-                    "or --insecure to serve every user's notebook names in the clear"
+                    f"{' and '.join(missing)} from --web.config.file (docs/metrics.md, "
+                    '"Exposure"), or --insecure'
+                    " to serve every user's notebook names in the clear"
                 )
         self.insecure = insecure
         self.interval = interval
@@ -383,7 +384,7 @@ class Exporter:
         if not shared:
             log.warning(
                 "jax-nbmem exporter: no --share-dir (nor $%s): other users' kernels are "
-                'judged without their beacons (README, "On a shared GPU server")',
+                'judged without their beacons (docs/shared-node.md, "On a shared GPU server")',
                 ENV_SHARE_DIR,
             )
         elif not os.path.isdir(shared) or not os.access(shared, os.R_OK | os.X_OK):

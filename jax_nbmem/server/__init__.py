@@ -14,7 +14,11 @@ another face.
 
 from __future__ import annotations
 
+# `jupyter server extension list` shows the version of the module it enables (this one).
+from jax_nbmem._version import __version__
+
 __all__ = [
+    "__version__",
     "_jupyter_server_extension_points",
     "_load_jupyter_server_extension",
     "_unload_jupyter_server_extension",

@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_RESERVED_BYTES",
     "GIB",
     "LIBRARY_NAME",
+    "NO_COMPILER",
     "NVML_ERRORS",
     "STATE_ENV_VAR",
     "SimState",
@@ -63,6 +64,14 @@ DRIVER_BYTES = DEFAULT_RESERVED_BYTES  # deprecated name: the default reserved m
 LIBRARY_NAME = "libnvidia-ml.so.1"
 STATE_ENV_VAR = "JAX_NBMEM_SIMGPU_STATE"
 
+# The stand-in is compiled on first use (then reused): a C compiler is the one thing the
+# simulated GPU needs that pip does not install (docs/how-it-is-built.md, "Why a C compiler").
+NO_COMPILER = (
+    "the simulated GPU needs a C compiler, and none was found (gcc, cc, or $CC): its stand-in "
+    "libnvidia-ml.so.1 is compiled from C on first use. Install one (Debian/Ubuntu: "
+    "`apt-get install gcc`; Fedora/RHEL: `dnf install gcc`; conda: `conda install -c "
+    "conda-forge c-compiler`) or set CC, then run again. A real NVIDIA GPU needs no compiler."
+)
 _SOURCE = Path(__file__).with_name("nvml_stub.c")
 _BASE_FLAGS = (
     "-O2",
@@ -83,7 +92,8 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
     place. ``old_driver=True`` leaves out the newer NVML functions (``..._v2`` memory info,
     ``..._v3`` process lists), as an old driver would.
 
-    Raises ``RuntimeError`` when no C compiler is found or compiling fails.
+    Raises ``RuntimeError`` when no C compiler is found (:data:`NO_COMPILER` says what to
+    install) or compiling fails; no half-built library is left behind.
     """
     flags = (*_BASE_FLAGS, "-DSIM_OLD_DRIVER") if old_driver else _BASE_FLAGS
     # nvml_stub.c includes the other parts: a change to any of them is a new build.
@@ -96,18 +106,24 @@ def build(dest_dir: str | os.PathLike[str], old_driver: bool = False) -> Path:
         return lib_path
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
-        raise RuntimeError("no C compiler (gcc or cc) found to build the simulated GPU library")
+        raise RuntimeError(NO_COMPILER)
     lib_dir.mkdir(parents=True, exist_ok=True)
     lib_dir.chmod(0o755)  # whatever the umask: every user's processes load the one library
     fd, partial = tempfile.mkstemp(dir=lib_dir, prefix=".build-", suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run(
-            [compiler, *flags, "-o", partial, str(_SOURCE)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [compiler, *flags, "-o", partial, str(_SOURCE)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError as error:  # $CC names something that cannot run
+            raise RuntimeError(
+                f"the C compiler {compiler!r} could not run ({error}): set CC to a C compiler, "
+                "or unset it to use gcc"
+            ) from None
         if done.returncode != 0:
             raise RuntimeError(f"building the simulated GPU library failed:\n{done.stderr}")
         os.chmod(partial, 0o755)  # as libnvidia-ml.so.1 is: readable by all
@@ -323,12 +339,15 @@ def main(
         prog="python -m jax_nbmem.simgpu",
         description="A simulated NVIDIA GPU for the demo and the tests: a stand-in "
         "libnvidia-ml.so.1 that the real pynvml loads, answering from a state file named by "
-        f"${STATE_ENV_VAR}. Its GPUs say '(simulated)' in their names.",
+        f"${STATE_ENV_VAR}. Its GPUs say '(simulated)' in their names. The library is "
+        "compiled from C on first use: it needs a C compiler (gcc, cc or $CC).",
         epilog=STATE_FORMAT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    build_cmd = commands.add_parser("build", help="compile the stand-in libnvidia-ml.so.1")
+    build_cmd = commands.add_parser(
+        "build", help="compile the stand-in libnvidia-ml.so.1 (with gcc, cc or $CC)"
+    )
     build_cmd.add_argument("dir", help="folder to build into (reused when already built)")
     build_cmd.add_argument("--old-driver", action="store_true", help="leave out newer functions")
     state_cmd = commands.add_parser("demo-state", help="write a one-GPU state file")

@@ -1,7 +1,7 @@
 """``%jaxalloc auto``: the mode chosen from what the GPU holds now, with its reason in one line.
 
-The rule (README, "The right mode without thinking"), for each GPU this kernel sees, the most
-crowded one deciding:
+The rule (docs/magics.md, "The right mode without thinking"), for each GPU this kernel sees,
+the most crowded one deciding:
 
 * no GPU seen (no NVML, no visible GPU) → JAX's default, and why;
 * alone on it (no other process, no other kernel's claim) and room for JAX's default pool →

@@ -4,7 +4,7 @@ Pure (no prometheus_client here but in :func:`prometheus_collector`): :func:`met
 turns a :class:`Snapshot` (a report of :func:`jax_nbmem.tenants.status.collect`, when it was
 taken, and which processes this source speaks for) into :class:`Family` records, each a gauge
 with its help text, label names and samples (:mod:`.exposition` writes them as Prometheus's
-text). The names and labels are a contract (README, "Metrics"); :data:`FAMILIES` lists every
+text). The names and labels are a contract (docs/metrics.md); :data:`FAMILIES` lists every
 name, so a registry can describe them unasked.
 
 One source per fact: the node exporter speaks for every process on the node (less those it
