@@ -57,14 +57,21 @@ def test_the_item_and_sidebar_work_through_the_hub(hub: Hub, tmp_path):
     assert len(answers) >= 3 and set(answers) == {200}, answers
 
 
-def _wait_kernel_connected(hub: Hub, user, timeout: float = 90.0) -> None:
-    """Until the notebook's kernel is idle with the page's websocket open (as open_notebook)."""
+def _wait_kernel_connected(
+    hub: Hub, user, notebook: str = "lab.ipynb", timeout: float = 90.0
+) -> None:
+    """Until the notebook's kernel is idle with the page's websocket open (as open_notebook).
+
+    The notebook's own session: earlier hub tests may have left other sessions on this server.
+    """
     deadline = time.monotonic() + timeout
     kernel = None
     while time.monotonic() < deadline:
         status, sessions = hub.server(user, "GET", "api/sessions")
-        if status == 200 and sessions:
-            status, kernel = hub.server(user, "GET", f"api/kernels/{sessions[0]['kernel']['id']}")
+        listed = sessions if status == 200 and isinstance(sessions, list) else []
+        ours = [s for s in listed if str(s.get("path", "")).endswith(notebook)]
+        if ours:
+            status, kernel = hub.server(user, "GET", f"api/kernels/{ours[0]['kernel']['id']}")
             if status == 200 and kernel.get("connections", 0) >= 1:
                 if kernel.get("execution_state") == "idle":
                     return
