@@ -314,6 +314,9 @@ class SimState:
     def summary(self) -> str:
         """A line saying what the state holds: GPUs, processes, faults."""
         parts = [f"{len(self._gpus)} GPU(s)", f"{len(self._processes)} process(es)"]
+        registered = sum(1 for proc in self._processes if proc.pidns is not None)
+        if registered:
+            parts[-1] += f" ({registered} line(s) by a registrar's host PID)"
         if not self.driver_loaded:
             parts.append("no driver")
         if self._lost:
