@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 
 import psutil
@@ -97,3 +98,18 @@ def test_kernels_in_containers_are_listed_by_host_pid_and_forgotten_when_killed(
     assert not psutil.pid_exists(hog.pid)
     wait_for("the registrar forgets alice's kernel", lambda: hog.pid not in container_node.listed())
     assert set(nvml_inside(bob)) == {work.pid}
+
+
+def test_the_demos_tenant_in_a_container_is_listed_by_host_pid_and_says_both(container_node):
+    box = container_node.container("demo-box")
+    command = [container_node.python, "-m", "jax_nbmem.simgpu", "tenant", "--fraction", "0.5"]
+    done = box.run(command, timeout=240)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"kernel PID (\d+) \(host PID; (\d+) in this container\)", done.stdout)
+    assert found, done.stdout
+    host, own = int(found.group(1)), int(found.group(2))
+    assert f"Stop it: kill {own}" in done.stdout
+    assert psutil.Process(host).cmdline()[1:3] == ["-m", "ipykernel_launcher"]
+    assert container_node.listed()[host] >= 40 * 2**30  # half of the 80 GiB GPU
+    assert box.run(["kill", str(own)]).returncode == 0  # the PID it said, in the container
+    wait_for("the stopped tenant off the GPU", lambda: host not in container_node.listed())
