@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_nbmem.simgpu.registrar import RegistrarError, Registration, register, socket_path
+from jax_nbmem.simgpu.registration import RegistrarError, Registration, register, socket_path
 from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
 __all__ = [

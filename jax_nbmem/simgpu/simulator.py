@@ -230,7 +230,7 @@ def start_tenant_process(
     from jupyter_client.connect import write_connection_file
     from jupyter_core.paths import jupyter_runtime_dir
 
-    from jax_nbmem.simgpu.registrar import RegistrarError, register
+    from jax_nbmem.simgpu.registration import RegistrarError, register
 
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
@@ -295,7 +295,7 @@ def _check(path: Path) -> int:
         print(f"{error}; the last good state stays in use", file=sys.stderr)
         return 1
     print(f"{path}: good: {state.summary()}")
-    from jax_nbmem.simgpu.registrar import RegistrarError, register, socket_path
+    from jax_nbmem.simgpu.registration import RegistrarError, register, socket_path
 
     try:
         registration = register(path, timeout=1.0)
