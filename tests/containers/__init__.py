@@ -44,6 +44,7 @@ from jupyter_client.connect import write_connection_file
 from jax_nbmem.simgpu import GIB, LIBRARY_NAME, STATE_ENV_VAR, SimState
 from jax_nbmem.simgpu.registrar import register
 from jax_nbmem.simgpu.simulator import _STARTUP_FILE
+from tests.containers.runtime import DockerLook, docker_look
 from tests.ipython_session import _DRIVER, CellOutput
 from tests.kernels import execute
 from tests.users import User, add_user, python_for, remove_user
@@ -160,6 +161,7 @@ class Container:
     env: dict[str, str]  # what every process started in it gets
     unshare: subprocess.Popen
     init_pid: int  # the host's PID of its PID 1
+    docker: DockerLook | None = None  # its Docker id and name, as the host sees them
     kernels: list[ContainerKernel] = field(default_factory=list)
 
     @property
@@ -170,7 +172,11 @@ class Container:
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` run inside, as the node's user (as ``docker exec`` would)."""
         user = self.node.user
+        join = []  # as docker exec: into the container's cgroup, then its namespaces
+        if self.docker is not None:
+            join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.docker.procs)]
         return [
+            *join,
             "nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--uts", "--wd",
             "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
             "--", *argv,
@@ -263,6 +269,8 @@ class Container:
                 self.unshare.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.docker is not None:
+            self.docker.remove()
 
 
 @dataclass
@@ -290,12 +298,18 @@ class Node:
         return self.root / "state" / "gpu.state"
 
     def container(
-        self, name: str, env: dict[str, str] | None = None, mirror: bool = True
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        mirror: bool = True,
+        docker_name: str | None = None,
     ) -> Container:
         """Start a container named (and with the host name) ``name``.
 
         ``mirror``: its kernels mirror their JAX arrays onto the simulated GPU (an IPython
-        startup file in its home, as an image would carry).
+        startup file in its home, as an image would carry). ``docker_name``: the host sees
+        it as Docker's container of that name (a cgroup and a config: see
+        :mod:`tests.containers.runtime`).
         """
         home = self.root / "homes" / name
         startup = home / ".ipython" / "profile_default" / "startup"
@@ -319,6 +333,11 @@ class Node:
         container_env = {**self.env, "HOSTNAME": name, **(env or {})}
         container = Container(name, self, home, container_env, unshare, init.pid)
         self.containers.append(container)
+        if docker_name is not None:
+            container.docker = docker_look(docker_name)
+            if container.docker is None:
+                raise AssertionError("no cgroup hierarchy to make a Docker-like container in")
+            container.docker.join(init.pid)
         return container
 
     def start_registrar(self) -> None:

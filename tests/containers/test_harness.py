@@ -113,3 +113,23 @@ def test_the_demos_tenant_in_a_container_is_listed_by_host_pid_and_says_both(con
     assert container_node.listed()[host] >= 40 * 2**30  # half of the 80 GiB GPU
     assert box.run(["kill", str(own)]).returncode == 0  # the PID it said, in the container
     wait_for("the stopped tenant off the GPU", lambda: host not in container_node.listed())
+
+
+def test_a_docker_like_container_is_named_by_its_cgroup_to_the_host(container_node):
+    box = container_node.container("alice-box", docker_name="jupyter-alice")
+    look = box.docker
+    inside = box.popen(["sleep", "60"])
+    try:
+        sleeper = wait_for("the process entered", lambda: [
+            c.pid for c in psutil.Process(inside.pid).children(recursive=True)
+            if c.name() == "sleep"])[0]  # fmt: skip
+        for pid in (box.init_pid, sleeper):  # its PID 1, and what enters it (docker exec)
+            assert look.id in open(f"/proc/{pid}/cgroup").read()
+        if look.config is not None:
+            assert json.loads(look.config.read_text())["Name"] == "/jupyter-alice"
+    finally:
+        inside.kill()
+        inside.wait()
+    box.stop()
+    assert not look.cgroup.exists()
+    assert look.config is None or not look.config.exists()
