@@ -248,3 +248,57 @@ def test_the_command_serves_until_sigterm_and_check_says_so(state):
     done = subprocess.run([*command, "check", str(state)], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert "no registrar" in done.stdout
+
+
+# --- The mirror with a registrar ------------------------------------------------------------
+
+
+def test_a_mirror_with_a_registrar_writes_its_host_pid_and_namespace(
+    registrar, state, mirror_module
+):
+    mirror = mirror_module.Mirror(state)
+    mirror.step()
+    assert lines_of(state) == [(os.getpid(), HOST_NS)]
+    assert mirror.registration is not None and mirror.registration.alive()
+    mirror.stop()
+    assert lines_of(state) == [] and mirror.registration is None
+
+
+def test_a_mirror_takes_its_line_over_when_a_registrar_comes(state, mirror_module):
+    mirror = mirror_module.Mirror(state)
+    mirror.step()
+    assert lines_of(state) == [(os.getpid(), None)]  # no registrar: a plain host's line
+    server = Registrar(state, log=lambda text: None).listen()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        mirror.step()
+        assert lines_of(state) == [(os.getpid(), HOST_NS)]  # one line, now the registrar's
+        server.stop()
+        thread.join(10)
+        server.close()  # the registrar stops: the mirror notices, and registers again
+        again = Registrar(state, log=lambda text: None).listen()
+        thread = threading.Thread(target=again.serve, daemon=True)
+        thread.start()
+        mirror._next_registration = 0.0
+        mirror.step()
+        assert mirror.registration is not None and mirror.registration.alive()
+        assert lines_of(state) == [(os.getpid(), HOST_NS)]
+        again.stop()
+        thread.join(10)
+        again.close()
+    finally:
+        mirror.stop()
+
+
+def test_a_mirror_waits_for_a_registrar_that_does_not_answer(state, mirror_module, capsys):
+    stale = socket.socket(socket.AF_UNIX)  # a killed registrar's socket
+    stale.bind(str(socket_path(state)))
+    stale.close()
+    mirror = mirror_module.Mirror(state)
+    mirror.step()
+    mirror._next_registration = 0.0
+    mirror.step()
+    assert lines_of(state) == []  # not its own PID: in a container that would be wrong
+    said = capsys.readouterr().err
+    assert said.count("the mirror waits: no registrar answers at") == 1, said
