@@ -186,11 +186,22 @@ static int process_running(unsigned int pid) {
 /* Whether a listed process has ended, as far as this caller can tell. A line of the registrar
  * (`pidns=`) names a PID of that namespace: a caller in another (a container) cannot test it
  * and leaves it to the registrar, which removes the line when the process ends. */
-static int proc_gone(const sim_proc *proc) {
+static unsigned long long own_pid_namespace(void) {
+    /* A process's PID namespace never changes; a forked child (maybe in a new one) looks again. */
+    static unsigned long long cached;
+    static pid_t cached_for;
     struct stat own;
+    pid_t pid = getpid();
+    if (cached_for != pid) {
+        cached = stat("/proc/self/ns/pid", &own) == 0 ? (unsigned long long)own.st_ino : 0;
+        cached_for = pid;
+    }
+    return cached;
+}
+
+static int proc_gone(const sim_proc *proc) {
     if (!proc->ends_with_exit) return 0;
-    if (proc->pidns && (stat("/proc/self/ns/pid", &own) != 0 || own.st_ino != proc->pidns))
-        return 0;
+    if (proc->pidns && proc->pidns != own_pid_namespace()) return 0;
     return !process_running(proc->pid);
 }
 
