@@ -65,6 +65,10 @@ def test_containers_are_separate_hosts_of_one_user_sharing_one_directory(contain
     done = alice.run(["sh", "-c", f"echo from-alice > {share}"])
     assert done.returncode == 0, done.stderr
     assert bob.run(["cat", str(share)]).stdout == "from-alice\n"
+    # An IPython shell inside, cell by cell, as the user sees it.
+    cells = bob.run_cells(["import os, socket\nprint(os.getpid(), socket.gethostname())", "1/0"])
+    assert cells[0].stdout.split() == ["4", "bob-box"]  # after the python (2) and cat (3)
+    assert cells[1].error == "ZeroDivisionError"
 
 
 def test_kernels_in_containers_are_listed_by_host_pid_and_forgotten_when_killed(container_node):

@@ -248,6 +248,9 @@ def test_the_command_serves_until_sigterm_and_check_says_so(state):
     done = subprocess.run([*command, "check", str(state)], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert "no registrar" in done.stdout
+    helped = subprocess.run([*command, "--help"], env=env, capture_output=True, text=True)
+    for needle in ("registrar", "pidns=INODE", "host PID"):
+        assert needle in helped.stdout, needle
 
 
 # --- The mirror with a registrar ------------------------------------------------------------
