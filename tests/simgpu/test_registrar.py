@@ -50,10 +50,16 @@ _LIST = textwrap.dedent(
 )
 
 
-def listed(lib, state, namespace: bool = False) -> list[int]:
-    """The PIDs the stand-in lists on GPU 0, asked from here or from a new PID namespace."""
+def listed(lib, state, namespace: bool = False, blank_proc: bool = False) -> list[int]:
+    """The PIDs the stand-in lists on GPU 0, asked from here or from a new PID namespace.
+
+    ``blank_proc``: in a namespace whose /proc is an empty folder (none mounted).
+    """
     command = [sys.executable, "-c", _LIST, str(lib)]
-    if namespace:
+    if blank_proc:
+        blank = 'mount -t tmpfs none /proc && exec "$@"'
+        command = ["unshare", "--pid", "--fork", "--mount", "sh", "-c", blank, "sh", *command]
+    elif namespace:
         command = ["unshare", "--pid", "--fork", "--mount-proc", *command]
     env = {**os.environ, simgpu.STATE_ENV_VAR: str(state)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
@@ -157,6 +163,8 @@ def test_liveness_is_judged_in_the_namespace_the_pid_belongs_to(state, simgpu_li
         edit.process(0, sleeper, GIB, ends_with_process=True, pidns=HOST_NS)
     assert listed(simgpu_lib, state) == [sleeper]
     assert listed(simgpu_lib, state, namespace=True) == sorted([dead_pid, sleeper])
+    # Without /proc nobody can tell: the registrar's lines are listed as it left them.
+    assert listed(simgpu_lib, state, blank_proc=True) == sorted([dead_pid, sleeper])
     # Without pidns= a container would judge the host PID in its own namespace: gone.
     with SimState.update(state) as edit:
         edit.remove_process(sleeper).process(0, sleeper, GIB, ends_with_process=True)
