@@ -148,9 +148,13 @@ def test_with_the_node_agent_every_kernel_is_named_and_warned(container_node):
         # On the host, root's status reads the proven kernels: Bob's mode is off, idle times.
         rows = rows_of(root_status(node))
         bobs = rows[work.pid]
-        assert (bobs["source"], bobs["mode"], bobs["hub_user"]) == ("agent", "off", "bob")
+        assert (bobs["source"], bobs["hub_user"]) == ("agent", "bob")
+        # JAX runs on the CPU here: its GPU allocator "not started (off when it starts)".
+        assert "off" in bobs["mode"], bobs
         assert bobs["idle_s"] is not None and bobs["container"]["name"] == "jupyter-bob"
-        assert rows[hog.pid]["mode"] == "on" and rows[hog.pid]["idle_s"] is not None
+        alices = rows[hog.pid]
+        assert "off" not in alices["mode"] and "on" in alices["mode"], alices
+        assert alices["idle_s"] is not None and alices["container"]["name"] == "jupyter-alice"
 
         # A forged beacon FILE: Bob's container (the same jovyan) rewrites Alice's. Not proof.
         beacons = sorted(node.share_dir.glob("jax_nbmem-beacon-*-2.json"))  # both: PID 2

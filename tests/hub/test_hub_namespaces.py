@@ -161,11 +161,18 @@ def test_through_the_proxy_bob_is_warned_of_alice_and_root_acts_on_her_kernel(ns
         warning, row = wait_for("bob warned of alice's kernel, proven", warned, 60, 1)
         assert warning["pid"] == hog.pid and alice.name in warning["message"]
         assert row["hub_user"] == alice.name and row["pid_in_container"] not in (None, hog.pid)
+
         # The same through the proxy: bob's server's status (what his board and panel show).
-        status, report = ns_hub.server(bob, "GET", "jax-nbmem/api/status")
-        assert status == 200, report
-        rows = {p["pid"]: p for p in report["processes"]}
-        assert rows[hog.pid]["hub_user"] == alice.name
+        def served():  # its snapshot is refreshed every few seconds
+            status, report = ns_hub.server(bob, "GET", "jax-nbmem/api/status")
+            assert status == 200, report
+            rows = {p["pid"]: p for p in report["processes"]}
+            return rows.get(hog.pid, {}).get("source") == "agent" and (report, rows[hog.pid])
+
+        report, row = wait_for("alice's kernel in bob's server's status", served, 30, 1)
+        assert row["hub_user"] == alice.name and row["pid_in_container"] != hog.pid
+        (warning,) = [w for w in report["warnings"] if w["kind"] == "blocking-preallocation"]
+        assert warning["pid"] == hog.pid and alice.name in warning["message"]
 
         # Root's culler (dry run) names her idle blocking kernel by its host PID.
         cull = ["cull", "--once", "--idle", "1", "--warn", "3", "--hub-url", ns_hub.url]
