@@ -2,7 +2,7 @@
 
 jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
-                   [--defer-to-servers] [--web.config.file FILE] [--insecure]
+                   [--defer-to-servers] [--web.config.file FILE] [--insecure] [--no-agent]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
 jax-nbmem shutdown PID [--hub-url URL] [--share-dir DIR] [--dry-run] [--log FILE] [--json]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
@@ -201,12 +201,18 @@ def _exporter(args: argparse.Namespace) -> int:
             defer_to_servers=args.defer_to_servers,
             web_config=args.web_config_file,
             insecure=args.insecure,
+            agent=not args.no_agent,
         )
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
         return 2
+    from jax_nbmem.tenants.agent import AgentDirError
+
     try:
         exporter.serve(ready=lambda url: print(f"jax-nbmem exporter: serving {url}", flush=True))
+    except AgentDirError as error:
+        print(f"jax-nbmem exporter: no node agent: {error} (or --no-agent)", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"jax-nbmem exporter: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
@@ -278,6 +284,12 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         help="listen off loopback without TLS or basic auth (anyone who reaches it reads it)",
+    )
+    exporter.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="do not be the node agent (by default, with a share directory, it listens on "
+        "DIR/agent/agent.sock and writes DIR/agent/resolution.json)",
     )
     exporter.set_defaults(run=_exporter)
 

@@ -8,11 +8,19 @@ through its user's server with the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
 change of mind is a JSON line in the log and a line on stdout; stops are counted in
 ``jax_nbmem_culled_kernels_total{reason}``, served at ``/metrics`` with ``--listen``.
+
+Kernels in containers: on the host, the culler acts only on what the node agent proved
+(:mod:`jax_nbmem.tenants.hostproof`): a kernel in a PID namespace of its own that the agent
+has not proven is never warned nor stopped (said once), whatever its beacon file claims. Its
+notice is keyed as its beacon (``jax_nbmem-cull-<ns_ino>-<pid_in_ns>.json``) so that the
+kernel finds it from inside its container.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,8 +37,11 @@ from jax_nbmem.tenants.culling import (
     remove_notice,
     write_notice,
 )
+from jax_nbmem.tenants.hostproof import HostProof, host_proof
 
 __all__ = ["Culler"]
+
+_NOTICE = re.compile(r"jax_nbmem-cull-([1-9][0-9]*(?:-[1-9][0-9]*)?)\.json")
 
 
 class Culler:
@@ -54,6 +65,8 @@ class Culler:
         self.log_path = log_path
         self.out = out or sys.stdout
         self.culled: dict[str, int] = {}
+        self._unproven_said: set[int] = set()
+        self._host: HostProof | None = None
         self._counter = None
         if registry is not None:
             from prometheus_client import Counter
@@ -67,33 +80,64 @@ class Culler:
             for reason in ("idle-preallocated", "idle-over-share"):
                 self._counter.labels(reason=reason)  # 0 until the first, not absent
 
-    def round(self, report=None, now: float | None = None) -> list[dict]:
-        """One look at the node; returns what it did (also printed and logged)."""
+    def round(
+        self, report=None, now: float | None = None, host: HostProof | None = None
+    ) -> list[dict]:
+        """One look at the node; returns what it did (also printed and logged).
+
+        ``host`` (default: :func:`host_proof` of the share directory; None off the host)
+        says which kernels in containers the node agent proved, and their notices' keys.
+        """
         from jax_nbmem.tenants.status import collect
 
         now = time.time() if now is None else now
-        report = collect(share_dir=self.share_dir) if report is None else report
-        chosen = {c.pid: c for c in candidates(report, self.policy)}
-        beacons = read_beacons([self.share_dir])
+        host = host_proof(self.share_dir) if host is None else host
+        self._host = host
+        report = collect(share_dir=self.share_dir, host=host or False) if report is None else report
         events = []
+        chosen = {}
+        for candidate in candidates(report, self.policy):
+            if host is not None and host.namespaced(candidate.pid):
+                if not host.is_proven(candidate.pid):
+                    events.extend(self._unproven(candidate))
+                    continue
+            chosen[candidate.pid] = candidate
+        keys = {pid: host.key(pid) if host is not None else str(pid) for pid in chosen}
+        beacons = read_beacons([self.share_dir])
+        if host is not None:
+            beacons = host.beacons(beacons, chosen)
         for pid, candidate in chosen.items():
-            notice = read_notice([self.share_dir], pid, candidate.started_at)
+            key = keys[pid]
+            notice = read_notice([self.share_dir], pid, candidate.started_at,
+                                 key=None if key == str(pid) else key)  # fmt: skip
             if notice is None:
-                events.append(self._warn(candidate, now))
+                events.append(self._warn(candidate, now, key))
             elif now < notice.deadline:
                 continue  # warned; its time has not come
             elif self._ran_a_cell_since(pid, notice, beacons):
-                events.append(self._forget(pid, candidate.label(), "it ran a cell"))
+                events.append(self._forget(key, candidate.label(), "it ran a cell", pid))
             else:
-                events.append(self._cull(candidate))
+                events.append(self._cull(candidate, key))
         if not self.dry_run:
-            for pid in self._noticed() - set(chosen):
-                events.append(self._forget(pid, f"kernel PID {pid}", "it no longer qualifies"))
+            for key in self._noticed() - set(keys.values()):
+                events.append(self._forget(key, f"kernel {key}", "it no longer qualifies"))
         for event in events:
             self._say(event)
         return events
 
-    def _warn(self, candidate: Candidate, now: float) -> dict:
+    def _unproven(self, candidate: Candidate) -> list[dict]:
+        """A kernel in a container the node agent has not proven: said once, never acted on."""
+        if candidate.pid in self._unproven_said:
+            return []
+        self._unproven_said.add(candidate.pid)
+        event = self._event("skip", candidate)
+        event["message"] = (
+            f"not culling {candidate.label()}: it runs in a container and the node agent has "
+            "not proven who it is (is `jax-nbmem exporter --share-dir` running on this node?)"
+        )
+        return [event]
+
+    def _warn(self, candidate: Candidate, now: float, key: str | None = None) -> dict:
         deadline = now + self.policy.warn_s
         at = time.strftime("%H:%M", time.localtime(deadline))
         event = self._event("warn", candidate)
@@ -105,7 +149,8 @@ class Culler:
             )
             return event
         notice = Notice(pid=candidate.pid, started_at=candidate.started_at, warned_at=now,
-                        deadline=deadline, reason=candidate.reason, why=candidate.why)  # fmt: skip
+                        deadline=deadline, reason=candidate.reason, why=candidate.why,
+                        key=None if key in (None, str(candidate.pid)) else key)  # fmt: skip
         try:
             write_notice(self.share_dir, notice)
         except OSError as error:
@@ -118,28 +163,31 @@ class Culler:
         )
         return event
 
-    def _cull(self, candidate: Candidate) -> dict:
+    def _cull(self, candidate: Candidate, key: str | None = None) -> dict:
         event = self._event("cull", candidate)
         if self.dry_run:
             event["message"] = f"would shut down {candidate.label()} (--dry-run: nothing done)"
             return event
         try:
-            kernel = find(candidate.pid, self.share_dir)
+            kernel = find(candidate.pid, self.share_dir, self._host)
             stopped = stop(kernel, self.hub, log_path=self.log_path)
         except StopError as error:
             event.update(action="error", message=f"could not shut down {candidate.label()}: "
                          f"{error}")  # fmt: skip
             return event
-        remove_notice(self.share_dir, candidate.pid)
+        remove_notice(self.share_dir, key or candidate.pid)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
         if self._counter is not None:
             self._counter.labels(reason=candidate.reason).inc()
         event.update(how=stopped.how, server=stopped.server, message=f"culled: {stopped.message}")
         return event
 
-    def _forget(self, pid: int, label: str, why: str) -> dict:
-        remove_notice(self.share_dir, pid)
-        return {"action": "cancel", "pid": pid, "message": f"no longer culling {label}: {why}"}
+    def _forget(self, key: str, label: str, why: str, pid: int | None = None) -> dict:
+        remove_notice(self.share_dir, key)
+        if pid is None and key.isdigit():
+            pid = int(key)
+        return {"action": "cancel", "pid": pid, "key": key,
+                "message": f"no longer culling {label}: {why}"}  # fmt: skip
 
     def _ran_a_cell_since(self, pid: int, notice: Notice, beacons) -> bool:
         beacon = beacons.get(pid)
@@ -148,20 +196,13 @@ class Culler:
         finished = beacon.last_cell_finished_at or 0.0
         return beacon.cell_running or finished > notice.warned_at
 
-    def _noticed(self) -> set[int]:
-        import os
-
-        found = set()
+    def _noticed(self) -> set[str]:
+        """The keys of the notices in the share directory (``<pid>`` or ``<ino>-<pid>``)."""
         try:
             names = os.listdir(self.share_dir)
         except OSError:
-            return found
-        for name in names:
-            if name.startswith("jax_nbmem-cull-") and name.endswith(".json"):
-                digits = name[len("jax_nbmem-cull-") : -len(".json")]
-                if digits.isdigit():
-                    found.add(int(digits))
-        return found
+            return set()
+        return {match.group(1) for name in names if (match := _NOTICE.fullmatch(name))}
 
     def _event(self, action: str, candidate: Candidate) -> dict:
         return {

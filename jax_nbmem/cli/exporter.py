@@ -14,6 +14,13 @@ kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
 ``stale_after`` seconds makes ``jax_nbmem_up`` 0 and takes the GPU-derived series away, its age
 counted from the start of the refresh under way if one is (a slow refresh on a loaded machine
 is not stale, a hung NVML is); its own ``process_*`` figures are there too.
+
+With a share directory it is also the node agent (docs/containers.md, "The node agent"): it
+listens on ``S/agent/agent.sock`` where kernels in containers prove who they are
+(:mod:`jax_nbmem.tenants.agent`); at each refresh its metrics use the proven kernels' modes
+and idle times, it writes ``S/agent/resolution.json`` (every NVML PID and every proven
+kernel, with its container) and clears what dead kernels left. ``agent=False`` (the
+command's ``--no-agent``) leaves that out.
 """
 
 from __future__ import annotations
@@ -31,8 +38,12 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
+from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry
+from jax_nbmem.tenants.agent_publish import ResolutionWriter, clean_dead, write_resolution
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.exposition import ScrapeCache
+from jax_nbmem.tenants.hostproof import HostProof
+from jax_nbmem.tenants.hostview import HostViewer
 from jax_nbmem.tenants.metrics import Snapshot
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
@@ -102,6 +113,7 @@ class Exporter:
         defer_to_servers: bool = False,
         web_config: str | None = None,
         insecure: bool = False,
+        agent: bool = True,
     ):
         if interval <= 0:
             raise ValueError(f"--interval must be positive, not {interval}")
@@ -127,6 +139,11 @@ class Exporter:
         self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
+        self.agent: AgentServer | None = None
+        self._agent_wanted = agent
+        self._agent_problem: str | None = None
+        self.viewer = HostViewer()
+        self._resolution = ResolutionWriter()
 
     def latest(self) -> Snapshot | None:
         """The last snapshot, or None before the first."""
@@ -135,12 +152,59 @@ class Exporter:
     def take_snapshot(self) -> Snapshot:
         """A status report of the node now, with the processes left to their servers."""
         taken_at, began = time.time(), time.monotonic()
-        report = dict(collect(share_dir=self.share_dir))
+        self._start_agent_when_possible()
+        host = None
+        registrations = {}
+        if self.agent is not None:
+            views: dict = {}
+            registrations = self.agent.registry.proven(views)
+            host = HostProof.from_registry(registrations, self.viewer, views)
+        report = dict(collect(share_dir=self.share_dir, host=host))
+        if self.agent is not None:
+            self._publish(report, registrations, host)
         deferred = frozenset()
         if self.defer_to_servers:
             deferred = frozenset(published_pids(beacon_dirs(self.share_dir)))
         took = round(time.monotonic() - began, 4)
         return Snapshot(report, taken_at, took, deferred_pids=deferred)
+
+    def _shared(self) -> str | None:
+        return self.share_dir or os.environ.get(ENV_SHARE_DIR) or None
+
+    def start_agent(self) -> None:
+        """Start the node agent's socket if a share directory is there (see the module).
+
+        AgentDirError when its directory is unsafe or another agent serves it; a share
+        directory not there yet is logged, and the agent starts once it is.
+        """
+        shared = self._shared()
+        if not self._agent_wanted or shared is None or self.agent is not None:
+            return
+        if not os.path.isdir(shared):
+            return  # said by _say_share_dir; tried again at each refresh
+        server = AgentServer(shared, Registry(self.viewer))
+        server.start()
+        self.agent = server
+        log.info("jax-nbmem exporter: the node agent listens on %s", server.path)
+
+    def _start_agent_when_possible(self) -> None:
+        try:
+            self.start_agent()
+            self._agent_problem = None
+        except AgentDirError as error:
+            if str(error) != self._agent_problem:
+                log.error("jax-nbmem exporter: no node agent: %s", error)
+            self._agent_problem = str(error)
+
+    def _publish(self, report: dict, registrations: dict, host: HostProof) -> None:
+        """Write the resolution and clear what dead kernels left; a failure is logged."""
+        text = self._resolution.text(report, registrations, host.view, interval_s=self.interval)
+        try:
+            write_resolution(self.agent.directory, text)
+        except OSError as error:
+            log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
+        clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])
+        self.viewer.forget([*registrations, *(p["pid"] for p in report.get("processes", []))])
 
     def _refresh_forever(self) -> None:
         while not self._stop.is_set():
@@ -208,6 +272,11 @@ class Exporter:
         server.tls = self.web.tls
         self._server = server
         self._say_share_dir()
+        try:
+            self.start_agent()  # an unsafe agent directory stops it here, said
+        except AgentDirError:
+            server.server_close()
+            raise
         refresher = threading.Thread(target=self._refresh_forever, name="jax-nbmem-exporter")
         refresher.daemon = True
         refresher.start()
@@ -225,6 +294,8 @@ class Exporter:
         finally:
             self._stop.set()
             server.server_close()
+            if self.agent is not None:
+                self.agent.stop()
 
     def _say_share_dir(self) -> None:
         """Log where beacons are read from: a missing shared directory is never silent."""

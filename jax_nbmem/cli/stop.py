@@ -7,6 +7,13 @@ for root, from the kernel's parent server's runtime file), so that the server do
 it; otherwise, for root or the owner, SIGTERM then SIGKILL. It then says what came free on the
 GPUs, and logs each stop of another user's kernel (who, which kernel, whose, bytes, when) as a
 JSON line in the administrators' log.
+
+A kernel in a container (a PID namespace of its own), seen from the host: its kernel id and
+hub user come only from what the node agent proved (:mod:`jax_nbmem.tenants.hostproof`),
+never from a beacon file, its command line or its environment (any container can write those
+for another's kernel); without that proof the hub is not asked, and root stops the very host
+PID it named with signals. Its ``JPY_PARENT_PID`` is an in-container PID: it never names a
+host process.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import psutil
 from jax_nbmem.cli.hubapi import Hub, HubError
 from jax_nbmem.tenants.attribution import inspect_process
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.hostproof import HostProof, host_proof, public_container
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
 from jax_nbmem.tenants.servers import (
     _terminate,
@@ -52,6 +60,9 @@ class Kernel:
     notebook: str | None
     server_pid: int | None = None
     gpu_bytes: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes (NVML)
+    pid_in_container: int | None = None  # its PID in its container (None: the host's)
+    container: dict | None = None  # name, id, pod, namespace (None: none)
+    proven: bool | None = None  # in a container: whether the node agent proved it
 
     @property
     def owner(self) -> str:
@@ -66,6 +77,9 @@ class Kernel:
         if self.notebook:
             parts.append(f"notebook {self.notebook}")
         parts.append(self.owner)
+        if self.container:
+            name = self.container.get("name") or (self.container.get("id") or "")[:12]
+            parts.append(f"container {name}")
         return f"kernel PID {self.pid} ({', '.join(parts)})"
 
 
@@ -105,8 +119,16 @@ def _gpu_bytes(pid: int) -> dict[int, int]:
     return held
 
 
-def find(pid: int, share_dir: str | None = None) -> Kernel:
-    """The kernel behind ``pid``; StopError when there is none (or it is no kernel)."""
+def find(pid: int, share_dir: str | None = None, host: HostProof | None = None) -> Kernel:
+    """The kernel behind ``pid``; StopError when there is none (or it is no kernel).
+
+    ``host`` (default: :func:`host_proof`; None off the host) tells whether ``pid`` runs in a
+    container and what the node agent proved of it (see the module).
+    """
+    host = host_proof(share_dir) if host is None else host
+    view = host.view(pid) if host is not None else None
+    if view is not None and view.namespaced:
+        return _find_contained(pid, share_dir, host)
     info = inspect_process(pid, own_pid=os.getpid(), server_sessions={})
     if info.kind == "self":
         raise StopError(f"PID {pid} is this very command; nothing done.")
@@ -137,6 +159,33 @@ def find(pid: int, share_dir: str | None = None) -> Kernel:
         notebook=info.notebook_shown or info.notebook or (beacon.notebook if beacon else None),
         server_pid=server_pid,
         gpu_bytes=_gpu_bytes(pid),
+    )
+
+
+def _find_contained(pid: int, share_dir: str | None, host: HostProof) -> Kernel:
+    """A kernel in a container: only the node agent's proof names it (see the module)."""
+    info = inspect_process(pid, own_pid=os.getpid(), server_sessions={})
+    if info.kind == "unknown":
+        raise StopError(f"PID {pid}: {info.reason}; nothing done.")
+    view = host.view(pid)
+    proven = host.is_proven(pid)
+    beacon = host.proven[pid].beacon if proven else None
+    if beacon is None and info.kind != "kernel":
+        raise StopError(
+            f"PID {pid} is not a Jupyter kernel ({info.cmdline}); jax-nbmem shutdown stops "
+            "kernels only; nothing done."
+        )
+    return Kernel(
+        pid=pid,
+        started_at=info.started_at,
+        user=info.user,
+        hub_user=beacon.hub_user if beacon else None,
+        kernel_id=beacon.kernel_id if beacon else None,
+        notebook=beacon.notebook if beacon else None,
+        gpu_bytes=_gpu_bytes(pid),
+        pid_in_container=view.pid_in_container,
+        container=public_container(view),
+        proven=proven,
     )
 
 
@@ -182,6 +231,13 @@ def plan(kernel: Kernel, hub: Hub | None) -> tuple[str, str | None]:
     """
     mine = kernel.user == current_user()
     if hub is not None:
+        if kernel.proven is False:
+            raise StopError(
+                f"{kernel.label()} runs in a container and the node agent has not proven "
+                "which kernel it is (its kernel id and hub user would be its own claims), so "
+                "its server is not asked; root can stop this very PID without --hub-url; "
+                "nothing done."
+            )
         if not kernel.kernel_id:
             raise StopError(
                 f"{kernel.label()}: its kernel id is unknown (no beacon, and its command line "

@@ -8,6 +8,11 @@ in the shared beacon directory, ``jax_nbmem-cull-<pid>.json``, that the kernel i
 ("will be shut down at HH:MM unless it runs a cell") — and only stopped once the notice's time
 has passed and it has run no cell since. The stopping is the culler's (``jax-nbmem cull``).
 
+A kernel in a container is keyed as its beacon is (the contract): ``jax_nbmem-cull-<key>.json``
+with key ``<ns_ino>-<pid_in_ns>`` (its PID namespace's inode, its PID there), so that the
+kernel finds its own notice by what it knows of itself; the notice's ``pid`` is its host PID
+and ``key`` its key. A kernel in the host's PID namespace keeps ``<pid>``.
+
 A kernel believes a notice only from root or the shared directory's owner (a hub runs its
 services as one of them), never from another user.
 """
@@ -129,6 +134,7 @@ class Notice:
     deadline: float
     reason: str
     why: str
+    key: str | None = None  # its file's key: None for "<pid>" (see the module)
 
     def message(self) -> str:
         """The sentence the kernel's panel and status show."""
@@ -140,39 +146,47 @@ class Notice:
         )
 
 
-def _path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{_PREFIX}{pid}.json")
+def _path(directory: str, key: int | str) -> str:
+    return os.path.join(directory, f"{_PREFIX}{key}.json")
 
 
 def write_notice(directory: str, notice: Notice) -> str:
-    """Write the notice for its kernel, world-readable, atomically; returns its path."""
+    """Write the notice for its kernel (named by its key), world-readable, atomically."""
+    path = _path(directory, notice.key or notice.pid)
     fd, partial = tempfile.mkstemp(dir=directory, prefix=".cull-")
     try:
         with os.fdopen(fd, "w") as out:
             os.fchmod(out.fileno(), 0o644)
             json.dump(asdict(notice), out)
-        os.replace(partial, _path(directory, notice.pid))
+        os.replace(partial, path)
     except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
         raise
-    return _path(directory, notice.pid)
+    return path
 
 
-def remove_notice(directory: str, pid: int) -> None:
-    """Take a kernel's notice away (it ran a cell, or was stopped); none there is fine."""
+def remove_notice(directory: str, key: int | str) -> None:
+    """Take a kernel's notice (by PID or key) away; none there is fine."""
     try:
-        os.unlink(_path(directory, pid))
+        os.unlink(_path(directory, key))
     except FileNotFoundError:
         pass
 
 
 def read_notice(
-    directories: Iterable[str], pid: int, started_at: float | None = None
+    directories: Iterable[str],
+    pid: int,
+    started_at: float | None = None,
+    key: str | None = None,
 ) -> Notice | None:
-    """The notice for ``pid`` that it may believe (root's or the directory owner's), or None."""
+    """The notice for ``pid`` that it may believe (root's or the directory owner's), or None.
+
+    ``key`` (a kernel in a container: ``<ns_ino>-<pid_in_ns>``) names the file and must be
+    the notice's own; the notice's ``pid`` is then its host PID, not ``pid``.
+    """
     for directory in directories:
-        path = _path(directory, pid)
+        path = _path(directory, key or pid)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -191,19 +205,27 @@ def read_notice(
                 pid=int(content["pid"]), started_at=content.get("started_at"),
                 warned_at=float(content["warned_at"]), deadline=float(content["deadline"]),
                 reason=str(content["reason"]), why=str(content["why"]),
+                key=content.get("key") if isinstance(content.get("key"), str) else None,
             )  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError):
             continue
         finally:
             if fd >= 0:
                 os.close(fd)
-        if notice.pid != pid:
+        if not _meant_for(notice, pid, key):
             continue
         if started_at is not None and notice.started_at is not None:
             if abs(notice.started_at - started_at) > 1.0:
                 continue  # meant for an earlier process of that PID
         return notice
     return None
+
+
+def _meant_for(notice: Notice, pid: int, key: str | None) -> bool:
+    """Whether ``notice`` speaks to the kernel of ``pid`` (or of ``key``, in a container)."""
+    if key:
+        return notice.key == key
+    return notice.pid == pid and notice.key in (None, str(pid))
 
 
 def notice_warning(notice: Notice | None, pid: int, gpu: int | None) -> dict | None:

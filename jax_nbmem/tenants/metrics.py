@@ -36,6 +36,7 @@ from jax_nbmem.text import mask_secrets, printable
 __all__ = [
     "FAMILIES",
     "GPU_LABELS",
+    "CONTAINER_LABELS",
     "KERNEL_LABELS",
     "MIG_LABELS",
     "NVML_REASONS",
@@ -54,9 +55,13 @@ __all__ = [
 # GPU_I_ID and GPU_I_PROFILE (empty, which Prometheus reads as absent, for a whole GPU).
 MIG_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
 GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid", *MIG_LABELS)
+# A kernel in a container: dcgm-exporter's names for it (`container`, `pod`, `namespace`), from
+# the host's view of its cgroup; empty (absent to Prometheus) on a plain host, so the series of
+# a process outside any container are the same series as before these labels came.
+CONTAINER_LABELS = ("container", "pod", "namespace")
 KERNEL_LABELS = (
     "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
-    *MIG_LABELS,
+    *MIG_LABELS, *CONTAINER_LABELS,
 )  # fmt: skip
 WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id", *MIG_LABELS)
 # Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
@@ -65,6 +70,7 @@ _WARNING_KINDS = (
     "self-preallocation",
     "prealloc-will-fail",
     "pid-namespace",
+    "agent-stale",
 )
 # jax_nbmem_nvml_up's reason: a fixed set, so that the label's values stay few.
 NVML_REASONS = (
@@ -318,6 +324,7 @@ def metric_families(
             process.get("pid"),
             instance,
             profile,
+            *_container_labels(process.get("container")),
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
@@ -355,6 +362,17 @@ def metric_families(
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families
+
+
+def _container_labels(container: Any) -> tuple[str, str, str]:
+    """A process's ``container`` entry as (container, pod, namespace) label values.
+
+    The container's name, else the first 12 digits of its id (as ``docker ps`` shows it).
+    """
+    if not isinstance(container, Mapping):
+        return "", "", ""
+    name = container.get("name") or (container.get("id") or "")[:12]
+    return name or "", container.get("pod") or "", container.get("namespace") or ""
 
 
 def _gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:

@@ -23,6 +23,7 @@ from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.culling import notice_warning, read_notice
+from jax_nbmem.tenants.hostproof import host_proof
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
@@ -82,6 +83,7 @@ def collect(
     sessions=None,
     own_name: str = OWN_NAME,
     own=None,
+    host=None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -94,6 +96,9 @@ def collect(
     ``own`` (a `Beacon` built from the kernel's session, not read from a file) is what this
     process knows of itself: its row says that (``source: session``, no idleness: it is
     running the cell that asks). No beacon file is ever believed about this process.
+    ``host`` (a `HostProof`; default: :func:`~.hostproof.host_proof` outside a kernel, on the
+    host only; False: none) brings the node agent's proven kernels and the host's view of
+    containers: every process entry gets ``pid_in_container`` and ``container``.
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -108,6 +113,10 @@ def collect(
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
     beacons = read_beacons(beacon_dirs(share_dir), pids={p.pid for p in processes})
+    if host is None and not in_kernel:
+        host = host_proof(share_dir)
+    if host:
+        beacons = host.beacons(beacons, {p.pid for p in processes})
     beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
     if own is not None:
         beacons[own_pid] = own
@@ -168,6 +177,12 @@ def collect(
         notes=notes,
         pid=own_pid,
     )
+    if host:
+        host.annotate(report["processes"])
+    else:  # not on the host: what the node agent's resolution says is the kernel's to read
+        for process in report["processes"]:
+            process.setdefault("pid_in_container", None)
+            process.setdefault("container", None)
     if in_kernel:  # the node's GPU culler may have warned this kernel
         notice = read_notice(beacon_dirs(share_dir), own_pid, _own_start())
         own_gpu = next((t.gpu for t in tenants if t.pid == own_pid), None)
@@ -207,7 +222,10 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
-    if source in ("beacon", "session") and process.get("mode"):
+    container = process.get("container") or {}
+    if container.get("name") or container.get("id"):
+        parts.append(f"container {container.get('name') or container['id'][:12]}")
+    if source in ("beacon", "session", "agent") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):
         parts.append(f"(mode at its start: {process['mode_at_start']})")

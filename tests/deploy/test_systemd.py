@@ -1,4 +1,7 @@
-"""The exporter's systemd unit: it verifies, it is locked down, it says a missing share dir."""
+"""The exporter's systemd unit: it verifies, it is locked down, it says a missing share dir.
+
+It is also the node agent: uid 0 with CAP_SYS_PTRACE only, the share directory writable.
+"""
 
 import re
 import shutil
@@ -49,11 +52,44 @@ def test_the_unit_s_shape():
     text = UNIT.read_text()
     assert "After=network-online.target" in text and "Wants=network-online.target" in text
     assert "EnvironmentFile=-/etc/default/jax-nbmem-exporter" in text
-    assert "DynamicUser=yes" in text and "User=root" not in text
+    # The node agent: uid 0 (its directory is root's, which kernels trust) with one capability,
+    # each one it keeps said in a comment; the share directory writable (the agent's own
+    # folder, and the files of dead kernels), nothing else.
+    assert "DynamicUser" not in text and re.search(r"^User=root$", text, re.M)
+    settings = dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
+    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_SYS_PTRACE"
+    comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "- CAP_SYS_PTRACE: " in comments and "/proc/PID/ns/pid" in comments
+    assert "no CAP_DAC_READ_SEARCH" in comments
+    assert settings["ReadWritePaths"] == "/var/tmp/jax_nbmem" and "ReadOnlyPaths" not in settings
+    assert (
+        settings["ProtectSystem"] == "strict" and "AF_UNIX" in settings["RestrictAddressFamilies"]
+    )
     env = (REPO / "deploy" / "jax-nbmem-exporter.env").read_text()
-    assert "--listen 127.0.0.1:9840" in env
+    assert "--listen 127.0.0.1:9840" in env and "--share-dir /var/tmp/jax_nbmem" in env
     tmpfiles = (REPO / "deploy" / "jax-nbmem-exporter.tmpfiles").read_text()
     assert re.search(r"^d /var/tmp/jax_nbmem 1777 root root -$", tmpfiles, re.M)
+    # The agent's directory, root's and 0755, made at boot before any user could make it.
+    assert re.search(r"^d /var/tmp/jax_nbmem/agent 0755 root root -$", tmpfiles, re.M)
+
+
+def test_tmpfiles_makes_the_agent_directory_the_agent_accepts(tmp_path):
+    """The tmpfiles lines, applied under another root, make what prepare_agent_dir accepts."""
+    from jax_nbmem.tenants.agent import prepare_agent_dir
+
+    if shutil.which("systemd-tmpfiles") is None:
+        pytest.skip("systemd-tmpfiles is missing")
+    config = tmp_path / "jax_nbmem.conf"
+    config.write_text((REPO / "deploy" / "jax-nbmem-exporter.tmpfiles").read_text())
+    done = subprocess.run(
+        ["systemd-tmpfiles", "--create", f"--root={tmp_path}", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    share = tmp_path / "var" / "tmp" / "jax_nbmem"
+    assert share.stat().st_mode & 0o7777 == 0o1777
+    assert (share / "agent").stat().st_mode & 0o7777 == 0o755
+    assert prepare_agent_dir(str(share)) == str(share / "agent")
 
 
 @pytest.mark.parametrize("share", [None, "/nonexistent/jax_nbmem"])

@@ -1,0 +1,268 @@
+"""What the node agent publishes, and what it clears away.
+
+:func:`build_resolution` lists every PID NVML lists plus every proven kernel, each with the
+host's view (in-container PID, PID namespace, start ticks, container) and the kernel's proven
+beacon; :func:`write_resolution` writes it to ``S/agent/resolution.json`` atomically (a
+temporary file renamed over it), mode 0644, at every refresh. The format is the contract's
+(schema 1); a reader treats it as stale once ``now - written_at > max(3 * interval_s, 10)``.
+
+:func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
+directory: only names of our own patterns, only regular files (never through a symlink), and
+only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
+or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from jax_nbmem.tenants.agent import Registration
+from jax_nbmem.tenants.hostview import HostView, boot_id
+
+__all__ = [
+    "RESOLUTION_NAME",
+    "ResolutionWriter",
+    "RESOLUTION_SCHEMA",
+    "build_resolution",
+    "clean_dead",
+    "container_entry",
+    "write_resolution",
+]
+
+RESOLUTION_NAME = "resolution.json"
+RESOLUTION_SCHEMA = 1
+_KEY = r"([1-9][0-9]{0,9}|[1-9][0-9]{0,19}-[1-9][0-9]{0,9})"
+_LOCK = re.compile(rf"jax_nbmem-alive-{_KEY}\.lock")
+_BEACON = re.compile(rf"jax_nbmem-beacon-{_KEY}\.json")
+_MAX_NAMES = 100_000
+# A kernel keyed by host PID with no lock is cleared only when its file is this old: one
+# starting now may not have taken its lock yet.
+_NO_LOCK_GRACE_S = 60.0
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("jax_nbmem")
+    except Exception:
+        return ""
+
+
+def container_entry(view: HostView | None) -> dict | None:
+    """The resolution's ``container`` object for a host view (None: no container)."""
+    if view is None or view.container is None:
+        return None
+    c = view.container
+    return {"id": c.id, "runtime": c.runtime, "name": c.name, "pod_uid": c.pod_uid, "pod": c.pod,
+            "namespace": c.namespace, "name_reason": c.name_reason}  # fmt: skip
+
+
+class ResolutionWriter:
+    """Writes the resolution's text; each process's entry is encoded once and reused.
+
+    An entry depends on the host's view of its PID (cached by PID and start), the GPUs NVML
+    lists it on and its registration (a new one each time its kernel says something new): as
+    long as these are the same objects, its JSON text is the same, so a steady refresh joins
+    texts instead of encoding 1,600 beacons again (see benchmarks/agent_resolve.py).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Any, Any, tuple, str]] = {}
+        self._agent = ""
+
+    def text(
+        self,
+        report: Mapping[str, Any],
+        registrations: Mapping[int, Registration],
+        view: Callable[[int], HostView | None],
+        *,
+        interval_s: float,
+        now: float | None = None,
+    ) -> str:
+        """The resolution (contract) from a status report and the proven kernels, as JSON.
+
+        ``view(pid)`` gives the host's view of a PID (a :class:`~.hostview.HostViewer`'s).
+        """
+        uuids = {gpu.get("index"): gpu.get("uuid") for gpu in report.get("gpus", [])}
+        on_gpus: dict[int, list[str]] = {}
+        for process in report.get("processes", []):
+            listed = on_gpus.setdefault(process.get("pid"), [])
+            uuid = uuids.get(process.get("gpu"))
+            if uuid and uuid not in listed:
+                listed.append(uuid)
+        pids = [pid for pid in on_gpus if isinstance(pid, int)]
+        pids += [pid for pid in registrations if pid not in on_gpus]
+        entries, kept = [], {}
+        for pid in pids:
+            seen = view(pid)
+            registration = registrations.get(pid)
+            if registration is not None and (
+                seen is None or seen.start_ticks != registration.view.start_ticks
+            ):
+                registration = None  # it ended (or the PID is another process's now)
+            gpus = tuple(on_gpus.get(pid, ()))
+            cached = self._entries.get(pid)
+            if cached and cached[0] is seen and cached[1] is registration and cached[2] == gpus:
+                text = cached[3]
+            else:
+                text = _dumps(_entry(pid, seen, gpus, registration))
+            kept[pid] = (seen, registration, gpus, text)
+            entries.append(text)
+        self._entries = kept  # only this pass's: bounded by what NVML and the registry hold
+        if not self._agent:
+            self._agent = _dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
+                                  "boot_id": boot_id(), "version": _version()})  # fmt: skip
+        written_at = time.time() if now is None else now
+        return (
+            f'{{"schema":{RESOLUTION_SCHEMA},"agent":{self._agent},'
+            f'"written_at":{_dumps(written_at)},"interval_s":{_dumps(interval_s)},'
+            f'"processes":[{",".join(entries)}]}}'
+        )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _entry(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
+    return {
+        "pid": pid,
+        "pid_in_container": seen.pid_in_container if seen else None,
+        "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
+        "start_ticks": seen.start_ticks if seen else None,
+        "gpus": list(gpus),
+        "container": container_entry(seen),
+        "kernel": registration.content if registration else None,
+        "source": "agent",
+    }
+
+
+def build_resolution(
+    report: Mapping[str, Any],
+    registrations: Mapping[int, Registration],
+    view: Callable[[int], HostView | None],
+    *,
+    interval_s: float,
+    now: float | None = None,
+) -> dict:
+    """The resolution as a dict (see :meth:`ResolutionWriter.text`)."""
+    text = ResolutionWriter().text(report, registrations, view, interval_s=interval_s, now=now)
+    return json.loads(text)
+
+
+def write_resolution(directory: str, content: Mapping[str, Any] | str) -> str:
+    """Write ``content`` (or its JSON text) to ``directory/resolution.json``; its path.
+
+    Atomically (a temporary file renamed over it), mode 0644.
+    """
+    path = os.path.join(directory, RESOLUTION_NAME)
+    fd, partial = tempfile.mkstemp(dir=directory, prefix=".resolution-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), 0o644)
+            # Text from dumps, not dump: the C encoder (dump iterates in Python, 6x slower).
+            out.write(content if isinstance(content, str) else _dumps(content))
+        os.replace(partial, path)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def clean_dead(
+    share_dir: str,
+    live_keys: Iterable[str] = (),
+    *,
+    pid_alive: Callable[[int], bool] | None = None,
+    now: float | None = None,
+) -> list[str]:
+    """Remove what dead kernels left in ``share_dir`` (see the module); the paths removed.
+
+    ``live_keys`` are the keys of proven kernels (never touched). ``pid_alive(pid)`` tells
+    whether a host PID runs (default: ``/proc/PID`` exists). Never raises.
+    """
+    pid_alive = pid_alive or (lambda pid: os.path.exists(f"/proc/{pid}"))
+    now = time.time() if now is None else now
+    keep = set(live_keys)
+    try:
+        names = os.listdir(share_dir)[:_MAX_NAMES]
+    except OSError:
+        return []
+    locks, beacons = {}, {}
+    for name in names:
+        if match := _LOCK.fullmatch(name):
+            locks[match.group(1)] = name
+        elif match := _BEACON.fullmatch(name):
+            beacons[match.group(1)] = name
+    removed = []
+    for key, name in locks.items():
+        if key not in keep and _lock_granted_then_remove(
+            share_dir, name, removed, beacons.get(key)
+        ):
+            beacons.pop(key, None)
+    for key, name in beacons.items():
+        if key in keep or key in locks or "-" in key:
+            continue  # a namespaced kernel without a lock: nothing on the host says it died
+        path = os.path.join(share_dir, name)
+        info = _regular(path)
+        if info is not None and not pid_alive(int(key)) and now - info.st_mtime > _NO_LOCK_GRACE_S:
+            _unlink(path, removed)
+    return removed
+
+
+def _regular(path: str) -> os.stat_result | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def _unlink(path: str, removed: list[str]) -> None:
+    try:
+        os.unlink(path)  # unlink removes the name itself: it never follows a link
+        removed.append(path)
+    except OSError:
+        pass
+
+
+def _lock_granted_then_remove(
+    directory: str, name: str, removed: list[str], beacon: str | None
+) -> bool:
+    """If the lock at ``name`` has no holder, remove it and its beacon; whether it did."""
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # a symlink (ELOOP), gone, unreadable
+        return False
+    try:
+        held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode):
+            return False
+        try:
+            # Exclusive: while we hold it, a kernel starting with this key cannot take it.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # refused: its kernel is alive
+        named = _regular(path)
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            return False  # replaced meanwhile: a new kernel's
+        if beacon is not None and _regular(os.path.join(directory, beacon)) is not None:
+            _unlink(os.path.join(directory, beacon), removed)
+        _unlink(path, removed)
+        return True
+    finally:
+        os.close(fd)
