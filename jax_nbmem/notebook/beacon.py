@@ -17,8 +17,10 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.tenants.agent_client import socket_path
 from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
+from jax_nbmem.tenants.identity import own_identity
 from jax_nbmem.tenants.servers import current_user
 
 __all__ = ["beacon_facts", "beacon_writer", "own_beacon", "share_dir"]
@@ -47,6 +49,9 @@ def _constant_facts() -> dict[str, Any]:
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
         "jax_nbmem": version("jax_nbmem"),
+        # Its PID namespace, PID there, start ticks, boot and host name: claims the node
+        # agent can prove, and what tells containers apart (jax_nbmem.tenants.identity).
+        "identity": own_identity(),
     }
 
 
@@ -160,6 +165,7 @@ def own_beacon(session: Any) -> Beacon:
         jax_nbmem=facts["jax_nbmem"],
         variables=facts["variables"],
         mode_reason=facts["mode_reason"],
+        identity=facts["identity"],
     )
 
 
@@ -171,11 +177,14 @@ def share_dir(session: Any) -> str:
 def beacon_writer(session: Any) -> BeaconWriter | None:
     """A writer for this kernel's beacon, or None when beacons are off or have nowhere to go.
 
-    It writes to the user's runtime directory and, when one is set, the shared directory.
+    It writes to the user's runtime directory and, when one is set, the shared directory,
+    and sends each beacon to the node agent there (``S/agent/agent.sock``), when it listens.
     """
     if not getattr(session.settings, "beacon", True):
         return None
-    directories = beacon_dirs(share_dir(session), environ={})
+    shared = share_dir(session)
+    directories = beacon_dirs(shared, environ={})
     if not directories:
         return None
-    return BeaconWriter(lambda: beacon_facts(session), directories)
+    agent = socket_path(shared) if shared else None
+    return BeaconWriter(lambda: beacon_facts(session), directories, agent_socket=agent)

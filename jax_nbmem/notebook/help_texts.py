@@ -75,6 +75,8 @@ mode may run (default {DEFAULT_TIMEOUT_S:g}).
                     --json: every figure as JSON (fits, verdict, advice, spare, program, devices)
   shutdown PID      shut down another Jupyter kernel of yours that holds GPU memory; shows
                     what it would do, add --yes to do it. Refuses other users' processes and
-                    processes that are not kernels.
+                    processes that are not kernels. PID is the (host) PID status shows; in a
+                    container it is stopped under its PID there, and another container's
+                    kernel is refused.
 """
     return {"jaxalloc": jaxalloc, "jaxmem": jaxmem}

@@ -45,10 +45,13 @@ class ShutdownActions:
         """The PIDs the latest warnings say block the GPU (cheap: the watch's last report)."""
         try:
             warnings = self._session.warnings()
+            # In another container (or only inferred): nothing here can stop it, no button.
+            elsewhere = getattr(self._session, "elsewhere_pids", set)()
         except Exception:
             log.debug("jax_nbmem: warnings unavailable for the panel", exc_info=True)
-            warnings = []
-        return tuple(sorted({w["pid"] for w in warnings if w["kind"] in _ACTIONABLE and w["pid"]}))
+            warnings, elsewhere = [], set()
+        pids = {w["pid"] for w in warnings if w["kind"] in _ACTIONABLE and w["pid"]}
+        return tuple(sorted(pids - elsewhere))
 
     def shown(self) -> tuple[int, ...]:
         """The PIDs that have a button now."""

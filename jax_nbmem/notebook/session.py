@@ -96,6 +96,7 @@ class KernelSession:
             share_dir=share_dir(self),
             own_name=self.own_name,
             own=self._own_account(),
+            agent_user=getattr(self.settings, "agent_user", "") or None,
         )
 
     def _own_account(self):
@@ -332,8 +333,17 @@ class KernelSession:
         self._say(oom_diagnosis(report.tenants(), gpus, self.own_name))
 
     def shutdown(self, pid: int, *, confirm: bool) -> ShutdownResult:
-        """Shut down another kernel of this user on our GPUs (see `servers.shutdown_kernel`)."""
+        """Shut down another kernel of this user on our GPUs (see `servers.shutdown_kernel`).
+
+        ``pid`` is the host PID the status showed; in a container it is translated, through
+        the node agent's resolution, to the PID of that process here, or refused.
+        """
         return shutdown_kernel(pid, self.status().tenants(), confirm=confirm)
+
+    def elsewhere_pids(self) -> set[int]:
+        """Host PIDs in the latest status that run in another PID namespace (no button there)."""
+        report = self.watcher.latest()
+        return {t.pid for t in report.tenants() if t.elsewhere} if report is not None else set()
 
     def warnings(self) -> list[dict]:
         """The latest warnings about our GPUs (from the background watch; may be a few s old)."""

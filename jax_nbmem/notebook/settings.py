@@ -80,6 +80,13 @@ class JaxNbMem(Configurable):
         "Empty: the user's Jupyter runtime directory only. $JAX_NBMEM_SHARE_DIR overrides it.",
     ).tag(config=True)
 
+    agent_user = Unicode(
+        "",
+        help="The user (a name or a uid) the node agent runs as, when not root: its resolution "
+        "in <share_dir>/agent is trusted only from root or this user. $JAX_NBMEM_AGENT_USER "
+        "overrides it.",
+    ).tag(config=True)
+
     max_cells = Integer(
         10_000, min=1, help="How many cell records %jaxmem cells keeps; older ones are dropped."
     ).tag(config=True)

@@ -126,7 +126,9 @@ class ServerMonitor:
         began = time.monotonic()
         try:
             sessions = SessionIndex({k["kernel_id"]: self._session(k) for k in kernels})
-            report = dict(self._report(sessions=sessions, share_dir=self.share_dir))
+            status = self._report(sessions=sessions, share_dir=self.share_dir)
+            report = dict(status)
+            kernels = _with_host_pids(kernels, status)
         except Exception as exc:  # said in the snapshot, never raised into the server
             log.warning("jax_nbmem: status refresh failed", exc_info=True)
             with self._lock:
@@ -161,16 +163,21 @@ class ServerMonitor:
 
     def _pending(self, kernels: list[dict[str, Any]]) -> dict[int, tuple]:
         """Mode and pool fraction of our kernels whose JAX has not started, from their beacons."""
-        waiting = [k["pid"] for k in kernels if k.get("pid") and not k.get("gpus")]
+        # Beacons are named by the PID here (in a container, not the host's PID shown).
+        waiting = {
+            k.get("pid_in_container") or k["pid"]: k["pid"]
+            for k in kernels
+            if k.get("pid") and not k.get("gpus")  # in a container: once the host PID is known
+        }
         if not waiting:
             return {}
         try:
-            beacons = read_beacons(beacon_dirs(self.share_dir), pids=waiting)
+            beacons = read_beacons(beacon_dirs(self.share_dir), pids=list(waiting))
         except Exception:  # never raises, says its doc; a snapshot must not fail on it anyway
             log.debug("jax_nbmem: beacons of kernels not on a GPU", exc_info=True)
             return {}
         return {
-            pid: (b.mode_requested or "default", b.pool_fraction)
+            waiting[pid]: (b.mode_requested or "default", b.pool_fraction)
             for pid, b in beacons.items()
             if b.mode_in_effect is None
         }
@@ -228,6 +235,18 @@ def _kernel_pid(kernel_manager: Any, kernel_id: str | None) -> int | None:
         return None
 
 
+def _with_host_pids(kernels: list[dict[str, Any]], status) -> list[dict[str, Any]]:
+    """The kernels with their host PIDs, as every public PID is.
+
+    In a container, ``pid`` is the host's (None while no node agent tells it) and
+    ``pid_in_container`` the PID this server knows; on the host ``pid_in_container`` is None.
+    """
+    if status.get("pid_in_container") is None or not hasattr(status, "tenants"):
+        return [{**k, "pid_in_container": None} for k in kernels]
+    host = {t.pid_here: t.pid for t in status.tenants() if t.pid_here is not None}
+    return [{**k, "pid": host.get(k.get("pid")), "pid_in_container": k.get("pid")} for k in kernels]
+
+
 def _join_kernels(
     kernels: list[dict[str, Any]], processes: list[Mapping[str, Any]], now: float
 ) -> list[dict[str, Any]]:
@@ -247,6 +266,7 @@ def _join_kernels(
             "execution_state": kernel.get("execution_state"),
             "connections": kernel.get("connections"),
             "pid": kernel.get("pid"),
+            "pid_in_container": kernel.get("pid_in_container"),
             "idle_s": None if last is None else round(max(0.0, now - last), 1),
             "gpus": sorted({p.get("gpu") for p in on_gpus}),
             "gpu_memory_bytes": sum(known) if known else (0 if not on_gpus else None),

@@ -30,8 +30,9 @@ __all__ = ["OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
 class MemoryWarning:
     """Something on the GPU worth telling the user, with what to do about it.
 
-    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail" or
-    "pid-namespace". ``gpu``/``pid`` are None when it concerns no single GPU or process.
+    ``kind``: "blocking-preallocation", "self-preallocation", "prealloc-will-fail",
+    "pid-namespace" or "agent-stale". ``gpu``/``pid`` are None when it concerns no single
+    GPU or process; ``pid`` is a host PID.
     """
 
     kind: str
@@ -59,22 +60,29 @@ def warnings_for(
     own_jax_in_use: int | None = None,
     own_reserved: int | None = None,
     own_name: str = OWN_NAME,
+    agent=None,
 ) -> list[MemoryWarning]:
     """Warnings about the GPU's tenants; an empty list when everybody fits.
 
     ``own_requested_fraction``: what this kernel's mode will preallocate when its backend
     starts (None or 0 for ``off``/``platform``). ``own_needs_bytes``: memory this kernel says it
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
-    A GPU whose free memory is unknown raises no warning about it.
+    A GPU whose free memory is unknown raises no warning about it. ``agent``: the node
+    agent's :class:`~jax_nbmem.tenants.resolution.Resolution`; a stale one is an
+    ``agent-stale`` warning (which then stands for ``pid-namespace``).
     """
     tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
     foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
     found = []
-    if foreign is not None:
+    stale = agent is not None and agent.state == "stale"
+    if stale:
+        found.append(MemoryWarning("agent-stale", None, None, _stale_message(agent)))
+    fresh = agent is not None and agent.state == "fresh"  # a PID it has not listed yet
+    if foreign is not None and not stale and not fresh:
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
-    else:
-        found += _blocking(tenants, by_index, own_needs_bytes, own_name)
-        found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
+    # In a container, memory held outside it is judged by its size (or a kernel's claim).
+    found += _blocking(tenants, by_index, own_needs_bytes, own_name)
+    found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
         found += _will_fail(tenants, by_index.values(), own_requested_fraction, own_name)
     return found
@@ -90,13 +98,27 @@ def _in_foreign_namespace(tenant: Tenant) -> bool:
     return (tenant.reason or "").startswith(PID_NAMESPACE_REASON)
 
 
+_AGENT_ADVICE = (
+    "Ask the administrator to run the node agent on this GPU node (`jax-nbmem exporter "
+    "--share-dir DIR` on the host, DIR being the share directory mounted in every container): "
+    "it names every process on the GPU by its host PID, for every container."
+)
+
+
 def _namespace_message(tenant: Tenant) -> str:
     detail = (tenant.reason or "").removeprefix(f"{PID_NAMESPACE_REASON}: ")
     return (
         "NVML reports process IDs from the host's PID namespace and they do not match the "
-        f"processes here ({detail}), so the GPU's other users cannot be named. Run the container "
-        "in the host's PID namespace (e.g. `docker run --pid=host`, or `hostPID: true` in a "
-        "Kubernetes pod) to see who holds the memory."
+        f"processes here ({detail}), so the GPU's other users cannot be named for sure; "
+        f"memory held outside is judged by its size. {_AGENT_ADVICE}"
+    )
+
+
+def _stale_message(agent) -> str:
+    return (
+        f"The node agent stopped resolving host PIDs ({agent.reason}), so the GPU's processes "
+        "are named by guesses (marked inferred) until it runs again: ask the administrator "
+        "to restart it (`jax-nbmem exporter --share-dir DIR` on the host)."
     )
 
 
@@ -110,6 +132,9 @@ def _label(tenant: Tenant, *, start: bool = True, own_name: str = OWN_NAME) -> s
         details.append(f"`{tenant.cmdline}`")
     if is_someone_else(tenant.user, tenant.hub_user):
         details.append(owner_text(tenant.user, tenant.hub_user))
+    container = tenant.container or {}
+    if tenant.elsewhere and (container.get("name") or container.get("id")):
+        details.append(f"container {container.get('name') or container['id'][:12]}")
     text = f"{noun or 'unidentified process'} PID {tenant.pid}"
     text += f" ({', '.join(details)})" if details else ""
     return text[0].upper() + text[1:] if start else text
@@ -130,6 +155,8 @@ def _idle_clause(tenant: Tenant) -> str:
 
 def _fix(tenant: Tenant) -> str:
     restart = "restart it with `%jaxalloc off` in its first cell"
+    if tenant.elsewhere:  # another container: nothing here can stop it
+        return _fix_elsewhere(tenant, restart)
     if is_someone_else(tenant.user, tenant.hub_user):
         if may_stop_others():
             return (
@@ -151,9 +178,31 @@ def _fix(tenant: Tenant) -> str:
     )
 
 
+def _fix_elsewhere(tenant: Tenant, restart: str) -> str:
+    host = f"on the host with `jax-nbmem shutdown {tenant.pid}`"
+    if tenant.kind == "unknown":
+        return (
+            f"This container cannot tell which process host PID {tenant.pid} is. "
+            f"{_AGENT_ADVICE} An administrator can stop it {host}."
+        )
+    owner = f" ({tenant.hub_user or tenant.user})" if tenant.hub_user or tenant.user else ""
+    if tenant.source == "inferred":
+        return (
+            f"If that kernel is yours, {restart}; otherwise ask its owner{owner} to. An "
+            f"administrator can check which kernel it is and stop it {host}."
+        )
+    return (
+        f"It runs in another container: ask its owner{owner} to shut it down or to {restart}, "
+        f"or an administrator to stop it {host} (`%jaxmem shutdown` stops only kernels in "
+        "this container)."
+    )
+
+
 def _why_preallocated(tenant: Tenant) -> str:
     """How we know that its memory is a preallocated pool, as its source tells."""
-    if tenant.source == "beacon":
+    if tenant.source == "inferred":
+        return f"probably JAX preallocation, {tenant.reason}"
+    if tenant.source in ("beacon", "agent"):
         mode = f" in mode '{tenant.mode}'" if tenant.mode else ""
         if (tenant.jax or {}).get("pool_bytes"):
             return f"its JAX runs{mode} and preallocated it as a pool, as the kernel itself reports"
@@ -164,10 +213,13 @@ def _why_preallocated(tenant: Tenant) -> str:
             "pool that mode preallocates"
         )
     if tenant.source == "memory size":
+        whose = (
+            "a process known only by its host PID" if tenant.elsewhere else "another user's process"
+        )
         return (
             "probably JAX preallocation: its size matches the pool JAX takes by default "
-            f"({DEFAULT_FRACTION:.0%} of the GPU, or a 0.9x step below it), and another user's "
-            "process cannot be looked into to be sure"
+            f"({DEFAULT_FRACTION:.0%} of the GPU, or a 0.9x step below it), and {whose} "
+            "cannot be looked into to be sure"
         )
     started = f" (it started in mode '{tenant.mode_at_start}')" if tenant.mode_at_start else ""
     return f"its JAX preallocated it at its first allocation{started}"
@@ -291,7 +343,7 @@ def oom_diagnosis(
                     if tenant.source == "memory size"
                     else ", preallocated"
                 )
-            if tenant.source in ("beacon", "session") and tenant.mode:
+            if tenant.source in ("beacon", "session", "agent", "inferred") and tenant.mode:
                 notes += f", mode {tenant.mode}"
             if tenant.kind == "unknown" and tenant.reason:
                 notes += f", not identified: {tenant.reason}"

@@ -13,13 +13,14 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import psutil
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
+from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import hub_user_of
 from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.text import mask_secrets
@@ -121,6 +122,12 @@ class Tenant:
     ``bytes_limit``, ``peak_bytes_in_use``);
     ``idle_source`` is ``beacon`` (since its last finished cell) or ``server`` (its Jupyter
     server's last activity: approximate, widget traffic counts as activity).
+
+    ``pid`` is the host's PID; ``pid_in_container``/``container`` (``name``, ``id``, ``pod``,
+    ``namespace``) come from the node agent (None on a plain host). ``source`` may also be
+    ``agent`` (proven by the agent) or ``inferred`` (an unproven claim, see ``reason``).
+    Not in ``to_dict``: ``pid_here``, its PID in the reader's namespace (None: ``pid``), and
+    ``elsewhere``, set when it is in another PID namespace (never inspected nor signalled).
     """
 
     pid: int
@@ -146,10 +153,16 @@ class Tenant:
     idle_source: str | None = None
     mode_reason: str | None = None
     hub_user: str | None = None  # its JupyterHub user name (beacon, else environment)
+    pid_in_container: int | None = None
+    container: dict | None = None
+    pid_here: int | None = field(default=None, repr=False)
+    elsewhere: bool = field(default=False, repr=False)
 
     def to_dict(self) -> dict:
-        """JSON-ready dict: the fields above under the same names."""
-        return asdict(self)
+        """JSON-ready dict: the fields above by name (less ``pid_here`` and ``elsewhere``)."""
+        fields = asdict(self)
+        del fields["pid_here"], fields["elsewhere"]
+        return fields
 
 
 def shown_notebook(path: str | None, user: str | None) -> str | None:
@@ -396,6 +409,9 @@ def attribute(
     own_on_gpu: bool | None = None,
     check_device_files: bool | None = None,
     beacons: Mapping[int, Beacon] | None = None,
+    resolution=None,
+    dirs: Sequence[str] | None = None,
+    identity: Mapping | None = None,
 ) -> list[Tenant]:
     """Attribute NVML's GPU processes; one :class:`Tenant` per (PID, GPU). Never raises.
 
@@ -410,6 +426,10 @@ def attribute(
     ``own_on_gpu`` says this kernel holds GPU memory itself (None: unknown);
     ``check_device_files`` (default: when ``/dev/nvidiactl`` exists here) checks that listed
     processes have an NVIDIA device file mapped.
+
+    ``resolution``: the node agent's (names its processes while fresh); ``identity``
+    (default: ours) says whether this runs in a container, where NVML's host PIDs are never
+    looked up: :func:`.containers.from_container` attributes them; ``dirs``: beacons' place.
     """
     own_pid = os.getpid() if own_pid is None else own_pid
     environ = os.environ if environ is None else environ
@@ -418,13 +438,22 @@ def attribute(
         check_device_files = os.path.exists("/dev/nvidiactl")
     processes = list(processes)
     gpus = list(gpus)
+    identity = own_identity() if identity is None else identity
+    if in_initial_namespace(identity) is False:  # host PIDs: never looked up here
+        reason = f"{PID_NAMESPACE_REASON}: this process runs in a container; see .containers"
+        return [Tenant(p.pid, p.gpu, p.used_bytes, "unknown", None, None, reason=reason,
+                       elsewhere=True) for p in processes]  # fmt: skip
+    fresh = resolution is not None and resolution.fresh
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
     uuids = {gpu.index: gpu.uuid for gpu in gpus}
     if beacons is None:
         try:
-            beacons = read_beacons(pids=[process.pid for process in processes])
+            beacons = read_beacons(dirs, pids=[process.pid for process in processes])
         except Exception:  # never fatal: without beacons, judge as before
             beacons = {}
+    # On the host: the processes in containers that the node agent resolved.
+    resolved = {p.pid: resolution.get(p.pid) for p in processes} if fresh else {}
+    proven = {pid: e for pid, e in resolved.items() if e and e.pid_in_container is not None}
     infos: dict[int, ProcessInfo] = {}
     for process in processes:
         if process.pid not in infos:
@@ -435,18 +464,26 @@ def attribute(
             except Exception as exc:  # the sampler calls this: a surprise becomes a reason
                 reason = f"inspection failed: {type(exc).__name__}"
                 infos[process.pid] = ProcessInfo(process.pid, "unknown", reason=reason)
-    foreign = _foreign_namespace(infos, own_pid, own_on_gpu, check_device_files)
+    # PIDs the node agent resolved are the host's, whatever else says: only the others count.
+    unresolved = {pid: info for pid, info in infos.items() if not resolved.get(pid)}
+    foreign = _foreign_namespace(unresolved, own_pid, own_on_gpu, check_device_files)
     if foreign is not None:
         reason = f"{PID_NAMESPACE_REASON}: {foreign}"
-        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) for pid in infos}
+        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) if pid in unresolved else info
+                 for pid, info in infos.items()}  # fmt: skip
     tenants = []
     for process in processes:
         info = infos[process.pid]
         fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
         total = totals.get(process.gpu)
         beacon = beacons.get(process.pid) if foreign is None else None
+        entry = proven.get(process.pid)
+        if beacon is None and entry is not None and entry.kernel is not None:
+            beacon = entry.kernel  # a kernel in a container, as the node agent proved it
         if beacon is not None:
             verdict = _from_beacon(beacon, process.used_bytes, total, uuids.get(process.gpu))
+            if entry is not None and beacon is entry.kernel:
+                verdict["source"] = "agent"
             if verdict["idle_s"] is None and info.idle_s is not None:
                 # No cell has finished there yet: its server's last activity is all there is.
                 verdict.update(idle_s=info.idle_s, idle_source="server")
@@ -455,6 +492,8 @@ def attribute(
         fields.update(verdict)
         if "notebook" in verdict:  # the kernel named its notebook itself
             fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))
+        if entry is not None:
+            fields.update(pid_in_container=entry.pid_in_container, container=entry.shown_container)
         tenants.append(Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields))
     return tenants
 

@@ -5,6 +5,11 @@ another user, and cannot tell widget traffic from work. The kernel itself knows 
 effect, its pool and when its last cell finished. :class:`BeaconWriter` keeps that in
 ``jax_nbmem-beacon-<pid>.json`` (rewritten on change, at most once a second, atomically;
 removed at unload and at exit); :func:`read_beacons` gives the beacons a reader can trust.
+In a container (a PID namespace that is not the host's) the name is
+``jax_nbmem-beacon-<ns inode>-<pid>.json``, and the content says the kernel's ``identity``
+(:mod:`.identity`). Beside it the writer holds an alive lock for the kernel's life
+(:mod:`.alive`), and sends each beacon to the node agent, where one listens
+(:mod:`.agent_client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
 
 Where: the user's Jupyter runtime directory, so the user's own kernels, CLI and server see each
 other; on a shared node, also the directory an admin names (``c.JaxNbMem.share_dir`` or
@@ -39,6 +44,10 @@ from typing import Any
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
+from jax_nbmem.tenants.agent_client import AgentClient
+from jax_nbmem.tenants.alive import AliveLock
+from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
+
 __all__ = [
     "ENV_SHARE_DIR",
     "MAX_PIDS",
@@ -46,6 +55,9 @@ __all__ = [
     "Beacon",
     "BeaconWriter",
     "beacon_dirs",
+    "beacon_from",
+    "listed_keys",
+    "parse_beacon_file",
     "read_beacons",
     "read_small_file",
 ]
@@ -93,6 +105,9 @@ class Beacon:
     path: str | None = None
     mode_reason: str | None = None  # why `auto` chose its mode
     hub_user: str | None = None  # its JupyterHub user name ($JUPYTERHUB_USER), if any
+    # What it claims of itself across PID namespaces (see jax_nbmem.tenants.identity): pid_ns,
+    # pid_in_ns, start_ticks, boot_id, hostname; None from a kernel that does not say.
+    identity: Mapping[str, Any] | None = None
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -138,16 +153,31 @@ class BeaconWriter:
     a reader that knows only one of them still finds it). Never raises.
     """
 
-    def __init__(self, facts: Callable[[], dict], directories: str | Iterable[str]) -> None:
+    def __init__(
+        self,
+        facts: Callable[[], dict],
+        directories: str | Iterable[str],
+        *,
+        key: str | None = None,
+        agent_socket: str | None = None,
+    ) -> None:
         self._facts = facts
         if isinstance(directories, str):
             directories = [directories]
-        name = f"{_PREFIX}{os.getpid()}{_SUFFIX}"
-        self.paths = list(dict.fromkeys(os.path.join(d, name) for d in directories))
+        directories = list(dict.fromkeys(directories))
+        # In the host's PID namespace `<pid>`, in a container `<ns inode>-<pid>` (identity).
+        self.key = beacon_key() if key is None else key
+        name = f"{_PREFIX}{self.key}{_SUFFIX}"
+        self.paths = [os.path.join(d, name) for d in directories]
         if not self.paths:
             raise ValueError("a beacon needs at least one directory")
         self.path = self.paths[0]
+        # Held for the kernel's life beside each copy: how anyone, in any container, tells
+        # that it still runs (jax_nbmem.tenants.alive).
+        self.alive = AliveLock(directories, self.key)
+        self.agent = AgentClient(agent_socket) if agent_socket else None
         self._last: dict | None = None
+        self._content: dict | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
@@ -185,6 +215,9 @@ class BeaconWriter:
         try:
             self._discarded = True
             self._remove()
+            self.alive.release()
+            if self.agent is not None:
+                self.agent.close()  # the agent forgets the registration
         finally:
             if locked:
                 self._lock.release()
@@ -198,7 +231,10 @@ class BeaconWriter:
             log.debug("jax_nbmem: beacon facts failed", exc_info=True)
             return False
         with self._lock:
-            if self._discarded or facts == self._last:
+            if self._discarded:
+                return False
+            self.alive.hold()  # before the first write: a beacon without its lock is dead
+            if facts == self._last:
                 return False
             content, errors = {**facts, "written_at": time.time()}, []
             for path in self.paths:
@@ -209,12 +245,21 @@ class BeaconWriter:
             self.last_error = "; ".join(errors) or None
             if len(errors) == len(self.paths):
                 return False
-            self._last = facts
+            self._last, self._content = facts, content
             return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.write_now()
+            written = self.write_now()
+            if self.agent is not None and not self._stop.is_set():
+                try:
+                    content = self._content
+                    if written and content is not None:
+                        self.agent.send(content)
+                    else:  # the agent restarted: register again (at most every 5 s)
+                        self.agent.keep_alive(content)
+                except Exception:  # never on a cell's path, never fatal
+                    log.debug("jax_nbmem: the node agent's client failed", exc_info=True)
             self._stop.wait(_WRITE_EVERY_S)
 
     def _remove(self) -> None:
@@ -223,7 +268,7 @@ class BeaconWriter:
                 os.unlink(path)
             except OSError:
                 pass
-        self._last = None
+        self._last = self._content = None
 
 
 def _write_atomically(path: str, content: dict) -> None:
@@ -248,22 +293,29 @@ def read_beacons(
 ) -> dict[int, Beacon]:
     """The beacons in ``dirs`` (default: :func:`beacon_dirs`) that can be trusted, by PID.
 
+    Only beacons of processes in the reader's own PID namespace, whose PIDs it can check:
+    those named ``jax_nbmem-beacon-<PID>.json`` in the host's namespace, and
+    ``jax_nbmem-beacon-<ns inode>-<PID>.json`` (its own inode) in a container. Beacons from
+    other namespaces are claims, read by :func:`jax_nbmem.tenants.neighbours.read_claims`.
+
     With ``pids`` (e.g. the processes NVML lists), only those PIDs' beacons are opened, by
-    name (``jax_nbmem-beacon-<PID>.json``): the directories are not even listed, so nothing
-    anyone else leaves there costs a status anything (at most ``MAX_PIDS`` PIDs are asked
-    for). Without, each directory is listed and only the beacons of live PIDs are opened.
-    Either way a file is read only if it is a regular file of at most 64 KiB, and its parsed
-    form is reused while its inode, size and modification time stay the same.
+    name: the directories are not even listed, so nothing anyone else leaves there costs a
+    status anything (at most ``MAX_PIDS`` PIDs are asked for). Without, each directory is
+    listed and only the beacons of live PIDs are opened. Either way a file is read only if
+    it is a regular file of at most 64 KiB, and its parsed form is reused while its inode,
+    size and modification time stay the same.
 
     Never raises: a file that cannot be read, parsed or trusted is left out.
     """
     found: dict[int, Beacon] = {}
     wanted = None if pids is None else _pid_list(pids)
+    own = own_identity()
     for directory in beacon_dirs() if dirs is None else dirs:
         if not isinstance(directory, str) or not directory:
             continue
-        for pid in _listed_pids(directory) if wanted is None else wanted:
-            beacon = _read_one(os.path.join(directory, f"{_PREFIX}{pid}{_SUFFIX}"), pid)
+        for pid in _listed_pids(directory, own) if wanted is None else wanted:
+            key = beacon_key({**own, "pid_in_ns": pid})
+            beacon = _read_one(os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}"), pid, own)
             if beacon is not None and (
                 beacon.pid not in found or beacon.written_at > found[beacon.pid].written_at
             ):
@@ -282,18 +334,34 @@ def _pid_list(pids: Iterable[int]) -> list[int]:
     return list(chosen)
 
 
-def _listed_pids(directory: str) -> list[int]:
-    """PIDs of live processes that have a beacon's name in ``directory`` (listing only)."""
+def listed_keys(directory: str) -> list[tuple[str, int | None, int]]:
+    """Every beacon name in ``directory``, as (key, namespace inode or None, PID); listing only.
+
+    A name without an inode (``<PID>``) is a kernel's in the host's PID namespace (or one that
+    could not read its own); names that are not spelled as a writer spells them are skipped.
+    """
     try:
         names = os.listdir(directory)
     except (OSError, ValueError):  # missing, not a directory, or a NUL in its name
         return []
-    pids = []
+    keys = []
     for name in names:
-        digits = name[len(_PREFIX) : -len(_SUFFIX)]
-        if not (name.startswith(_PREFIX) and name.endswith(_SUFFIX)) or not _is_pid(digits):
+        if not (name.startswith(_PREFIX) and name.endswith(_SUFFIX)):
             continue
-        pid = int(digits)
+        key = name[len(_PREFIX) : -len(_SUFFIX)]
+        ino, dash, digits = key.rpartition("-")
+        if not _is_pid(digits) or (dash and not _is_pid(ino, limit=2**64)):
+            continue
+        keys.append((key, int(ino) if dash else None, int(digits)))
+    return keys
+
+
+def _listed_pids(directory: str, own: Mapping[str, Any]) -> list[int]:
+    """PIDs of live processes of the reader's namespace with a beacon in ``directory``."""
+    pids = []
+    for key, _, pid in listed_keys(directory):
+        if key != beacon_key({**own, "pid_in_ns": pid}):
+            continue  # another namespace's
         if psutil.pid_exists(pid):  # a name for a dead PID is not opened
             pids.append(pid)
             if len(pids) >= MAX_PIDS:
@@ -301,14 +369,15 @@ def _listed_pids(directory: str) -> list[int]:
     return pids
 
 
-def _is_pid(digits: str) -> bool:
-    # As the writer spells it: ASCII digits, no sign, no leading zero, within a PID's range.
+def _is_pid(digits: str, limit: int = 2**31) -> bool:
+    # As the writer spells it: ASCII digits, no sign, no leading zero, within a PID's range
+    # (an inode's, with ``limit``).
     return (
-        0 < len(digits) <= 10
+        0 < len(digits) <= 20
         and digits.isascii()
         and digits.isdigit()
         and digits[0] != "0"
-        and int(digits) < 2**31
+        and int(digits) < limit
     )
 
 
@@ -342,8 +411,11 @@ def read_small_file(path: str, max_bytes: int = _MAX_BYTES) -> tuple[bytes, os.s
     return (data, info) if len(data) <= max_bytes else None  # None: it grew while read
 
 
-def _read_one(path: str, pid: int) -> Beacon | None:
-    """The beacon at ``path`` if it is well formed, speaks for ``pid`` and can be trusted."""
+def parse_beacon_file(path: str) -> tuple[Beacon, os.stat_result] | None:
+    """The well-formed beacon at ``path`` and its file's ``fstat``, trusted or not; or None.
+
+    Its parse is reused while the file stays the same. Never raises.
+    """
     found = read_small_file(path)
     if found is None:
         return None
@@ -358,8 +430,20 @@ def _read_one(path: str, pid: int) -> Beacon | None:
         if len(_parsed) >= _PARSED_MAX:
             _parsed.clear()
         _parsed[path] = (key, beacon)
-    if beacon is None or beacon.pid != pid or not _vouched_for(beacon, info.st_uid):
+    return None if beacon is None else (beacon, info)
+
+
+def _read_one(path: str, pid: int, own: Mapping[str, Any]) -> Beacon | None:
+    """The beacon at ``path`` if it is well formed, speaks for ``pid`` and can be trusted."""
+    found = parse_beacon_file(path)
+    if found is None:
         return None
+    beacon, info = found
+    if beacon.pid != pid or not _vouched_for(beacon, info.st_uid):
+        return None
+    claimed = (beacon.identity or {}).get("pid_ns")
+    if claimed is not None and own.get("pid_ns") and not same_namespace(claimed, own["pid_ns"]):
+        return None  # it says it lives in another namespace: its PID is not ours to check
     return beacon
 
 
@@ -372,6 +456,15 @@ def _parse(data: bytes, path: str) -> Beacon | None:
         return _beacon_from(json.loads(data), path)
     except Exception:
         log.debug("jax_nbmem: malformed beacon %s", path, exc_info=True)
+        return None
+
+
+def beacon_from(content: Any, where: str) -> Beacon | None:
+    """A beacon from its parsed content (e.g. the node agent's copy); None when malformed."""
+    try:
+        return _beacon_from(content, where)
+    except Exception:  # whatever shape anyone gave it
+        log.debug("jax_nbmem: malformed beacon in %s", where, exc_info=True)
         return None
 
 
@@ -421,8 +514,25 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
         },
         mode_reason=_text(content.get("mode_reason")),
         hub_user=_text(content.get("hub_user")),
+        identity=_identity(content.get("identity")),
         path=path,
     )
+
+
+def _identity(value: Any) -> dict[str, Any] | None:
+    """A beacon's ``identity``, each claim kept only in its type; None when it is no object."""
+    if not isinstance(value, dict):
+        return None
+    ns = value.get("pid_ns")
+    ns_ok = isinstance(ns, list) and len(ns) == 2 and all(_count(v) is not None for v in ns)
+    pid = _count(value.get("pid_in_ns"))
+    return {
+        "pid_ns": list(ns) if ns_ok else None,
+        "pid_in_ns": pid if pid is not None and 0 < pid < 2**31 else None,
+        "start_ticks": _count(value.get("start_ticks")),
+        "boot_id": _text(value.get("boot_id"), 64),
+        "hostname": _text(value.get("hostname"), 255),
+    }
 
 
 def _vouched_for(beacon: Beacon, owner_uid: int) -> bool:

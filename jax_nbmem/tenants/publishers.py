@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import psutil
 
 from jax_nbmem.tenants.beacons import _START_SLACK_S, _write_atomically
+from jax_nbmem.tenants.identity import beacon_key, own_identity
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
 
@@ -36,8 +37,10 @@ _FRESH_INTERVALS = 3
 _MIN_FRESH_S = 5.0
 
 
-def _path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{_PREFIX}{pid}{_SUFFIX}")
+def _path(directory: str, key: int | str) -> str:
+    # Named as the beacons are (PID, or namespace inode and PID in a container), so that two
+    # containers' servers of the same PID never share a file.
+    return os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}")
 
 
 def write_claim(directories: Iterable[str], *, url: str, pids: Iterable[int], interval_s: float):
@@ -51,10 +54,11 @@ def write_claim(directories: Iterable[str], *, url: str, pids: Iterable[int], in
         "pids": sorted({int(p) for p in pids}),
         "interval_s": float(interval_s),
         "written_at": time.time(),
+        "identity": own_identity(),  # its PID namespace: its PID is the host's only outside one
     }
     for directory in directories:
         try:
-            _write_atomically(_path(directory, me.pid), content)
+            _write_atomically(_path(directory, beacon_key()), content)
         except OSError:
             pass  # a directory we may not write: the exporter keeps these kernels
 
@@ -63,7 +67,7 @@ def remove_claim(directories: Iterable[str]) -> None:
     """Take this process's claims away; never raises."""
     for directory in directories:
         try:
-            os.unlink(_path(directory, os.getpid()))
+            os.unlink(_path(directory, beacon_key()))
         except OSError:
             pass
 

@@ -432,13 +432,21 @@ def shutdown_kernel(
     Goes through the kernel's Jupyter server (``DELETE /api/kernels/<id>``) when one knows it,
     since a server restarts a kernel that dies under it; otherwise sends SIGTERM, then SIGKILL
     after ``grace_s`` seconds. Without ``confirm`` it only says what it would do.
+
+    ``pid`` is a host PID, as the status shows it. In a container, a process of this very
+    container is signalled under its PID here (``pid_here``, from the node agent); one in
+    another container, or one no agent resolved, is refused: nothing here may signal
+    whatever local process happens to carry that number.
     """
     tenant = next((t for t in tenants if t.pid == pid), None)
     refusal = _refusal(pid, tenant)
     if refusal:
         return ShutdownResult(False, None, refusal)
+    local = getattr(tenant, "pid_here", None) or pid
     notebook = tenant.notebook_shown or tenant.notebook
     label = f"kernel PID {pid}" + (f" ({notebook})" if notebook else "")
+    if local != pid:
+        label += f", PID {local} in this container"
     server = None
     if tenant.kernel_id and tenant.server_url:
         server = next((s for s in find_servers(runtime_dir) if s.url == tenant.server_url), None)
@@ -452,9 +460,9 @@ def shutdown_kernel(
             return ShutdownResult(True, "server", f"Shut down {label} {via}.")
         except Exception as exc:  # fall back to signals, and say why
             failure = server.describe_error(exc)
-            result = _terminate(pid, tenant.started_at, grace_s, label)
+            result = _terminate(local, tenant.started_at, grace_s, label)
             return ShutdownResult(result.done, result.how, f"{failure}. {result.message}")
-    return _terminate(pid, tenant.started_at, grace_s, label)
+    return _terminate(local, tenant.started_at, grace_s, label)
 
 
 def _refusal(pid: int, tenant) -> str | None:
@@ -462,6 +470,8 @@ def _refusal(pid: int, tenant) -> str | None:
         return f"PID {pid} is not among the processes using the GPU; nothing done."
     if tenant.kind == "self":
         return f"PID {pid} is this kernel; restart or shut it down from the Kernel menu."
+    if getattr(tenant, "elsewhere", False):
+        return _elsewhere(pid, tenant)
     if tenant.kind == "unknown":
         return f"PID {pid} could not be inspected ({tenant.reason}); nothing done."
     me = current_user()
@@ -470,6 +480,25 @@ def _refusal(pid: int, tenant) -> str | None:
     if tenant.kind != "kernel":
         return f"PID {pid} is not a Jupyter kernel ({tenant.cmdline}); stop it yourself if need be."
     return None
+
+
+def _elsewhere(pid: int, tenant) -> str:
+    """Why a process outside this kernel's PID namespace is not stopped from here."""
+    host = f"an administrator on the host can, with `jax-nbmem shutdown {pid}`"
+    if tenant.kind == "unknown" or getattr(tenant, "source", None) == "inferred":
+        return (
+            f"PID {pid} is a host PID that no node agent resolves for this container, so it "
+            "cannot be told which process it is here (a process here with that number is "
+            f"another one); nothing done. {host[0].upper()}{host[1:]}."
+        )
+    container = (tenant.container or {}).get("name") or (tenant.container or {}).get("id")
+    where = f"another container ({container})" if container else "another PID namespace"
+    owner = tenant.hub_user or tenant.user
+    whose = f"its owner ({owner})" if owner else "its owner"
+    return (
+        f"PID {pid} runs in {where}, which nothing in this container can stop; nothing done. "
+        f"{whose[0].upper()}{whose[1:]} can shut it down from its own notebook, or {host}."
+    )
 
 
 def _terminate(pid: int, started_at: float | None, grace_s: float, label: str) -> ShutdownResult:

@@ -21,10 +21,13 @@ from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
-from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
+from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice
 from jax_nbmem.tenants.hostproof import host_proof
+from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
+from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -84,6 +87,7 @@ def collect(
     own_name: str = OWN_NAME,
     own=None,
     host=None,
+    agent_user: str | None = None,
 ) -> StatusReport:
     """Read NVML, attribute its processes and derive the warnings.
 
@@ -99,6 +103,12 @@ def collect(
     ``host`` (a `HostProof`; default: :func:`~.hostproof.host_proof` outside a kernel, on the
     host only; False: none) brings the node agent's proven kernels and the host's view of
     containers: every process entry gets ``pid_in_container`` and ``container``.
+
+    With a share directory, the node agent's resolution there (trusted as
+    :mod:`~jax_nbmem.tenants.resolution` says; ``agent_user`` names its user besides root)
+    names processes in containers; the report's ``agent`` says what became of it (``state``,
+    ``reason``, ``age_s``...). ``pid`` is this process's host PID (None in a container whose
+    host PID is unknown) and ``pid_in_container`` its own PID there (None on the host).
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
@@ -112,23 +122,37 @@ def collect(
     state = nvml.status()  # after the calls, so that it says whether they were slow
     started = jaxstats.backend_initialized()
     on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
-    beacons = read_beacons(beacon_dirs(share_dir), pids={p.pid for p in processes})
-    if host is None and not in_kernel:
-        host = host_proof(share_dir)
-    if host:
-        beacons = host.beacons(beacons, {p.pid for p in processes})
-    beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
+    dirs = beacon_dirs(share_dir)
+    shared = share_dir or os.environ.get(ENV_SHARE_DIR) or None
+    resolution = load_resolution(shared, agent_user=agent_user)
+    identity = own_identity()
+    in_container = in_initial_namespace(identity) is False
+    beacons = {}
+    if not in_container:  # NVML's PIDs are the host's: no name of a beacon here
+        beacons = read_beacons(dirs, pids={p.pid for p in processes})
+        if host is None and not in_kernel:
+            host = host_proof(share_dir)
+        if host:  # on the host: the node agent's proven kernels, never a container's file
+            beacons = host.beacons(beacons, {p.pid for p in processes})
+        beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
     if own is not None:
         beacons[own_pid] = own
-    tenants = attribute(
-        processes,
-        gpus,
-        own_pid=own_pid,
-        environ=environ,
-        own_on_gpu=on_gpu if in_kernel else None,
-        beacons=beacons,
-        sessions=sessions,
-    )
+    if in_container:  # NVML's PIDs are the host's: resolved, or inferred
+        tenants = from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid,
+                                 environ, sessions)  # fmt: skip
+    else:
+        tenants = attribute(
+            processes,
+            gpus,
+            own_pid=own_pid,
+            environ=environ,
+            own_on_gpu=on_gpu if in_kernel else None,
+            beacons=beacons,
+            sessions=sessions,
+            resolution=resolution,
+            dirs=dirs,
+            identity=identity,
+        )
     if own is not None:
         tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
     notes = [visible.note] if visible.note else []
@@ -148,7 +172,15 @@ def collect(
         own_jax_in_use=in_use,
         own_reserved=reserved,
         own_name=own_name,
+        agent=resolution,
     )
+    if resolution.state in ("untrusted", "malformed"):
+        notes.append(f"Node agent: {resolution.reason}.")
+    host_pid = own_pid
+    if in_container:
+        host_pid = next((t.pid for t in tenants if t.kind == "self"), None)
+        if host_pid is None and resolution.fresh and (row := resolution.own_row(identity)):
+            host_pid = row.pid
     report = StatusReport(
         nvml={
             "available": state.available,
@@ -175,7 +207,9 @@ def collect(
         processes=[t.to_dict() for t in tenants],
         warnings=[w.to_dict() for w in warnings],
         notes=notes,
-        pid=own_pid,
+        pid=host_pid,
+        pid_in_container=own_pid if in_container else None,
+        agent=resolution.to_dict(),
     )
     if host:
         host.annotate(report["processes"])
@@ -183,10 +217,11 @@ def collect(
         for process in report["processes"]:
             process.setdefault("pid_in_container", None)
             process.setdefault("container", None)
-    if in_kernel:  # the node's GPU culler may have warned this kernel
-        notice = read_notice(beacon_dirs(share_dir), own_pid, _own_start())
-        own_gpu = next((t.gpu for t in tenants if t.pid == own_pid), None)
-        pending = notice_warning(notice, own_pid, own_gpu)
+    if in_kernel and host_pid is not None:  # the node's GPU culler may have warned this kernel
+        key = beacon_key(identity) if in_container else None  # its notice is keyed as its beacon
+        notice = read_notice(dirs, host_pid, _own_start(), key=key)  # the culler knows host PIDs
+        own_gpu = next((t.gpu for t in tenants if t.kind == "self"), None)
+        pending = notice_warning(notice, host_pid, own_gpu)
         if pending is not None:
             report["warnings"].insert(0, pending)
     report._tenants = tenants
@@ -219,13 +254,18 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         parts.append(process["cmdline"])
     if is_someone_else(process.get("user"), process.get("hub_user")):
         parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
+    container = process.get("container") or {}
+    if container.get("name") or container.get("id"):
+        inner = process.get("pid_in_container")
+        where = f" (pid {inner} there)" if inner is not None and kind != "self" else ""
+        parts.append(f"container {container.get('name') or container['id'][:12]}{where}")
     source = process.get("source")
     if process.get("preallocated"):
         parts.append("[probably preallocated]" if source == "memory size" else "[preallocated]")
     container = process.get("container") or {}
     if container.get("name") or container.get("id"):
         parts.append(f"container {container.get('name') or container['id'][:12]}")
-    if source in ("beacon", "session", "agent") and process.get("mode"):
+    if source in ("beacon", "session", "agent", "inferred") and process.get("mode"):
         parts.append(f"(mode: {process['mode']})")
     elif process.get("mode_at_start"):
         parts.append(f"(mode at its start: {process['mode_at_start']})")

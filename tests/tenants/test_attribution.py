@@ -273,9 +273,11 @@ def test_host_pids_from_another_namespace_are_not_attributed(neighbours):
     assert tenants[0].reason.startswith(PID_NAMESPACE_REASON)
     warnings = warnings_for(tenants, gpus, own_backend_started=True)
     assert [w.kind for w in warnings] == ["pid-namespace"]
-    assert "`docker run --pid=host`" in warnings[0].message
+    # The advice is the node agent, never the host's PID namespace for users' containers.
+    assert "`jax-nbmem exporter --share-dir DIR`" in warnings[0].message
+    assert "--pid=host" not in warnings[0].message and "hostPID" not in warnings[0].message
     assert str(host_pid) in warnings[0].message
-    assert "--pid=host" in oom_diagnosis(tenants, gpus)
+    assert "jax-nbmem exporter" in oom_diagnosis(tenants, gpus)
 
 
 def test_pids_naming_unrelated_processes_are_not_attributed(neighbours):

@@ -81,14 +81,15 @@ def test_a_beacon_is_written_world_readable_rewritten_only_on_change_and_removed
     facts["cell_running"] = True
     assert writer.write_now()
     assert json.loads(path.read_text())["cell_running"] is True
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left behind
+    alive = f"jax_nbmem-alive-{os.getpid()}.lock"  # held for the kernel's life
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive, path.name]  # no partial file
 
     (beacon,) = read_beacons([str(tmp_path)]).values()
     assert (beacon.pid, beacon.mode, beacon.cell_running) == (os.getpid(), "off", True)
     assert beacon.idle_s() == 0.0
 
     writer.close()
-    assert not path.exists()
+    assert not path.exists() and not (tmp_path / alive).exists()
     writer.close()  # a second close is a no-op
 
 

@@ -109,6 +109,7 @@ def test_warnings_carry_the_gpu_and_the_pid_and_zero_for_the_known_kinds():
     ) in warnings  # fmt: skip
     kinds = {labels["kind"]: value for labels, value in warnings if not labels["pid"]}
     assert kinds["prealloc-will-fail"] == 0.0 and kinds["pid-namespace"] == 1.0
+    assert kinds["agent-stale"] == 0.0  # a series to watch before any agent ever stops
 
 
 def mig_report():

@@ -1,0 +1,86 @@
+"""Beacons from other PID namespaces (other containers, or the host seen from one): claims.
+
+A kernel in another container writes ``jax_nbmem-beacon-<ns inode>-<pid>.json`` into the
+shared directory. Its PID means nothing here and every container's user may be ``jovyan``, so
+nothing in it can be checked: it is a *claim*. Whether its writer still runs is told by its
+alive lock (:mod:`jax_nbmem.tenants.alive`), which works across namespaces. Claims may feed an
+attribution marked ``inferred``; never a cull, a stop or a button.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jax_nbmem.tenants.alive import lock_alive
+from jax_nbmem.tenants.beacons import (
+    _PREFIX,
+    _SUFFIX,
+    MAX_PIDS,
+    Beacon,
+    beacon_dirs,
+    listed_keys,
+    parse_beacon_file,
+)
+from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity
+
+__all__ = ["alive_by_lock", "read_beacon_by_key", "read_claims"]
+
+
+def read_beacon_by_key(dirs: Iterable[str], key: str) -> Beacon | None:
+    """The newest well-formed beacon named by ``key`` in ``dirs`` (a claim: not checked)."""
+    best = None
+    for directory in dirs:
+        found = parse_beacon_file(os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}"))
+        if found is not None and (best is None or found[0].written_at > best.written_at):
+            best = found[0]
+    return best
+
+
+def alive_by_lock(dirs: Iterable[str], key: str) -> bool | None:
+    """Whether the kernel of ``key`` holds its alive lock in any of ``dirs`` (None: no lock)."""
+    answers = [lock_alive(directory, key) for directory in dirs]
+    if True in answers:
+        return True
+    return False if False in answers else None
+
+
+def read_claims(
+    dirs: Iterable[str] | None = None, own: Mapping[str, Any] | None = None
+) -> list[Beacon]:
+    """The beacons of live kernels in PID namespaces other than ``own``'s (default: ours).
+
+    Live means its alive lock is held; a beacon without a lock, or whose lock is free (its
+    kernel was killed and left its files), is left out. A beacon counts only when what it
+    says of its namespace and PID agrees with its file's name. At most ``MAX_PIDS``, after
+    at most twice as many locks asked (so junk left in a shared folder costs a bounded time);
+    never raises.
+    """
+    own = own_identity() if own is None else own
+    dirs = [d for d in (beacon_dirs() if dirs is None else dirs) if isinstance(d, str) and d]
+    found: dict[str, Beacon] = {}
+    tested = 0  # locks asked: whatever anyone leaves in a shared folder costs a bounded time
+    for directory in dirs:
+        for key, ino, pid in listed_keys(directory):
+            if key == beacon_key({**own, "pid_in_ns": pid}) or key in found:
+                continue  # ours (checked by PID instead), or seen in another directory
+            if len(found) >= MAX_PIDS or tested >= 2 * MAX_PIDS:
+                return list(found.values())
+            tested += 1
+            if alive_by_lock(dirs, key) is not True:
+                continue
+            beacon = read_beacon_by_key(dirs, key)
+            if beacon is not None and _agrees(beacon, ino, pid):
+                found[key] = beacon
+    return list(found.values())
+
+
+def _agrees(beacon: Beacon, ino: int | None, pid: int) -> bool:
+    identity = beacon.identity or {}
+    if beacon.pid != pid or identity.get("pid_in_ns") not in (None, pid):
+        return False
+    ns = identity.get("pid_ns")
+    if ino is None:  # a host kernel's name: it says the host's namespace, or nothing
+        return ns is None or ns[1] == INIT_PID_NS_INO
+    return ns is not None and ns[1] == ino
