@@ -146,11 +146,16 @@ def test_with_the_node_agent_every_kernel_is_named_and_warned(container_node):
         assert rows_of(report)[work.pid]["hub_user"] == "bob"
 
         # On the host, root's status reads the proven kernels: Bob's mode is off, idle times.
-        rows = rows_of(root_status(node))
+        # (What the agent proved is the beacon Bob's kernel last sent: after `%jaxalloc off`
+        # within a beacon interval.) JAX runs on the CPU here: its GPU allocator is "not
+        # started (off when it starts)".
+        def bob_off():
+            rows = rows_of(root_status(node))
+            return "off" in (rows.get(work.pid, {}).get("mode") or "") and rows
+
+        rows = wait_for("root's status says bob's mode is off", bob_off, timeout=30, every=1)
         bobs = rows[work.pid]
         assert (bobs["source"], bobs["hub_user"]) == ("agent", "bob")
-        # JAX runs on the CPU here: its GPU allocator "not started (off when it starts)".
-        assert "off" in bobs["mode"], bobs
         assert bobs["idle_s"] is not None and bobs["container"]["name"] == "jupyter-bob"
         alices = rows[hog.pid]
         assert "off" not in alices["mode"] and "on" in alices["mode"], alices
@@ -235,7 +240,7 @@ def test_a_killed_container_is_forgotten_by_the_gpu_the_agent_and_its_neighbour(
     with node_agent(node):
         hog, work = alice_and_bob(node)
         wait_for("both kernels proven", lambda: resolved(node, hog.pid, work.pid))
-        assert warnings_of(status_of(work), "blocking-preallocation")
+        wait_for("bob warned", lambda: warnings_of(status_of(work), "blocking-preallocation"))
         hog.container.kill()  # SIGKILL: its beacon and lock files stay behind
         wait_for("alice off the GPU", lambda: hog.pid not in node.listed())
 
