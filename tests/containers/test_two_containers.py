@@ -126,7 +126,11 @@ def test_with_the_node_agent_every_kernel_is_named_and_warned(container_node):
         wait_for("both kernels proven in the resolution", lambda: resolved(node, hog.pid, work.pid))
 
         # Bob is warned, and told who: hub user, notebook, container, proven by the agent.
-        report = status_of(work)
+        def bob_warned():
+            report = status_of(work)
+            return warnings_of(report, "blocking-preallocation") and report
+
+        report = wait_for("bob warned", bob_warned, every=1)
         (warning,) = warnings_of(report, "blocking-preallocation")
         assert warning["pid"] == hog.pid
         for said in ("alice", "hog.ipynb", "jupyter-alice"):
