@@ -31,6 +31,13 @@ simulated wherever they show (the GPU's name says so). The entry lasts as long a
 (``ends=exit`` in the state file), as a real driver forgets a process that exited, however it
 ended.
 
+In a container (a PID namespace of its own) a real driver lists the process by its host PID.
+When the state file's registrar runs (``STATE.sock``, see :mod:`.registrar`) the mirror
+registers before it writes anything, and writes its entry under the host PID the registrar
+read off the socket, with the host's namespace (``pidns=``); the registrar removes it when the
+process ends. Without a registrar it writes its own PID, as on a plain host. A registrar's
+socket that does not answer (one that was killed) is said once, and the mirror waits.
+
 On a real GPU, NVML sees an allocation the moment it is made; the thread looks only every
 0.25 s. So that a cell that allocates and returns at once is charged with its own bytes, in a
 kernel the mirror also looks when each cell has run: from IPython's ``post_execute`` event,
@@ -49,10 +56,12 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jax_nbmem.simgpu.registration import RegistrarError, Registration, register, socket_path
 from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
 __all__ = [
@@ -70,6 +79,7 @@ CONTEXT_BYTES = 300 * 1024**2  # what a CUDA context takes on a large GPU, befor
 _INTERVAL_S = 0.25
 _DEFAULT_FRACTION = 0.75
 _RETRY_FACTOR, _RETRIES = 0.9, 60
+_REGISTER_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,11 @@ class Mirror:
     def __init__(self, state_path: str | os.PathLike[str], gpu: int = 0) -> None:
         self.state_path = Path(state_path)
         self.gpu = gpu
-        self.pid = os.getpid()
+        self.pid = os.getpid()  # the PID the GPU lists: the host's, once registered
+        self.pidns: int | None = None  # the namespace of self.pid, once registered
+        self.registration: Registration | None = None
+        self._next_registration = 0.0
+        self._old: tuple[int, int | None] | None = None  # lines written under another PID
         self.mode: StartedMode | None = None
         self.written: int | None = None
         self._high_water = 0
@@ -240,8 +254,48 @@ class Mirror:
         self._stop.set()
         if self.written is not None:
             with contextlib.suppress(Exception), SimState.update(self.state_path) as state:
-                state.remove_process(self.pid)
+                state.remove_process(self.pid, self.pidns)
             self.written = None
+        if self.registration is not None:
+            self.registration.close()
+            self.registration = None
+
+    def _registered(self) -> bool:
+        """Learn this process's host PID from the registrar when one runs; False: wait."""
+        if self.registration is not None:
+            if self.registration.alive():
+                return True
+            self.registration.close()  # the registrar stopped: register again when it is back
+            self.registration = None
+        if not os.path.lexists(socket_path(self.state_path)):
+            self._identify(os.getpid(), None)  # no registrar: a plain host, as before
+            return True
+        if time.monotonic() < self._next_registration:
+            return False
+        try:
+            registration = register(self.state_path)
+        except RegistrarError as error:
+            self._next_registration = time.monotonic() + _REGISTER_RETRY_S
+            self._say(f"{error}; processes are listed by host PID only through it")
+            return False
+        if registration is None:  # gone in between
+            self._identify(os.getpid(), None)
+            return True
+        self.registration = registration
+        self._identify(registration.pid, registration.pidns)
+        return True
+
+    def _identify(self, pid: int, pidns: int | None) -> None:
+        if (pid, pidns) != (self.pid, self.pidns):
+            if self.written is not None and self._old is None:
+                self._old = (self.pid, self.pidns)  # removed with the next write
+            self.pid, self.pidns = pid, pidns
+
+    def _say(self, problem: str) -> None:
+        """Say a problem once on stderr (until another one, or none)."""
+        if problem != self._said:
+            self._said = problem
+            print(f"jax_nbmem simulated GPU: the mirror waits: {problem}", file=sys.stderr)
 
     def step(self, live: int | None = None) -> None:
         """One look: write the entry if what the process would hold changed.
@@ -253,7 +307,9 @@ class Mirror:
         """
         if not _backend_started():
             return
-        with self._lock:
+        with self._lock:  # the thread's look and the after-cell look register once between them
+            if not self._registered():
+                return
             if self.mode is None:
                 self.mode = started_mode(os.environ)  # as JAX read them, give or take a moment
             live = _live_array_bytes() if live is None else live
@@ -262,9 +318,7 @@ class Mirror:
                 with SimState.update(self.state_path) as state:
                     self._hold(state, live)
             except StateError as error:
-                if str(error) != self._said:
-                    self._said = str(error)
-                    print(f"jax_nbmem simulated GPU: the mirror waits: {error}", file=sys.stderr)
+                self._say(str(error))
                 return
             self._said = None
 
@@ -294,9 +348,12 @@ class Mirror:
             held = self._pool
         else:
             held = held_bytes(self.mode, total, live, self._high_water, free)
+        if self._old is not None:
+            state.remove_process(*self._old)
+            self._old = None
         if held != self.written or state.process_bytes(self.pid) != held:
             state.remove_process(self.pid)
-            state.process(gpu, self.pid, held, ends_with_process=True, mig=mig)
+            state.process(gpu, self.pid, held, ends_with_process=True, mig=mig, pidns=self.pidns)
             self.written = held
 
     def _run(self) -> None:

@@ -99,7 +99,7 @@ static void fill_pci(unsigned int index, nvmlPciInfo_t *pci) {
 static int first_listing(const sim_state *state, unsigned int at) {
     const sim_proc *proc = &state->procs[at];
     unsigned int i;
-    if (proc->ends_with_exit && !process_running(proc->pid)) return 0;
+    if (proc_gone(proc)) return 0;
     if (!proc->graphics) return 1;
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *other = &state->procs[i];

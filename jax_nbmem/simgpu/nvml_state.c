@@ -277,6 +277,7 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     sim_token found;
     sim_proc *proc;
     int graphics = 0, ends = 0, mig = -1;
+    unsigned long long pidns = 0;
     char text[48];
 
     if (!gpu_number(parse, line, "proc", "GPU", tokens, count, 1, &gpu)) return;
@@ -316,6 +317,12 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
         }
         mig = (int)gi;
     }
+    if (find_key(tokens, 3, count, "pidns=", &found)) {
+        if (!parse_u64(found.start, found.length, &pidns) || !pidns || pidns == SIM_NOT_AVAILABLE) {
+            problem_at(parse, line, "proc: bad pidns= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+    }
     if (state->proc_count == state->proc_capacity) {
         unsigned int capacity = state->proc_capacity ? state->proc_capacity * 2 : 64;
         sim_proc *larger = realloc(state->procs, capacity * sizeof *larger);
@@ -333,6 +340,7 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     proc->graphics = (unsigned int)graphics;
     proc->ends_with_exit = (unsigned int)ends; /* checked at each call, not here */
     proc->mig = mig;
+    proc->pidns = pidns;
     proc->line = line;
 }
 
@@ -916,7 +924,9 @@ static void render_state(const sim_state *state, sim_out *out) {
         else put(out, "%llu", proc->used);
         put(out, " kind=%s", proc->graphics ? "graphics" : "compute");
         if (proc->mig >= 0) put(out, " mig=%d", proc->mig);
-        put(out, "%s\n", proc->ends_with_exit ? " ends=exit" : "");
+        put(out, "%s", proc->ends_with_exit ? " ends=exit" : "");
+        if (proc->pidns) put(out, " pidns=%llu", proc->pidns);
+        put(out, "\n");
     }
     for (i = 0; i < SIM_MAX_GPUS; i++) {
         if (state->lost[i]) put(out, "lost %u\n", i);

@@ -105,6 +105,7 @@ typedef struct {
     unsigned int gpu, pid, graphics, ends_with_exit, line;
     int mig; /* the GPU instance it runs in, -1: none */
     unsigned long long used;
+    unsigned long long pidns; /* the PID namespace `pid` belongs to (its inode), 0: the caller's */
 } sim_proc;
 
 typedef struct {
@@ -181,6 +182,28 @@ static int process_running(unsigned int pid) {
     stat[got] = '\0';
     const char *end = strrchr(stat, ')');
     return end == NULL || (end[1] == ' ' && end[2] != 'Z' && end[2] != 'X');
+}
+
+/* Whether a listed process has ended, as far as this caller can tell. A line of the registrar
+ * (`pidns=`) names a PID of that namespace: a caller in another (a container) cannot test it
+ * and leaves it to the registrar, which removes the line when the process ends. */
+static unsigned long long own_pid_namespace(void) {
+    /* A process's PID namespace never changes; a forked child (maybe in a new one) looks again. */
+    static unsigned long long cached;
+    static pid_t cached_for;
+    struct stat own;
+    pid_t pid = getpid();
+    if (cached_for != pid) {
+        cached = stat("/proc/self/ns/pid", &own) == 0 ? (unsigned long long)own.st_ino : 0;
+        cached_for = pid;
+    }
+    return cached;
+}
+
+static int proc_gone(const sim_proc *proc) {
+    if (!proc->ends_with_exit) return 0;
+    if (proc->pidns && proc->pidns != own_pid_namespace()) return 0;
+    return !process_running(proc->pid);
 }
 
 /* Waits as long as the state says CALL is slow (a hung or overloaded driver). */
@@ -265,7 +288,7 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
         if (mig >= 0 && proc->mig != mig) continue;
-        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
+        if (proc_gone(proc)) continue;
         /* A process on both the compute and the graphics list holds its memory once. */
         for (j = 0; j < i; j++) {
             if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid) break;
@@ -539,7 +562,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
         if (device->mig >= 0 && proc->mig != device->mig) continue;
-        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
+        if (proc_gone(proc)) continue;
         found++;
     }
     if (found > *count || (found > 0 && !infos)) {
@@ -553,7 +576,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
         if (device->mig >= 0 && proc->mig != device->mig) continue;
-        if (proc->ends_with_exit && !process_running(proc->pid)) continue;
+        if (proc_gone(proc)) continue;
         if (size == sizeof(nvmlProcessInfo_v1_t)) {
             nvmlProcessInfo_v1_t *info = (nvmlProcessInfo_v1_t *)infos + found;
             info->pid = proc->pid;

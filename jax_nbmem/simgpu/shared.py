@@ -31,6 +31,7 @@ import stat
 import sys
 from pathlib import Path
 
+from jax_nbmem.simgpu import registrar
 from jax_nbmem.simgpu.simulator import (
     _STARTUP_FILE,
     STATE_ENV_VAR,
@@ -206,4 +207,8 @@ def _run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m jax_nbmem.simgpu``: the simulator's subcommands and ``shared-setup``."""
-    return simulator_main(argv, {"shared-setup": (_add_parser, _run)})
+    extra = {
+        "shared-setup": (_add_parser, _run),
+        "registrar": (registrar.add_parser, registrar.main_from_args),
+    }
+    return simulator_main(argv, extra)

@@ -262,11 +262,31 @@ def start_tenant(
     It runs JAX (on the CPU) with preallocation on (``fraction`` of the GPU, JAX's 75% by
     default), and its mirror puts the pool on the simulated GPU; it names ``notebook`` as its
     own (``JPY_SESSION_NAME``). It runs until it is shut down (the panel's button does), killed,
-    or, with *stop_with*, process *stop_with* has ended (the demo script's). Returns its PID
-    and the bytes it holds once its pool is on the GPU.
+    or, with *stop_with*, process *stop_with* has ended (the demo script's). Returns its PID as
+    the GPU lists it and the bytes it holds once its pool is on the GPU: in a container, with
+    the state file's registrar running, that is its host PID (see :func:`start_tenant_process`
+    for both).
+    """
+    pid, _, held = start_tenant_process(state_path, notebook, fraction, timeout, stop_with)
+    return pid, held
+
+
+def start_tenant_process(
+    state_path: str | os.PathLike[str],
+    notebook: str = "neighbour.ipynb",
+    fraction: float | None = None,
+    timeout: float = 90.0,
+    stop_with: int | None = None,
+) -> tuple[int, int, int]:
+    """:func:`start_tenant`, returning the PID the GPU lists, this namespace's PID and its bytes.
+
+    The two PIDs differ in a container whose state file has a registrar: the GPU lists the host
+    PID, and ``kill`` here takes the other.
     """
     from jupyter_client.connect import write_connection_file
     from jupyter_core.paths import jupyter_runtime_dir
+
+    from jax_nbmem.simgpu.registration import RegistrarError, register
 
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
@@ -298,16 +318,28 @@ def start_tenant(
             start_new_session=True,  # it outlives this command
         )  # fmt: skip
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            held = SimState.read(state_path).process_bytes(process.pid)
-        except StateError:  # being edited by hand: look again
-            held = None
-        if held:
-            return process.pid, held
-        if process.poll() is not None:
-            break
-        time.sleep(0.2)
+    try:
+        registration = register(state_path)  # None: no registrar, PIDs are this namespace's
+    except RegistrarError as error:
+        process.kill()
+        raise RuntimeError(f"{error} (the state file's registrar)") from None
+    try:
+        while time.monotonic() < deadline:
+            listed = process.pid
+            if registration is not None and registration.pid != os.getpid():
+                listed = registration.host_pid(process.pid)  # in a container: its host PID
+            try:
+                held = None if listed is None else SimState.read(state_path).process_bytes(listed)
+            except StateError:  # being edited by hand: look again
+                held = None
+            if held and listed is not None:
+                return listed, process.pid, held
+            if process.poll() is not None:
+                break
+            time.sleep(0.2)
+    finally:
+        if registration is not None:
+            registration.close()
     process.kill()
     raise RuntimeError(f"the neighbour kernel did not take its pool; its log: {log_path}")
 
@@ -323,6 +355,18 @@ def _check(path: Path) -> int:
         print(f"{error}; the last good state stays in use", file=sys.stderr)
         return 1
     print(f"{path}: good: {state.summary()}")
+    from jax_nbmem.simgpu.registration import RegistrarError, register, socket_path
+
+    try:
+        registration = register(path, timeout=1.0)
+    except RegistrarError as error:
+        print(f"{socket_path(path)}: {error}: processes in containers wait for it")
+        return 0
+    if registration is None:
+        print("no registrar: processes are listed by the PID they write (plain host)")
+    else:
+        registration.close()
+        print(f"registrar: answers at {socket_path(path)} (processes listed by host PID)")
     return 0
 
 
@@ -404,16 +448,17 @@ def main(
         if not args.state:
             parser.error(f"tenant: no state file: pass --state or set ${STATE_ENV_VAR}")
         try:
-            pid, held = start_tenant(
+            pid, own_pid, held = start_tenant_process(
                 args.state, args.notebook, args.fraction, stop_with=args.stop_with
             )
         except (RuntimeError, ValueError) as error:
             print(f"jax_nbmem simulated GPU: {error}", file=sys.stderr)
             return 1
+        where = "" if pid == own_pid else f" (host PID; {own_pid} in this container)"
         ends = "" if args.stop_with is None else f", or it stops when PID {args.stop_with} ends"
         print(
-            f"Simulated neighbour: kernel PID {pid} ({args.notebook}, preallocated) holds "
-            f"{held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {pid}{ends}"
+            f"Simulated neighbour: kernel PID {pid}{where} ({args.notebook}, preallocated) "
+            f"holds {held / GIB:.1f} GiB of the simulated GPU. Stop it: kill {own_pid}{ends}"
         )
         return 0
     if args.command == "check":

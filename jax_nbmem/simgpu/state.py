@@ -11,6 +11,7 @@ are re-exported here, where they have always been.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import re
@@ -171,6 +172,7 @@ class SimState:
         *,
         ends_with_process: bool = False,
         mig: int | None = None,
+        pidns: int | None = None,
     ) -> SimState:
         """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell).
 
@@ -178,15 +180,26 @@ class SimState:
         A process on both of a GPU's lists (compute and graphics) has the same figure on both.
         ``ends_with_process=True``: the GPU lists it only while a process ``pid`` exists, as
         a real driver forgets a process that exited (the demo's kernels are written so).
-        ``mig``: the GPU instance it runs in, on a GPU in MIG mode.
+        ``mig``: the GPU instance it runs in, on a GPU in MIG mode. ``pidns``: the PID namespace
+        ``pid`` belongs to (the inode of its ``/proc/PID/ns/pid``), as the registrar's lines say:
+        only a caller in that namespace judges ``ends_with_process`` by the PID.
         """
-        self._processes.append(ProcLine(gpu, pid, used, graphics, ends_with_process, mig))
+        line = ProcLine(gpu, pid, used, graphics, ends_with_process, mig, pidns)
+        self._processes.append(line)
         return self
 
-    def remove_process(self, pid: int) -> SimState:
-        """Take process ``pid`` off every GPU."""
-        self._processes = [proc for proc in self._processes if proc.pid != pid]
+    def remove_process(self, pid: int, pidns: int | None = None) -> SimState:
+        """Take process ``pid`` off every GPU (with ``pidns``: only its lines of that namespace)."""
+        self._processes = [
+            proc
+            for proc in self._processes
+            if proc.pid != pid or (pidns is not None and proc.pidns != pidns)
+        ]
         return self
+
+    def processes(self) -> list[ProcLine]:
+        """The ``proc`` lines, in order (copies: change the state through its methods)."""
+        return [dataclasses.replace(proc) for proc in self._processes]
 
     def lose(self, gpu: int) -> SimState:
         """Make GPU ``gpu`` "fall off the bus": NVML calls on it fail with GPU_IS_LOST."""
@@ -301,6 +314,9 @@ class SimState:
     def summary(self) -> str:
         """A line saying what the state holds: GPUs, processes, faults."""
         parts = [f"{len(self._gpus)} GPU(s)", f"{len(self._processes)} process(es)"]
+        registered = sum(1 for proc in self._processes if proc.pidns is not None)
+        if registered:
+            parts[-1] += f" ({registered} line(s) by a registrar's host PID)"
         if not self.driver_loaded:
             parts.append("no driver")
         if self._lost:
@@ -336,6 +352,7 @@ class SimState:
             kind = "graphics" if proc.graphics else "compute"
             kind += "" if proc.mig is None else f" mig={proc.mig}"
             ends = " ends=exit" if proc.ends_with_process else ""
+            ends += "" if proc.pidns is None else f" pidns={proc.pidns}"
             lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}{ends}")
         lines.extend(f"lost {index}" for index in sorted(self._lost))
         lines.extend(f"slow {call} {ms}" for call, ms in sorted(self._slow.items()))

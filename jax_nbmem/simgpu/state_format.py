@@ -81,7 +81,7 @@ The state file, one fact per line (what `SimState.write()` writes; `#` starts a 
   gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [util=PCT]
       [mig=on] [raw] [name=NAME]
   mig GPU GI UUID total=BYTES [name=NAME]
-  proc GPU PID used=BYTES|na [kind=compute|graphics] [mig=GI] [ends=exit]
+  proc GPU PID used=BYTES|na [kind=compute|graphics] [mig=GI] [ends=exit] [pidns=INODE]
   lost GPU | nodriver | unprivileged | slow CALL MS | fail CALL ERROR [GPU]
   end
 Keys come in any order, but name= takes the rest of its line. GPU indices run 0, 1, 2 ...
@@ -97,6 +97,13 @@ a device of its own to NVML); each of its processes runs in one (`mig=GI`). User
 root get NO_PERMISSION for the memory and processes of a GPU in MIG mode, as from a real
 driver, and answers from its instances; `unprivileged` treats root so too. Lines of any other
 kind are ignored (a later format's), and so are unknown keys.
+Containers (PID namespaces): a real driver lists host PIDs, whoever asks. With the
+`registrar` running on the host (root: `registrar --state FILE`, socket FILE.sock), each
+kernel's mirror learns its host PID from it and writes `pidns=INODE` on its lines: PID is a
+PID of that namespace (the inode of /proc/PID/ns/pid, the host's). Only a caller in that
+namespace judges `ends=exit` by the PID; elsewhere (inside a container) the line stays until
+the registrar removes it, which it does when the process's connection to it closes, however
+the process ended. Without a registrar a mirror writes its own PID, as on a plain host.
 Edit the file at any time, in place or by renaming a new one over it: every NVML call reads
 it again, and uses it only once it ends with the `end` line and reads the same twice in a
 row. A file with a problem (a bad line, a missing field, a gap in the indices) is reported,
@@ -147,3 +154,4 @@ class ProcLine:
     graphics: bool
     ends_with_process: bool = False
     mig: int | None = None
+    pidns: int | None = None  # the PID namespace PID belongs to (its inode); None: the reader's

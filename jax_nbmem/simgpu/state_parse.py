@@ -59,7 +59,7 @@ _TOKEN = re.compile(r"[^ \t\r\v\f]+")
 _COMMENT = re.compile(r"(?:^|(?<=[ \t\r\v\f]))#")
 _DIGITS = re.compile(r"[0-9]{1,20}")
 _INCOMPLETE = "no end line: the file is incomplete"
-_PROC_KEYS = frozenset(("used", "kind", "ends", "mig"))
+_PROC_KEYS = frozenset(("used", "kind", "ends", "mig", "pidns"))
 
 
 class _Problem(Exception):
@@ -270,8 +270,17 @@ class _Parser:
         mig = None if "mig=" not in keys else _u64(keys["mig="])
         if "mig=" in keys and (mig is None or mig >= _MAX_GI):
             raise _Problem(number, f"proc: bad mig= '{_cut(keys['mig='])}'")
+        pidns = None if "pidns=" not in keys else _u64(keys["pidns="])
+        if "pidns=" in keys and (not pidns or pidns == _NOT_AVAILABLE):
+            raise _Problem(number, f"proc: bad pidns= '{_cut(keys['pidns='])}'")
         self.state.process(
-            gpu, pid, used, kind == "graphics", ends_with_process=ends == "exit", mig=mig
+            gpu,
+            pid,
+            used,
+            kind == "graphics",
+            ends_with_process=ends == "exit",
+            mig=mig,
+            pidns=pidns,
         )
         self.proc_lines.append(number)
 

@@ -17,6 +17,7 @@ users' servers run a hard-linked copy of it (no data copied).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,10 +222,20 @@ def _serve_labextension(data: Path, package_root: Path) -> None:
 @pytest.fixture(scope="session")
 def hub(simgpu_lib):
     """The running hub (see the module); everything it made is removed afterwards."""
+    with running_hub(simgpu_lib) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_hub(simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-") -> Iterator[Hub]:
+    """A hub as the module says, its two users' servers started; ``extra_config`` goes last.
+
+    Skips (saying why) where it cannot run.
+    """
     missing = _missing()
     if missing:
         pytest.skip(missing)
-    folder = Path(tempfile.mkdtemp(prefix="jnm-hub-", dir="/var/tmp"))
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     folder.chmod(0o755)
     users: list[HubUser] = []
     process = None
@@ -256,6 +268,7 @@ def hub(simgpu_lib):
         config = folder / "jupyterhub_config.py"
         config.write_text(
             _config(port, api_port, proxy_port, folder, [u.name for u in users], python, tokens)
+            + extra_config
         )
         log_path = folder / "hub.log"
         with open(log_path, "ab") as log:

@@ -200,19 +200,6 @@ def test_a_neighbour_that_preallocated_is_named_as_blocking(demo_env, monkeypatc
         os.kill(neighbour, signal.SIGTERM)
 
 
-@pytest.fixture
-def mirror_module(monkeypatch):
-    """The mirror's module, as in a kernel whose JAX started in its default mode (75%)."""
-    from jax_nbmem.simgpu import mirror as module
-
-    monkeypatch.setattr(module, "_backend_started", lambda: True)
-    monkeypatch.setattr(module, "_live_array_bytes", lambda: 0)
-    for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                 "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    return module
-
-
 def test_a_mirror_waits_out_a_bad_state_file_and_says_so_once(tmp_path, mirror_module, capsys):
     path = tmp_path / "gpu.state"
     SimState(path).gpu(0, total=80 * GIB).write()

@@ -65,6 +65,8 @@ GOOD = [
     "mig 0 2 MIG-b total=2000\nproc 0 7 mig=2 used=5 ends=exit\nunprivileged\nend\n",
     f"gpu 0 {UUID} total=9000 mig=off\nend\n",
     f"gpu 0 {UUID} total=18446744073709551615 raw\nend\n",
+    # a registrar's lines: host PIDs, of the namespace they belong to
+    f"{HEAD}proc 0 7 pidns=4026531836 used=5 ends=exit\nproc 0 8 used=1 pidns=12\nend\n",
 ]
 BAD = [
     ("", "no end line: the file is incomplete"),
@@ -140,6 +142,12 @@ BAD = [
         "line 3: proc: no MIG instance 3 on GPU 0",
     ),
     (f"{HEAD}proc 0 5 used=1 mig=x\nend\n", "line 2: proc: bad mig= 'x'"),
+    (f"{HEAD}proc 0 5 used=1 pidns=0\nend\n", "line 2: proc: bad pidns= '0'"),
+    (f"{HEAD}proc 0 5 used=1 pidns=ns\nend\n", "line 2: proc: bad pidns= 'ns'"),
+    (
+        f"{HEAD}proc 0 5 used=1 pidns=18446744073709551615\nend\n",
+        "line 2: proc: bad pidns= '18446744073709551615'",
+    ),
     (f"driver {'9' * 80}\nend\n", "line 1: driver: VERSION longer than 79 bytes"),
     # the first problem wins: a line's own before the checks of the whole, else the lowest line
     (
@@ -176,6 +184,7 @@ def test_what_the_writer_writes_both_read_back_unchanged(c_reader, tmp_path):
     state.fail("init", 9).no_driver().unprivileged()
     state.gpu(3, 80 * GIB, mig=True).mig(3, 2, 40 * GIB, name="NVIDIA H200 MIG 3g.71gb")
     state.mig(3, 1, 20 * GIB).process(3, 14, GIB, mig=2, ends_with_process=True)
+    state.process(0, 15, GIB, ends_with_process=True, pidns=4026531836)
     text = state.render()
     assert c_reader(text) == (True, text) == python_reader(text)
 
