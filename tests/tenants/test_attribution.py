@@ -47,7 +47,17 @@ def preallocation(total_gib=16, fraction=0.75):
 
 
 def sleeper():
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    """A plain process, returned once it runs its command (a fresh child's cmdline is empty)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if "time.sleep(120)" in " ".join(psutil.Process(process.pid).cmdline()):
+                break
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    return process
 
 
 def stop(process):
