@@ -29,13 +29,13 @@ import os
 import re
 import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jax_nbmem.tenants.agent import Registration
+from jax_nbmem.tenants.beacons import write_atomically
 from jax_nbmem.tenants.hostview import HostView, boot_id
 
 __all__ = [
@@ -263,21 +263,9 @@ def write_resolution(directory: str, content: Mapping[str, Any] | str) -> str:
 
     Atomically (a temporary file renamed over it), mode 0644.
     """
-    path = os.path.join(directory, RESOLUTION_NAME)
-    fd, partial = tempfile.mkstemp(dir=directory, prefix=".resolution-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            os.fchmod(out.fileno(), 0o644)
-            # Text from dumps, not dump: the C encoder (dump iterates in Python, 6x slower).
-            out.write(content if isinstance(content, str) else _dumps(content))
-        os.replace(partial, path)
-    except BaseException:
-        try:
-            os.unlink(partial)
-        except OSError:
-            pass
-        raise
-    return path
+    # Text from dumps with the C encoder's compact separators, as the entries are encoded.
+    text = content if isinstance(content, str) else _dumps(content)
+    return write_atomically(os.path.join(directory, RESOLUTION_NAME), text)
 
 
 def clean_dead(

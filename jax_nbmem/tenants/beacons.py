@@ -61,6 +61,7 @@ __all__ = [
     "parse_beacon_file",
     "read_beacons",
     "read_small_file",
+    "write_atomically",
 ]
 
 log = logging.getLogger("jax_nbmem")
@@ -244,7 +245,8 @@ class BeaconWriter:
             content, errors = {**facts, "written_at": time.time()}, []
             for path in self.paths:
                 try:
-                    _write_atomically(path, content)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    write_atomically(path, content)
                 except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
                     errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
             self.last_error = "; ".join(errors) or None
@@ -276,14 +278,20 @@ class BeaconWriter:
         self._last = self._content = None
 
 
-def _write_atomically(path: str, content: dict) -> None:
+def write_atomically(path: str, content: Mapping[str, Any] | str) -> str:
+    """Write ``content`` (or its JSON text) at ``path``, mode 0644, atomically; returns the path.
+
+    A temporary file in the same folder renamed over ``path``, so a reader never sees half of
+    it. Beacons, publishers' files, the agent's resolution and the culler's notices and counts
+    are all written so: others may read them, none holds a secret.
+    """
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    text = content if isinstance(content, str) else json.dumps(content)
     fd, partial = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            os.fchmod(out.fileno(), 0o644)  # others may read it: it holds no secret
-            json.dump(content, out)
+            os.fchmod(out.fileno(), 0o644)
+            out.write(text)
         os.replace(partial, path)
     except BaseException:
         try:
@@ -291,6 +299,7 @@ def _write_atomically(path: str, content: dict) -> None:
         except OSError:
             pass
         raise
+    return path
 
 
 def read_beacons(

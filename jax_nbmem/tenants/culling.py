@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import report_label
+from jax_nbmem.tenants.beacons import write_atomically
 from jax_nbmem.tenants.owners import owner_text
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -177,29 +177,14 @@ def _path(directory: str, key: int | str) -> str:
     return os.path.join(directory, f"{_PREFIX}{key}.json")
 
 
-def _write(path: str, content: dict) -> str:
-    """Write ``content`` as JSON at ``path``, world-readable, atomically; returns the path."""
-    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".cull-")
-    try:
-        with os.fdopen(fd, "w") as out:
-            os.fchmod(out.fileno(), 0o644)
-            json.dump(content, out)
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
-    return path
-
-
 def write_notice(directory: str, notice: Notice) -> str:
     """Write the notice for its kernel (named by its key), world-readable, atomically."""
-    return _write(_path(directory, notice.key or notice.pid), asdict(notice))
+    return write_atomically(_path(directory, notice.key or notice.pid), asdict(notice))
 
 
 def write_counts(directory: str, counts: CullCounts) -> str:
     """Write the culler's counts, world-readable, atomically; returns the path."""
-    return _write(os.path.join(directory, _COUNTS), asdict(counts))
+    return write_atomically(os.path.join(directory, _COUNTS), asdict(counts))
 
 
 def read_counts(directories: Iterable[str]) -> CullCounts | None:

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from jax_nbmem.tenants.beacons import _START_SLACK_S, _write_atomically
+from jax_nbmem.tenants.beacons import _START_SLACK_S, write_atomically
 from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
@@ -79,7 +79,8 @@ def write_claim(
     }
     for directory in directories:
         try:
-            _write_atomically(_path(directory, beacon_key()), content)
+            os.makedirs(directory, exist_ok=True)
+            write_atomically(_path(directory, beacon_key()), content)
         except OSError:
             pass  # a directory we may not write: the exporter keeps these kernels
 
