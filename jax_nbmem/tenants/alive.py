@@ -16,7 +16,7 @@ import fcntl
 import os
 import stat
 
-__all__ = ["AliveLock", "lock_alive", "lock_path"]
+__all__ = ["AliveLock", "held_elsewhere", "lock_alive", "lock_path"]
 
 _PREFIX = "jax_nbmem-alive-"
 _SUFFIX = ".lock"
@@ -57,16 +57,24 @@ def lock_alive(directory: str, key: str) -> bool | None:
     except (OSError, ValueError):
         return None
     try:
+        return held_elsewhere(fd)
+    finally:
+        os.close(fd)
+
+
+def held_elsewhere(fd: int) -> bool | None:
+    """Whether another open file holds ``fd``'s file locked (its writer runs); None: unknown.
+
+    Tries a shared lock without blocking and lets it go at once.
+    """
+    try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
         return None
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 class AliveLock:

@@ -47,6 +47,7 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.tenants.alive import held_elsewhere
 from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 from jax_nbmem.tenants.neighbours import read_beacon_by_key
 from jax_nbmem.tenants.resolution import Resolution, load_resolution
@@ -237,23 +238,12 @@ def _read(path: str, name_key: str) -> _Read | None:
         )
         if claim.key != name_key or not _name_agrees(claim, ns):
             return None
-        return _Read(claim, list(ns) if ns is not None else None, info.st_uid, _locked(fd))
+        running = held_elsewhere(fd) is True  # its writer holds the lock while the claim stands
+        return _Read(claim, list(ns) if ns is not None else None, info.st_uid, running)
     except Exception:  # half-written, malformed whatever its shape
         return None
     finally:
         os.close(fd)
-
-
-def _locked(fd: int) -> bool:
-    """Whether another open file holds ``fd``'s lock: its writer still runs."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
 
 
 def _name_agrees(claim: Claim, ns: Any) -> bool:
