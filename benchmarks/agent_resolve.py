@@ -41,15 +41,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jax_nbmem.tenants.agent import Registration, Registry, beacon_from_content  # noqa: E402
-from jax_nbmem.tenants.agent_publish import (  # noqa: E402
+from jax_nbmem.agent.cgroups import ContainerNames  # noqa: E402
+from jax_nbmem.agent.hostproof import HostProof  # noqa: E402
+from jax_nbmem.agent.hostview import HostViewer  # noqa: E402
+from jax_nbmem.agent.publish import (  # noqa: E402
     ResolutionWriter,
     clean_dead,
     write_resolution,
 )
-from jax_nbmem.tenants.cgroups import ContainerNames  # noqa: E402
-from jax_nbmem.tenants.hostproof import HostProof  # noqa: E402
-from jax_nbmem.tenants.hostview import HostViewer  # noqa: E402
+from jax_nbmem.agent.server import Registration, Registry, beacon_from_content  # noqa: E402
 
 
 def fake_pods(root: Path, pids: list[int]) -> None:

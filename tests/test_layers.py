@@ -23,7 +23,7 @@ PACKAGE = ROOT / "jax_nbmem"
 UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
 # _version: jax_nbmem.__version__, a constant every part may read.
 SHARED = {"units", "text", "_version"}
-CORE = SHARED | {"gpu", "allocator", "record", "tenants", "tools"}
+CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
 MAY_IMPORT = {
@@ -33,7 +33,9 @@ MAY_IMPORT = {
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
-    "tenants": {"gpu", "allocator"} | SHARED,
+    "tenants": {"gpu", "allocator", "agent"} | SHARED,
+    # The node agent: the host's side of who is on the GPU, and the kernels' client of it.
+    "agent": {"gpu", "allocator", "tenants"} | SHARED,
     "tools": {"gpu", "allocator", "record"} | SHARED,
     "simgpu": set(),
     **{face: set(CORE) for face in FACES},

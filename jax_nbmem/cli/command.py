@@ -224,7 +224,7 @@ def _exporter(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
         return 2
-    from jax_nbmem.tenants.agent import AgentDirError
+    from jax_nbmem.agent.server import AgentDirError
 
     try:
         exporter.serve(ready=lambda url: print(f"jax-nbmem exporter: serving {url}", flush=True))

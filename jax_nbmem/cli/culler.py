@@ -12,11 +12,11 @@ exporter serves it (counting on from there after a restart), and served at the c
 ``/metrics`` with ``--listen``.
 
 Kernels in containers: on the host, the culler acts only on what the node agent proved
-(:mod:`jax_nbmem.tenants.hostproof`): a kernel in a PID namespace of its own that the agent
+(:mod:`jax_nbmem.agent.hostproof`): a kernel in a PID namespace of its own that the agent
 has not proven is never warned nor stopped (said once), whatever its beacon file claims. Its
 notice is keyed as its beacon (``jax_nbmem-cull-<ns_ino>-<pid_in_ns>.json``) so that the
 kernel finds it from inside its container; a kernel in a pod, which has no share directory,
-gets it from the node agent over its connection (:mod:`jax_nbmem.tenants.agent_tcp`).
+gets it from the node agent over its connection (:mod:`jax_nbmem.agent.tcp`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from jax_nbmem.agent.hostproof import HostProof, host_proof
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.stop import StopError, find, stop
 from jax_nbmem.tenants.beacons import read_beacons
@@ -45,7 +46,6 @@ from jax_nbmem.tenants.culling import (
     write_counts,
     write_notice,
 )
-from jax_nbmem.tenants.hostproof import HostProof, host_proof
 
 __all__ = ["Culler"]
 

@@ -19,7 +19,7 @@ the first one or once it is stale; it needs no password and tells nothing else.
 
 With a share directory it is also the node agent (docs/containers.md, "The node agent"): it
 listens on ``S/agent/agent.sock`` where kernels in containers prove who they are
-(:mod:`jax_nbmem.tenants.agent`); at each refresh its metrics use the proven kernels' modes
+(:mod:`jax_nbmem.agent.server`); at each refresh its metrics use the proven kernels' modes
 and idle times, it writes ``S/agent/resolution.json`` (every NVML PID and every proven
 kernel, with its container) and clears what dead kernels left. ``agent=False`` (the
 command's ``--no-agent``) leaves that out.
@@ -30,7 +30,7 @@ command's ``--agent-listen HOST:PORT``, the node's address) makes the agent list
 too, where a kernel is proven by the host process that holds its socket and reads the
 node's resolution over the same connection; without a share directory it listens on TCP
 alone. In a pod (``kubernetes="auto"``, the default) it names pods from the Kubernetes API
-(:mod:`jax_nbmem.tenants.kubepods`): the pods of ``node_name`` (``--node-name``,
+(:mod:`jax_nbmem.agent.kubepods`): the pods of ``node_name`` (``--node-name``,
 ``$JAX_NBMEM_NODE_NAME``); ``pod_names_visible`` (``--pod-names-visible``) says which
 namespaces' pod names a kernel may read.
 """
@@ -49,21 +49,21 @@ from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from jax_nbmem.cli.webconfig import WebConfig, load_web_config
-from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry
-from jax_nbmem.tenants.agent_publish import (
+from jax_nbmem.agent.cgroups import ContainerNames
+from jax_nbmem.agent.hostproof import HostProof
+from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
+from jax_nbmem.agent.publish import (
     PodVisibility,
     ResolutionWriter,
     clean_dead,
     write_resolution,
 )
+from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry
+from jax_nbmem.cli.webconfig import WebConfig, load_web_config
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.cgroups import ContainerNames
 from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.exposition import ScrapeCache
-from jax_nbmem.tenants.hostproof import HostProof
-from jax_nbmem.tenants.hostview import HostViewer
-from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
 from jax_nbmem.tenants.metrics import Snapshot, is_fresh
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect

@@ -12,7 +12,7 @@ GPUs, and logs each stop of another user's kernel (who, which kernel, whose, byt
 JSON line in the administrators' log.
 
 A kernel in a container (a PID namespace of its own), seen from the host: its kernel id and
-hub user come only from what the node agent proved (:mod:`jax_nbmem.tenants.hostproof`),
+hub user come only from what the node agent proved (:mod:`jax_nbmem.agent.hostproof`),
 never from a beacon file, its command line or its environment (any container can write those
 for another's kernel); without that proof the hub is not asked, and root stops the very host
 PID it named with signals. Its ``JPY_PARENT_PID`` is an in-container PID: it never names a
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import psutil
 
+from jax_nbmem.agent.hostproof import HostProof, host_proof, public_container
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
 from jax_nbmem.tenants.attribution import inspect_process
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
-from jax_nbmem.tenants.hostproof import HostProof, host_proof, public_container
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
 from jax_nbmem.tenants.servers import (
     _terminate,

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.tenants.agent_client import socket_path
+from jax_nbmem.agent.client import socket_path
 from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
 from jax_nbmem.tenants.identity import own_identity

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.server.kernel_state import with_states
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
-from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 

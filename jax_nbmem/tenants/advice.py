@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.allocator.caps import (
     CONTEXT_RESERVE_BYTES,
     MemoryCap,
@@ -19,7 +20,6 @@ from jax_nbmem.allocator.caps import (
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
-from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration

@@ -9,7 +9,7 @@ In a container (a PID namespace that is not the host's) the name is
 ``jax_nbmem-beacon-<ns inode>-<pid>.json``, and the content says the kernel's ``identity``
 (:mod:`.identity`). Beside it the writer holds an alive lock for the kernel's life
 (:mod:`.alive`), and sends each beacon to the node agent, where one listens
-(:mod:`.agent_client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
+(:mod:`jax_nbmem.agent.client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
 
 Where: the user's Jupyter runtime directory, so the user's own kernels, CLI and server see each
 other; on a shared node, also the directory an admin names (``c.JaxNbMem.share_dir`` or
@@ -44,8 +44,8 @@ from typing import Any
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jax_nbmem.tenants.agent_client import AgentClient
-from jax_nbmem.tenants.agent_client_tcp import network_client
+from jax_nbmem.agent.client import AgentClient
+from jax_nbmem.agent.client_tcp import network_client
 from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
 

@@ -16,7 +16,7 @@ and ``key`` its key. A kernel in the host's PID namespace keeps ``<pid>``.
 A kernel believes a notice only from root or the shared directory's owner (a hub runs its
 services as one of them), never from another user. A kernel in a pod has no shared directory:
 the node agent, which reads the notices there with the same trust, relays each kernel its own
-over the connection the kernel opened (:mod:`.agent_tcp`), and the kernel checks it again
+over the connection the kernel opened (:mod:`jax_nbmem.agent.tcp`), and the kernel checks it again
 (:func:`relayed_notice`).
 
 The culler also keeps its count of kernels culled, by reason, in the shared directory
@@ -258,8 +258,8 @@ def relayed_notice(
 
     A kernel in a pod has no share directory: the agent, which reads the culler's notices
     there as :func:`read_notice` does (root's or the directory owner's only), gives each
-    proven caller its own over the connection the kernel opened (:mod:`.agent_tcp`). Checked
-    here as a file's would be: meant for ``pid`` / ``key``, of this process's start.
+    proven caller its own over the connection the kernel opened (:mod:`jax_nbmem.agent.tcp`).
+    Checked here as a file's would be: meant for ``pid`` / ``key``, of this process's start.
     """
     return _checked(content, pid, started_at, key)
 

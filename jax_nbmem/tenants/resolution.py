@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jax_nbmem.tenants.agent_client import AGENT_DIR
-from jax_nbmem.tenants.agent_client_tcp import (
+from jax_nbmem.agent.client import AGENT_DIR
+from jax_nbmem.agent.client_tcp import (
     network_absence,
     network_problem,
     parsed_network_resolution,
@@ -170,7 +170,7 @@ def load_resolution(
     """Read and check the agent's resolution in ``share_dir``; never raises.
 
     Without a share directory (a pod on Kubernetes), the resolution the node agent last sent
-    over the network (:mod:`~jax_nbmem.tenants.agent_client_tcp`), if any; absent, or stale,
+    over the network (:mod:`~jax_nbmem.agent.client_tcp`), if any; absent, or stale,
     with the reason the agent was not heard (no address, unreachable, silent).
     """
     if not share_dir:

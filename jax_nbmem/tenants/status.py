@@ -15,19 +15,19 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.agent.cgroups import container_text
+from jax_nbmem.agent.client_tcp import network_configured, network_notice
+from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
-from jax_nbmem.tenants.agent_client_tcp import network_configured, network_notice
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
-from jax_nbmem.tenants.cgroups import container_text
 from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
-from jax_nbmem.tenants.hostproof import host_proof
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.tenants.resolution import load_resolution

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from jax_nbmem.agent.client_tcp import TcpAgentClient, network_resolution
 from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.agent_client_tcp import TcpAgentClient, network_resolution
 from tests.tenants.agent_client import beacon, claims
 from tests.waiting import wait_for
 

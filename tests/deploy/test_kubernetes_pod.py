@@ -236,7 +236,7 @@ def test_the_z2jh_values_register_the_culler_as_the_hub_config_does():
 def test_the_agent_s_private_cgroup_namespace_still_names_the_pod_and_container():
     # In the agent's container (cgroup v2: a cgroup namespace of its own) another pod's
     # /proc/PID/cgroup is relative to the agent's own cgroup: it starts with "/..".
-    from jax_nbmem.tenants.cgroups import container_from_cgroup
+    from jax_nbmem.agent.cgroups import container_from_cgroup
 
     uid, cid = "0d2a4c1e-5b6f-4a3b-9c8d-7e6f5a4b3c2d", "ab" * 32
     seen = (f"0::/../../kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}"

@@ -75,7 +75,7 @@ def test_the_unit_s_shape():
 
 def test_tmpfiles_makes_the_agent_directory_the_agent_accepts(tmp_path):
     """The tmpfiles lines, applied under another root, make what prepare_agent_dir accepts."""
-    from jax_nbmem.tenants.agent import prepare_agent_dir
+    from jax_nbmem.agent.server import prepare_agent_dir
 
     if shutil.which("systemd-tmpfiles") is None:
         pytest.skip("systemd-tmpfiles is missing")

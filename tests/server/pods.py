@@ -18,11 +18,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax_nbmem.agent.cgroups import ContainerNames
+from jax_nbmem.agent.hostproof import HostProof
+from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.server.monitor import ServerMonitor
 from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.cgroups import ContainerNames
-from jax_nbmem.tenants.hostproof import HostProof
-from jax_nbmem.tenants.hostview import HostViewer
 from jax_nbmem.tenants.status import collect
 from tests.tenants.test_hostview import fake_process
 from tests.tenants.test_podnames import ALICE_CID, ALICE_UID, ML_CID, ML_UID, two_pods

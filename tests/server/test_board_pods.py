@@ -1,7 +1,7 @@
 """What the board and the JupyterLab sidebar are given of processes in pods: their container,
 pod and namespace, and the words the status line uses for them; nothing of the kind on a host."""
 
-from jax_nbmem.tenants.cgroups import container_text
+from jax_nbmem.agent.cgroups import container_text
 from tests.server.pods import ALICE_CID, KERNEL_ID, pod_snapshot
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jax_nbmem.tenants.agent import AgentDirError, AgentServer, Registry, prepare_agent_dir
-from jax_nbmem.tenants.agent_publish import clean_dead
+from jax_nbmem.agent.publish import clean_dead
+from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry, prepare_agent_dir
 from tests.tenants.namespaces import client_args, contained, need_namespaces
 from tests.waiting import wait_for
 
@@ -192,7 +192,7 @@ def test_connections_are_limited(share):
 
 def test_a_registration_needs_the_host_to_read_the_namespace(share, monkeypatch):
     need_namespaces()
-    from jax_nbmem.tenants.hostview import HostViewer
+    from jax_nbmem.agent.hostview import HostViewer
 
     monkeypatch.setattr(HostViewer, "_pid_ns", staticmethod(
         lambda base: (None, "its PID namespace is unreadable: needs CAP_SYS_PTRACE")))  # fmt: skip

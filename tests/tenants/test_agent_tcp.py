@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_nbmem.tenants.agent import AgentServer, Registry
+from jax_nbmem.agent.server import AgentServer, Registry
 from tests.tenants.namespaces import Contained, need_namespaces
 from tests.waiting import wait_for
 
@@ -172,7 +172,7 @@ def test_an_address_already_taken_is_a_said_error_and_nothing_is_left_listening(
     first = AgentServer(None, Registry(), tcp=("127.0.0.1", 0))
     first.start()
     try:
-        from jax_nbmem.tenants.agent import AgentDirError
+        from jax_nbmem.agent.server import AgentDirError
 
         share = tmp_path / "share"
         share.mkdir()

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import threading
 
-from jax_nbmem.tenants import agent_client
-from jax_nbmem.tenants.agent_client import AgentClient
+from jax_nbmem.agent import client as agent_client
+from jax_nbmem.agent.client import AgentClient
 from jax_nbmem.tenants.alive import AliveLock, lock_alive, lock_path
 from jax_nbmem.tenants.identity import beacon_key, own_identity, start_ticks
 

@@ -184,7 +184,7 @@ def test_another_namespace_s_claim_is_matched_to_nvml_only_as_the_agent_or_its_b
 
 
 def test_the_agent_clears_claims_their_writers_let_go_of_long_ago(tmp_path):
-    from jax_nbmem.tenants.agent_publish import clean_dead
+    from jax_nbmem.agent.publish import clean_dead
 
     long_ago = time.time() - 600
     held = ClaimBook(str(tmp_path), {"pid_ns": [1, 4026999999], "pid_in_ns": 1})

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from jax_nbmem.tenants.agent_publish import build_resolution, write_resolution
-from jax_nbmem.tenants.hostproof import HostProof, host_proof, read_resolution
-from jax_nbmem.tenants.hostview import HostViewer
+from jax_nbmem.agent.hostproof import HostProof, host_proof, read_resolution
+from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.publish import build_resolution, write_resolution
 from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from tests.tenants.test_hostview import DOCKER_ID, fake_process
 

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from jax_nbmem.tenants.cgroups import ContainerNames, container_from_cgroup
-from jax_nbmem.tenants.hostview import (
+from jax_nbmem.agent.cgroups import ContainerNames, container_from_cgroup
+from jax_nbmem.agent.hostview import (
     INIT_PID_NS_INO,
     HostViewer,
     beacon_key,
@@ -179,6 +179,6 @@ def test_another_user_s_namespace_needs_ptrace_and_says_so(tmp_path, monkeypatch
     def refused(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr("jax_nbmem.tenants.hostview.os.stat", refused)
+    monkeypatch.setattr("jax_nbmem.agent.hostview.os.stat", refused)
     view = HostViewer(str(tmp_path)).view(9)
     assert view.pid_ns is None and "CAP_SYS_PTRACE" in view.pid_ns_reason

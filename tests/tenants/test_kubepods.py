@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from jax_nbmem.tenants.cgroups import ContainerNames, container_from_cgroup
-from jax_nbmem.tenants.kubepods import KubeAPI, KubeError, PodDirectory, pod_from
+from jax_nbmem.agent.cgroups import ContainerNames, container_from_cgroup
+from jax_nbmem.agent.kubepods import KubeAPI, KubeError, PodDirectory, pod_from
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.waiting import wait_for
 
@@ -242,7 +242,7 @@ def test_a_pod_not_listed_yet_is_named_once_the_directory_has_it(api, token, mon
     assert first.pod is None and f"pod {OTHER_UID} is not on this node's list" in first.name_reason
     api.pods.append(pod(OTHER_UID, "jupyter-dan", "jhub", [("notebook", f"containerd://{CID}")]))
     directory.list_now()
-    monkeypatch.setattr("jax_nbmem.tenants.cgroups._LISTING_EVERY_S", 0.0)
+    monkeypatch.setattr("jax_nbmem.agent.cgroups._LISTING_EVERY_S", 0.0)
     assert names.name(container).pod == "jupyter-dan"
 
 

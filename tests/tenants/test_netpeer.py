@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from jax_nbmem.tenants.netpeer import PeerFinder, parse_tcp_table
+from jax_nbmem.agent.netpeer import PeerFinder, parse_tcp_table
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"  # noqa: E501
 

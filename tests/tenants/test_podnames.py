@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from jax_nbmem.agent.cgroups import ContainerNames
+from jax_nbmem.agent.hostproof import HostProof
+from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.kubepods import KubeAPI, PodDirectory
+from jax_nbmem.agent.publish import HIDDEN_REASON, PodVisibility, ResolutionWriter
 from jax_nbmem.cli.exporter import Exporter
-from jax_nbmem.tenants.agent_publish import HIDDEN_REASON, PodVisibility, ResolutionWriter
-from jax_nbmem.tenants.cgroups import ContainerNames
-from jax_nbmem.tenants.hostproof import HostProof
-from jax_nbmem.tenants.hostview import HostViewer
-from jax_nbmem.tenants.kubepods import KubeAPI, PodDirectory
 from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import _process_line
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
@@ -158,7 +158,7 @@ def test_a_view_read_before_its_pod_was_listed_is_named_once_it_is(proc, tmp_pat
         api.pods.append(pod(ALICE_UID, "jupyter-alice", "jhub",
                             [("notebook", f"containerd://{ALICE_CID}")]))  # fmt: skip
         directory.list_now()
-        monkeypatch.setattr("jax_nbmem.tenants.cgroups._LISTING_EVERY_S", 0.0)
+        monkeypatch.setattr("jax_nbmem.agent.cgroups._LISTING_EVERY_S", 0.0)
         again = viewer.view(500)
         assert (again.container.pod, again.container.name) == ("jupyter-alice", "notebook")
         assert again.start_ticks == first.start_ticks and viewer.hits >= 1

@@ -1,4 +1,4 @@
-"""The node agent's TCP side: kernels in pods that have no share directory (see :mod:`.agent`).
+"""The node agent's TCP side: kernels in pods that have no share directory (see :mod:`.server`).
 
 No credentials come with a TCP connection, so the caller is the host process that holds the
 connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never what
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jax_nbmem.tenants.agent_registry import AgentDirError
+from jax_nbmem.agent.netpeer import family_of
+from jax_nbmem.agent.registry import AgentDirError
 from jax_nbmem.tenants.culling import notice_content, read_notice
-from jax_nbmem.tenants.netpeer import family_of
 
 __all__ = ["LISTENER_TCP", "Connection", "TcpSide"]
 

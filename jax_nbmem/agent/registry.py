@@ -1,6 +1,6 @@
 """The node agent's registry: which kernels it proved, by host PID, and its directory.
 
-A kernel's beacon line (see :mod:`.agent`) carries its ``identity`` claims; :class:`Registry`
+A kernel's beacon line (see :mod:`.server`) carries its ``identity`` claims; :class:`Registry`
 checks them against the host's view of the socket peer's host PID (:mod:`.hostview`): PID
 namespace (device, inode), innermost NSpid, start ticks, boot id, and the beacon's own PID.
 All equal: the content is proven for that host PID until its connection closes. Nothing a
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jax_nbmem.agent.hostview import HostView, HostViewer, beacon_key, boot_id
 from jax_nbmem.tenants import beacons as _beacons
 from jax_nbmem.tenants.beacons import Beacon
-from jax_nbmem.tenants.hostview import HostView, HostViewer, beacon_key, boot_id
 
 __all__ = [
     "AGENT_DIR",

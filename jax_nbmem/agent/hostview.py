@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from jax_nbmem.tenants.cgroups import Container, ContainerNames, container_from_cgroup, named_fully
+from jax_nbmem.agent.cgroups import Container, ContainerNames, container_from_cgroup, named_fully
 
 __all__ = [
     "INIT_PID_NS_INO",

@@ -2,7 +2,7 @@
 
 Over a Unix socket the kernel's host PID arrives with the connection (SO_PEERCRED). Over TCP
 nothing does, and what a caller says is a claim, so the agent finds the caller from the
-host's side, reading ``/proc`` in the host's PID namespace (:mod:`.agent`):
+host's side, reading ``/proc`` in the host's PID namespace (:mod:`.server`):
 
 1. The agent sees the connection's far end as ``peer`` (address, port). A pod has a network
    namespace of its own: its kernel's socket is listed in *that* namespace's table only.

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jax_nbmem.tenants.agent import AGENT_DIR, Registration, beacon_from_content
-from jax_nbmem.tenants.agent_publish import RESOLUTION_NAME, RESOLUTION_SCHEMA
+from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
+from jax_nbmem.agent.publish import RESOLUTION_NAME, RESOLUTION_SCHEMA
+from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
 from jax_nbmem.tenants.beacons import Beacon
-from jax_nbmem.tenants.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
 
 __all__ = [
     "ENV_AGENT_USER",

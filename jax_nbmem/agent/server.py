@@ -41,7 +41,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from jax_nbmem.tenants.agent_registry import (
+from jax_nbmem.agent.netpeer import PeerFinder
+from jax_nbmem.agent.registry import (
     AGENT_DIR,
     AgentDirError,
     Registration,
@@ -49,8 +50,7 @@ from jax_nbmem.tenants.agent_registry import (
     beacon_from_content,
     prepare_agent_dir,
 )
-from jax_nbmem.tenants.agent_tcp import LISTENER_TCP, Connection, TcpSide
-from jax_nbmem.tenants.netpeer import PeerFinder
+from jax_nbmem.agent.tcp import LISTENER_TCP, Connection, TcpSide
 
 __all__ = [
     "AGENT_DIR",

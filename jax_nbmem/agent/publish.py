@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jax_nbmem.tenants.agent import Registration
+from jax_nbmem.agent.hostview import HostView, boot_id
+from jax_nbmem.agent.server import Registration
 from jax_nbmem.tenants.beacons import write_atomically
-from jax_nbmem.tenants.hostview import HostView, boot_id
 
 __all__ = [
     "HIDDEN_REASON",
