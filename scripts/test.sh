@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh machine: install the package with its test extras,
+# the system tools the tests use (iproute2, systemd's analyzers, openssl: .ci/system-deps.sh),
 # Debian's chromium for the browser tests, prometheus (with promtool) for the metrics tests,
 # node and configurable-http-proxy for the hub tests, the Prometheus Operator's CRD models
 # for the Kubernetes manifests' tests, then pytest (its "no tests ran" exit 5
@@ -7,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+bash .ci/system-deps.sh
 bash .ci/browser-deps.sh
 bash .ci/prometheus-deps.sh
 bash .ci/hub-deps.sh

@@ -11,9 +11,19 @@ import sys
 
 import pytest
 
-# --- The simulated GPU (jax_nbmem.simgpu) ------------------------------------------------------
 from jax_nbmem import simgpu
 from jax_nbmem.gpu import nvml
+from tests.skips import SkipLedger
+
+# --- Skips under CI (tests/skips.py) ------------------------------------------------------------
+
+
+def pytest_configure(config):
+    """Under CI, a skip that tests/skips.py does not expect fails the run."""
+    config.pluginmanager.register(SkipLedger(), "jax_nbmem_skips")
+
+
+# --- The simulated GPU (jax_nbmem.simgpu) ------------------------------------------------------
 
 #
 # Subprocess tests put the stand-in libnvidia-ml.so.1 on LD_LIBRARY_PATH through `simgpu_env`.

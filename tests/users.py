@@ -75,38 +75,69 @@ def _runs_as(user: User, python: str, env: dict, imports: str) -> str | None:
     return None
 
 
-def python_for(user: User, folder: Path, env: dict, imports: str = "jax_nbmem") -> tuple[str, dict]:
+def python_for(
+    user: User, folder: Path, env: dict, imports: str = "jax_nbmem", *, copy: bool = False
+) -> tuple[str, dict]:
     """A Python (and its environment) that ``user`` can run: ours, or a hard-linked copy.
 
     ``imports`` (a comma-separated list, with ``jax_nbmem`` in it) must import for ``user``.
-    The copy lies under ``folder`` (``folder/python``, the package in ``folder/src``).
+    The copy lies under ``folder`` (``folder/python``, the package in ``folder/src``; in a
+    virtual environment, the environment too, as ``folder/venv`` over that copy); ``copy``
+    asks for one even where ``user`` could run ours (a test that writes into the Python's own
+    folders, such as its IPython startup folder).
     """
     env = {**env, "PYTHONPATH": str(REPO_ROOT)}
-    if _runs_as(user, sys.executable, env, imports) is None:
+    if not copy and _runs_as(user, sys.executable, env, imports) is None:
         return sys.executable, env
-    source = Path(sys.prefix)
-    if sys.prefix != sys.base_prefix:
-        pytest.skip(f"{user.name} cannot run this virtual environment's Python under {source}")
     package = folder / "src"
     shutil.copytree(
         REPO_ROOT / "jax_nbmem", package / "jax_nbmem",
         ignore=shutil.ignore_patterns("__pycache__"),
     )  # fmt: skip
-    copy = folder / "python"
-    done = subprocess.run(["cp", "-al", str(source), str(copy)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"{user.name} cannot read {source} and no hard-linked copy: {done.stderr}")
-    python = str(copy / "bin" / Path(os.path.realpath(sys.executable)).name)
+    base = folder / "python"
+    _hard_link_copy(Path(sys.base_prefix), base)
+    python = base / "bin" / Path(os.path.realpath(sys.executable)).name
+    if sys.prefix != sys.base_prefix:  # a venv (the README's install): its packages too
+        python = _venv_over(Path(sys.prefix), folder / "venv", python)
     library = env.get("LD_LIBRARY_PATH", "")
     env = {
         **env,
         "PYTHONPATH": str(package),
-        "LD_LIBRARY_PATH": f"{copy / 'lib'}:{library}" if library else str(copy / "lib"),
+        "LD_LIBRARY_PATH": f"{base / 'lib'}:{library}" if library else str(base / "lib"),
     }
-    why = _runs_as(user, python, env, imports)
+    why = _runs_as(user, str(python), env, imports)
     if why is not None:
         pytest.fail(f"{user.name} cannot run the copy of Python at {python}: {why}")
-    return python, env
+    return str(python), env
+
+
+def _hard_link_copy(source: Path, copy: Path) -> None:
+    """``copy`` as ``source`` with every file hard-linked (no bytes copied; same file system)."""
+    done = subprocess.run(["cp", "-al", str(source), str(copy)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"no hard-linked copy of {source} at {copy}: {done.stderr}")
+
+
+def _venv_over(venv: Path, copy: Path, base_python: Path) -> Path:
+    """A copy of the virtual environment ``venv`` whose interpreter is ``base_python``.
+
+    The environment's files are hard-linked; its ``pyvenv.cfg`` and its ``bin/python*`` links,
+    which name the original interpreter's folder, are written anew (unlinked first: a write
+    through a hard link would change the original).
+    """
+    _hard_link_copy(venv, copy)
+    config = copy / "pyvenv.cfg"
+    lines = [
+        f"home = {base_python.parent}" if line.split("=")[0].strip() == "home" else line
+        for line in config.read_text().splitlines()
+    ]
+    config.unlink()
+    config.write_text("\n".join(lines) + "\n")
+    for link in (copy / "bin").glob("python*"):
+        if link.is_symlink():
+            link.unlink()
+            link.symlink_to(base_python)
+    return copy / "bin" / "python"
 
 
 @contextmanager

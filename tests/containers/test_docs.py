@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from traitlets.config import Config
 
 from tests.jupyterlab import REPO_ROOT
@@ -24,7 +23,6 @@ def dockerspawner_config() -> Config:
 
 
 def test_the_share_directory_is_one_host_folder_at_the_same_path_in_every_container():
-    pytest.importorskip("docker")
     c = dockerspawner_config()
     share = c.DockerSpawner.environment["JAX_NBMEM_SHARE_DIR"]
     assert c.DockerSpawner.volumes == {share: share}
@@ -32,7 +30,8 @@ def test_the_share_directory_is_one_host_folder_at_the_same_path_in_every_contai
 
 
 def test_the_gpus_come_from_the_nvidia_runtime_and_never_the_hosts_pid_namespace():
-    docker = pytest.importorskip("docker")
+    import docker
+
     host_config = dict(dockerspawner_config().DockerSpawner.extra_host_config)
     assert "pid_mode" not in host_config and "privileged" not in host_config
     made = docker.types.HostConfig(version="1.44", **host_config)  # what DockerSpawner passes on

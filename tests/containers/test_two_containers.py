@@ -26,9 +26,6 @@ from tests.waiting import wait_for
 
 GiB, MiB = 1 << 30, 1 << 20
 pytestmark = pytest.mark.timeout(600)
-# The node agent (h-agent) and the kernel's side (h-kernel): these tests need both merged.
-pytest.importorskip("jax_nbmem.agent.server", reason="the node agent is not on this branch")
-pytest.importorskip("jax_nbmem.tenants.resolution", reason="the kernel's side is not here")
 
 _STATUS = "import jax_nbmem, json; print(json.dumps(jax_nbmem.status()))"
 

@@ -141,8 +141,6 @@ def _node_agent(hub: Hub):
 
 
 def test_through_the_proxy_bob_is_warned_of_alice_and_root_acts_on_her_kernel(ns_hub):
-    pytest.importorskip("jax_nbmem.agent.server", reason="the node agent is not on this branch")
-    pytest.importorskip("jax_nbmem.tenants.resolution", reason="the kernel's side is not here")
     alice, bob = ns_hub.alice, ns_hub.bob
     with _node_agent(ns_hub):
         hog = Kernel(ns_hub, alice, "hog.ipynb")

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from jax_nbmem import simgpu
 from jax_nbmem.record.sampler import (
     GpuSample,
     HostSample,
@@ -531,12 +532,8 @@ def test_unsubscribed_callbacks_hear_nothing_more(world, clock):
     assert len(heard) == 1
 
 
-def test_the_default_source_reads_the_simulated_gpu_without_importing_jax(tmp_path):
-    simgpu = pytest.importorskip("jax_nbmem.simgpu")
-    try:
-        library = simgpu.build(tmp_path)
-    except RuntimeError as error:
-        pytest.skip(f"cannot build the simulated GPU: {error}")
+def test_the_default_source_reads_the_simulated_gpu_without_importing_jax(tmp_path, simgpu_lib):
+    library = simgpu_lib
     state_path = tmp_path / "gpu.state"
     code = textwrap.dedent(
         f"""
