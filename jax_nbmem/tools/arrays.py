@@ -138,18 +138,6 @@ class FreeReport:
         """Whether at least one name held JAX arrays (the magic refuses when none did)."""
         return any(o.status != "invalid" for o in self.outcomes)
 
-    @property
-    def pool_bytes_returned(self) -> int | None:
-        """Drop in JAX's ``bytes_in_use``, or ``None`` when the backend does not report it."""
-        before, after = self.before.jax_bytes_in_use, self.after.jax_bytes_in_use
-        return None if before is None or after is None else before - after
-
-    @property
-    def gpu_bytes_returned(self) -> int | None:
-        """Drop in this process's GPU memory per NVML, or ``None`` when NVML cannot say."""
-        before, after = self.before.gpu_self_bytes, self.after.gpu_self_bytes
-        return None if before is None or after is None else before - after
-
 
 @dataclass
 class _Holders:

@@ -13,6 +13,7 @@ import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
 from tests.jupyterlab import (
+    REPO_ROOT,
     artifacts_dir,
     console_messages,
     open_notebook,
@@ -23,11 +24,22 @@ from tests.jupyterlab import (
 )
 from tests.notebook.test_panel_kernel import OTHER_PID
 from tests.server.test_extension import kernel_pids
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.kernel]
 pytest_plugins = ("tests.jupyterlab",)
 
 ITEM = ".jax-nbmem-item"
+
+
+def _model_constant(name: str) -> float:
+    """A constant of the item's model (labextension/src/model.ts), in seconds: what it waits."""
+    source = (REPO_ROOT / "labextension" / "src" / "model.ts").read_text()
+    return int(re.search(rf"export const {name} = (\d+);", source).group(1)) / 1000
+
+
+REFRESH_S = _model_constant("REFRESH_MS")  # the item's look at the server, with a GPU
+NO_GPU_REFRESH_S = _model_constant("NO_GPU_REFRESH_MS")  # and without one
 SIDEBAR = "#jax-nbmem-sidebar"
 NOTICE = "keeps others off"  # what the blocking notification says
 TRAIN = [
@@ -94,7 +106,8 @@ def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_pa
     neighbour, held = start_tenant(state, notebook="hog.ipynb")  # default mode: 75%
     try:
         text = wait_state(lab_page, "red")
-        time.sleep(7)  # two more looks at the server: the notification is raised once
+        count_status_requests(lab_page)  # two more looks at the server: raised once
+        wait_for("two more looks", lambda: status_requests(lab_page) >= 2, timeout=30)
         assert notifications(lab_page) == 1
         lab_page.locator(ITEM).screenshot(path=str(artifacts_dir() / "labext-item-red.png"))
         screenshot(lab_page, "labext-red-and-notification")
@@ -119,7 +132,8 @@ def test_amber_then_red_then_shut_down_from_the_sidebar(start_lab_server, lab_pa
         lab_page.reload(wait_until="domcontentloaded")
         wait_kernel_connected(server, 90, notebook="train.ipynb")
         wait_state(lab_page, "red")
-        time.sleep(4)
+        count_status_requests(lab_page)
+        wait_for("two looks after the reload", lambda: status_requests(lab_page) >= 2, timeout=30)
         assert notifications(lab_page) == 0
 
         lab_page.locator(ITEM).click()
@@ -257,7 +271,7 @@ def test_without_the_server_extension_nothing_shows_and_the_console_says_why_onc
     write_notebook(server.root_dir / "plain.ipynb", ["x = 1"])
     open_notebook(lab_page, server, "plain.ipynb")
     count_status_requests(lab_page)
-    time.sleep(8)  # more than two polls' worth
+    time.sleep(2 * REFRESH_S + 2)  # more than two polls' worth: none may come
     said = [m for m in console_messages(lab_page) if "jax_nbmem" in m]
     assert len(said) == 1 and "not enabled" in said[0], said
     assert status_requests(lab_page) == 0  # it asked once, before the count began, and stopped
@@ -300,7 +314,8 @@ def test_without_a_gpu_the_item_says_so_and_stays_quiet(
     assert wait_state(lab_page, "none") == "GPU: none"
     assert "No GPU seen" in lab_page.locator(ITEM).get_attribute("title")
     count_status_requests(lab_page)
-    time.sleep(10)
+    assert NO_GPU_REFRESH_S >= 30  # so the window below, three looks with a GPU, sees none
+    time.sleep(3 * REFRESH_S + 1)
     assert status_requests(lab_page) == 0  # it looks again only once a minute
 
 

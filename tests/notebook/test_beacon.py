@@ -91,6 +91,16 @@ def _execute(client, code: str) -> str:
     return out
 
 
+_WATCH_LOOKS = (
+    "print(get_ipython().magics_manager.registry['JaxNbMemMagics'].session.watcher._generation)"
+)
+
+
+def _watch_looks(client) -> int:
+    """How many reports the kernel's status watch has made so far."""
+    return int(_execute(client, _WATCH_LOOKS).strip())
+
+
 def _own_row(text: str, pid: int) -> str:
     (row,) = [line for line in text.splitlines() if line.strip().startswith(f"pid {pid} ")]
     return row
@@ -140,7 +150,9 @@ def test_a_kernel_names_its_notebook_only_from_what_it_knows_of_itself(
         claim = {**facts, "notebook": hog, "written_at": time.time() + 3600}
         (share / f"jax_nbmem-beacon-{pid}.json").write_text(json.dumps(claim))
         assert mine in _own_row(_execute(client, "%jaxmem status"), pid)
-        time.sleep(2.5)  # several looks of the status watch, several beacon writes
+        # Several looks of the status watch (each may rewrite the beacon) since the forgery:
+        looked = _watch_looks(client)
+        wait_for("three more looks of the status watch", lambda: _watch_looks(client) >= looked + 3)
         assert _own_process(client, pid)["notebook"] == mine
         (share / f"jax_nbmem-beacon-{pid}.json").unlink()
         _execute(client, "print('a cell')")  # the beacon is rewritten when it changes

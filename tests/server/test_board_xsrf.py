@@ -6,7 +6,6 @@ board's refreshes must keep working, where a fetch without the token is refused 
 
 import json
 import os
-import time
 import urllib.request
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from jax_nbmem.simgpu import GIB
 from tests.jupyterlab import REPO_ROOT
 from tests.server.test_extension import call
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.browser
 pytest_plugins = ("tests.jupyterlab",)
@@ -61,7 +61,13 @@ def test_the_board_keeps_refreshing_where_every_fetch_needs_the_xsrf_token(
     lab_page.goto(f"{server.base_url}/jax-nbmem/?token={server.token}")
     gpu = lab_page.get_by_role("region", name="GPU 0")
     gpu.wait_for(timeout=30_000)
-    time.sleep(4.5)  # two refreshes more, on the login cookie alone
+    # Two refreshes more (each asks for status and history), on the login cookie alone.
+    # (Playwright hands over the page's events while it is called: evaluate lets them in.)
+    wait_for(
+        "two refreshes of the board",
+        lambda: lab_page.evaluate("0") == 0 and len(answers) >= 6,
+        timeout=30,
+    )
     assert lab_page.locator("#problem").inner_text() == ""
     assert "updated" in lab_page.locator("#age").inner_text()
     assert {"status", "history"} <= {name for name, code in answers if code == 200}

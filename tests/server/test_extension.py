@@ -203,19 +203,14 @@ def test_fifty_kernels_and_a_slow_nvml_never_hold_up_the_server(
         assert status == 200
         return time.perf_counter() - began
 
-    status_s, kernels_s = [], []
-    end = time.monotonic() + 6  # three refreshes, each 2 s in NVML
+    # Requests during three refreshes (each 2 s in NVML) never wait for NVML: a bound in
+    # seconds that any machine meets; the figures (median and max in ms) are measured by
+    # benchmarks/serving_costs.py.
+    slowest = 0.0
+    end = time.monotonic() + 6
     while time.monotonic() < end:
-        status_s.append(timed("jax-nbmem/api/status"))
-        kernels_s.append(timed("api/kernels"))
-    status_s.sort()
-    kernels_s.sort()
-    print(json.dumps({"status_ms_median": round(1000 * status_s[len(status_s) // 2], 1),
-                      "status_ms_max": round(1000 * status_s[-1], 1),
-                      "api_kernels_ms_max": round(1000 * kernels_s[-1], 1),
-                      "requests": len(status_s)}))  # fmt: skip
-    assert status_s[len(status_s) // 2] < 0.2  # from the cache
-    assert status_s[-1] < 0.5 and kernels_s[-1] < 0.5  # never the 2 s of NVML
+        slowest = max(slowest, timed("jax-nbmem/api/status"), timed("api/kernels"))
+    assert slowest < 1.5, f"a request took {slowest:.2f} s: it waited for the 2 s NVML"
 
 
 def test_the_scope_says_whose_processes_the_metrics_carry():

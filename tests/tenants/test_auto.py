@@ -11,6 +11,7 @@ import pytest
 
 from jax_nbmem.tenants.auto import Policy, choose_mode, policy_refusal
 from jax_nbmem.tenants.claims import Claim, claim_book
+from tests.waiting import wait_for
 
 GIB = 1024**3
 
@@ -95,14 +96,20 @@ def test_claims_are_seen_by_others_expire_and_die_with_their_process(tmp_path):
     try:
         with claim_book(str(tmp_path)) as book:
             book.claim(sleeper.pid, {"GPU-a": 10 * GIB}, ttl_s=30)
-            book.claim(os.getpid(), {"GPU-a": 5 * GIB}, ttl_s=0.2)
+            # Long enough to be seen below on a loaded machine, short enough to wait out.
+            made = time.monotonic()
+            book.claim(os.getpid(), {"GPU-a": 5 * GIB}, ttl_s=3)
         with claim_book(str(tmp_path)) as book:
             others = book.others(own_pid=-1)
             assert {c.pid for c in others} == {sleeper.pid, os.getpid()}
             assert [c.pid for c in book.others(own_pid=sleeper.pid)] == [os.getpid()]
-        time.sleep(0.3)
-        with claim_book(str(tmp_path)) as book:
-            assert [c.pid for c in book.others(own_pid=-1)] == [sleeper.pid]  # expired
+
+        def only_the_sleepers_claim_left():
+            with claim_book(str(tmp_path)) as book:
+                return [c.pid for c in book.others(own_pid=-1)] == [sleeper.pid]
+
+        wait_for("the 3 s claim to expire", only_the_sleepers_claim_left, timeout=30)
+        assert time.monotonic() - made >= 2.9  # by its time to live, not before (clocks differ)
         sleeper.kill()
         sleeper.wait()
         with claim_book(str(tmp_path)) as book:

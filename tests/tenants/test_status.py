@@ -110,6 +110,7 @@ def test_a_mig_instance_is_a_gpu_in_the_status(sim_state, simgpu_env, sleeper):
 # A cell in which an administrator makes a 2g.35gb instance in GPU 0's free slices.
 SPLIT_ANEW_CELL = f"""\
 import os, time
+from jax_nbmem.gpu.nvml_session import LAYOUT_CHECK_S
 from jax_nbmem.simgpu import GIB, SimState
 state = SimState(os.environ["JAX_NBMEM_SIMGPU_STATE"] + ".new")
 state.gpu(0, total=141 * GIB, mig=True).gpu(1, total=141 * GIB)
@@ -119,7 +120,7 @@ state.mig(0, 3, 35 * GIB, uuid="MIG-33333333-4444-5555-8666-777777777777",
           name="NVIDIA H200 MIG 2g.35gb")
 state.process(0, os.getpid(), 9 * GIB, mig=2).write()
 os.replace(state.path, os.environ["JAX_NBMEM_SIMGPU_STATE"])
-time.sleep(6)  # the readings look at the layout every 5 s (nvml_session.LAYOUT_CHECK_S)
+time.sleep(LAYOUT_CHECK_S + 1)  # the readings look at the layout that often: once more
 """
 
 
