@@ -49,18 +49,24 @@ def test_only_the_agent_s_own_namespace_allows_the_host_s_pid_namespace(base):
                 assert mount.get("readOnly") is True, mount
 
 
-def test_no_container_is_privileged_and_each_keeps_only_sys_ptrace(base):
+# What each container keeps: the agent reads other users' /proc/PID/{ns,fd,environ} (the
+# ptrace check and the files' own modes); tests/deploy/test_agent_privileges.py runs it so.
+KEPT = {"agent": ["SYS_PTRACE", "DAC_READ_SEARCH"], "culler": ["SYS_PTRACE"]}
+
+
+def test_no_container_is_privileged_and_each_keeps_only_what_it_needs(base):
     for name, container in containers(base).items():
         context = container["securityContext"]
         assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
         assert context["readOnlyRootFilesystem"] is True
-        assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}, name
+        assert context["capabilities"] == {"drop": ["ALL"], "add": KEPT[name]}, name
 
 
 def test_each_added_capability_says_why():
     lines = (KUBERNETES / "base" / "daemonset.yaml").read_text().splitlines()
-    added = [i for i, line in enumerate(lines) if line.strip() == "- SYS_PTRACE"]
-    assert len(added) == 2
+    kept = {f"- {cap}" for caps in KEPT.values() for cap in caps}
+    added = [i for i, line in enumerate(lines) if line.strip() in kept]
+    assert len(added) == sum(len(caps) for caps in KEPT.values())
     for i in added:
         assert lines[i - 1].strip().startswith("#"), lines[i - 1]
 

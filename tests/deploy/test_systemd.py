@@ -1,6 +1,7 @@
 """The exporter's systemd unit: it verifies, it is locked down, it says a missing share dir.
 
-It is also the node agent: uid 0 with CAP_SYS_PTRACE only, the share directory writable.
+It is also the node agent: uid 0 with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, /proc read-only,
+the share directory writable.
 """
 
 import re
@@ -52,16 +53,23 @@ def test_the_unit_s_shape():
     text = UNIT.read_text()
     assert "After=network-online.target" in text and "Wants=network-online.target" in text
     assert "EnvironmentFile=-/etc/default/jax-nbmem-exporter" in text
-    # The node agent: uid 0 (its directory is root's, which kernels trust) with one capability,
-    # each one it keeps said in a comment; the share directory writable (the agent's own
-    # folder, and the files of dead kernels), nothing else.
+    # The node agent: uid 0 (its directory is root's, which kernels trust) with two
+    # capabilities, each one it keeps said in a comment, and /proc read-only so that neither
+    # writes any process's memory; the share directory writable (the agent's own folder, and
+    # the files of dead kernels), nothing else. tests/deploy/test_agent_privileges.py runs the
+    # agent under exactly these.
     assert "DynamicUser" not in text and re.search(r"^User=root$", text, re.M)
     settings = dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
-    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == "CAP_SYS_PTRACE"
+    caps = "CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"
+    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == caps
     comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert "- CAP_SYS_PTRACE: " in comments and "/proc/PID/ns/pid" in comments
-    assert "no CAP_DAC_READ_SEARCH" in comments
-    assert settings["ReadWritePaths"] == "/var/tmp/jax_nbmem" and "ReadOnlyPaths" not in settings
+    assert "- CAP_DAC_READ_SEARCH: " in comments and "/proc/PID/fd" in comments
+    assert "- ReadOnlyPaths=/proc: " in comments and "/proc/PID/mem" in comments
+    assert settings["ReadWritePaths"] == "/var/tmp/jax_nbmem"
+    assert settings["ReadOnlyPaths"] == "/proc"
+    filters = re.findall(r"^SystemCallFilter=(.*)$", text, re.M)
+    assert "@system-service" in filters and any("@debug" in f for f in filters if f[0] == "~")
     assert (
         settings["ProtectSystem"] == "strict" and "AF_UNIX" in settings["RestrictAddressFamilies"]
     )
