@@ -8,7 +8,8 @@ registrar --state FILE``, as root), closes that gap through a Unix socket beside
 
 * a process connects and keeps the connection open; at once the registrar reads the caller's
   host PID off the socket (``SO_PEERCRED``: the kernel translates it across namespaces) and
-  answers one line, ``{"ok": true, "pid": HOST_PID, "pidns": INODE, "pid_in_ns": PID}``
+  answers one line, ``{"ok": true, "pid": HOST_PID, "pidns": INODE, "pid_in_ns": PID,
+  "start": TICKS}`` (``start``: when HOST_PID started, for the lines' ``start=``; null unread)
   (``pidns``: the registrar's PID namespace, the one HOST_PID belongs to);
 * the mirror writes its lines with that PID and ``pidns=INODE`` (see ``STATE_FORMAT``);
 * when the connection closes (the process ended, however: its descriptors close with it), the
@@ -38,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax_nbmem.simgpu.liveness import process_start
 from jax_nbmem.simgpu.registration import (
     LINE_BYTES,
     RegistrarError,
@@ -206,7 +208,9 @@ class Registrar:
                 sock.close()
                 return
             caller = _Caller(pid, _pid_namespace(pid), _innermost_pid(pid))
-            send(sock, {"ok": True, "pid": pid, "pidns": self.pidns, "pid_in_ns": caller.pid_in_ns})
+            # start: when the host PID started, for its lines' start= (a reused PID is not it).
+            send(sock, {"ok": True, "pid": pid, "pidns": self.pidns, "pid_in_ns": caller.pid_in_ns,
+                        "start": process_start(pid)})  # fmt: skip
         except OSError:
             sock.close()
             return

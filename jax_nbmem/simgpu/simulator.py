@@ -202,6 +202,13 @@ def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
     state = folder / "gpu.state"
     if not state.exists():
         demo_state(state).write()
+    try:
+        # A new run meets only live processes: what earlier runs left (a neighbour, a kernel
+        # killed before its mirror could leave) goes; running processes, anyone's, stay.
+        with SimState.update(state) as current:
+            current.forget_ended()
+    except StateError as error:
+        print(f"echo {shlex.quote(f'jax_nbmem simulated GPU: {error}')} >&2")
     env = env_for_subprocess(lib.parent, state, base=os.environ)
     for name in ("LD_LIBRARY_PATH", STATE_ENV_VAR):
         print(f"export {name}={shlex.quote(env[name])}")
