@@ -205,7 +205,7 @@ class Mirror:
         self.gpu = gpu
         self.pid = os.getpid()  # the PID the GPU lists: the host's, once registered
         self.pidns: int | None = None  # the namespace of self.pid, once registered
-        self.start = process_start()  # when self.pid started: its lines' start= (see liveness)
+        self.started_at = process_start()  # when self.pid started: its lines' start= (see liveness)
         self.registration: Registration | None = None
         self._next_registration = 0.0
         self._old: tuple[int, int | None] | None = None  # lines written under another PID
@@ -288,7 +288,7 @@ class Mirror:
         return True
 
     def _identify(self, pid: int, pidns: int | None, start: int | None) -> None:
-        self.start = start
+        self.started_at = start
         if (pid, pidns) != (self.pid, self.pidns):
             if self.written is not None and self._old is None:
                 self._old = (self.pid, self.pidns)  # removed with the next write
@@ -358,7 +358,7 @@ class Mirror:
             state.remove_process(self.pid)
             state.process(
                 gpu, self.pid, held, ends_with_process=True, mig=mig, pidns=self.pidns,
-                start=self.start,
+                start=self.started_at,
             )  # fmt: skip
             self.written = held
 
