@@ -47,6 +47,19 @@ SAY
   exit 1
 fi
 echo $$ > build/.quickstart/running.pid  # this PID becomes JupyterLab's (exec, below)
+# `python -m build` in this checkout, without the `build` package installed, finds this build/
+# folder instead (a folder without __init__.py is a namespace package) and fails with "No
+# module named build.__main__". This file makes that failure say why; with the package
+# installed, its regular package wins over the folder and nothing changes.
+cat > build/__main__.py <<'PY'
+import sys
+
+sys.exit(
+    "python -m build found this checkout's build/ folder (the quickstart's and the docs' "
+    "output), not the `build` package, which is not installed here: run `pip install build`, "
+    "then `python -m build` again (docs/getting-started.md, \"Make a wheel\")."
+)
+PY
 simulated=""
 args=()
 for arg in "$@"; do

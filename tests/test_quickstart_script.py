@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -182,6 +183,20 @@ def test_no_news_pop_up_covers_the_panel(quickstart):
         settings = json.loads(response.read())
     # The page's setting is the user's own, else this default: "never", not "ask".
     assert settings["schema"]["properties"]["fetchNews"]["default"] == "false"
+
+
+def test_python_m_build_in_the_checkout_says_what_it_found(quickstart):
+    """The quickstart's build/ folder shadows the `build` package only when it is missing."""
+    quickstart.printed_url()
+    real = subprocess.run([sys.executable, "-m", "build", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert real.returncode == 0 and real.stdout.startswith("build "), real  # the package wins
+    # Without site-packages (-S), as in an environment without the `build` package:
+    missing = subprocess.run([sys.executable, "-S", "-m", "build"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 1, missing
+    assert "found this checkout's build/ folder" in missing.stderr
+    assert "pip install build" in missing.stderr
 
 
 def test_a_second_quickstart_says_where_the_first_runs_and_changes_nothing(quickstart):

@@ -954,9 +954,11 @@ static void render_state(const sim_state *state, sim_out *out) {
     put(out, "end\n");
 }
 
-/* Not NVML: parses TEXT as a state file; 0 and its canonical text in OUT, or 1 and the
- * problem. OUT is always NUL-terminated (cut short when LENGTH is too small). */
-API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
+/* Parses TEXT as a state file; 0 and its canonical text in OUT (after KEEP, when given, has
+ * changed the parsed state), or 1 and the problem. OUT is always NUL-terminated (cut short when
+ * LENGTH is too small). */
+static int render_checked(const char *text, char *out, unsigned int length,
+                          void (*keep)(sim_state *)) {
     size_t size = strlen(text);
     char *own = malloc(size + 1);
     sim_parse parse;
@@ -973,8 +975,15 @@ API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
         snprintf(out, length, "%s", parse.problem);
         return 1;
     }
+    if (keep) keep(state);
     render_state(state, &rendered);
     out[length - 1] = '\0';
     free_state(state);
     return 0;
+}
+
+/* Not NVML: parses TEXT as a state file; 0 and its canonical text in OUT, or 1 and the
+ * problem. OUT is always NUL-terminated (cut short when LENGTH is too small). */
+API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
+    return render_checked(text, out, length, NULL);
 }

@@ -224,35 +224,20 @@ static int proc_gone(const sim_proc *proc) {
     return !process_running(proc->pid, proc->start_given, proc->start);
 }
 
-/* Not NVML: parses TEXT as jaxNbmemSimCheck does, and renders in OUT the state less the lines
- * of processes that ended for this caller (proc_gone): 0, or 1 and the problem. The tests hand
- * the same lines to SimState.forget_ended() and compare: one rule on both sides. */
-API int jaxNbmemSimLive(const char *text, char *out, unsigned int length) {
-    size_t size = strlen(text);
-    char *own = malloc(size + 1);
-    sim_parse parse;
-    sim_state *state;
-    sim_out rendered = {out, length, 0};
+/* Takes off a parsed state the lines of processes that ended for this caller (proc_gone). */
+static void keep_live_lines(sim_state *state) {
     unsigned int i, kept = 0;
-    if (!own || !length) {
-        free(own);
-        return 2;
-    }
-    memcpy(own, text, size + 1);
-    state = parse_state(own, size, &parse);
-    if (!state) {
-        free(own);
-        snprintf(out, length, "%s", parse.problem);
-        return 1;
-    }
     for (i = 0; i < state->proc_count; i++) {
         if (!proc_gone(&state->procs[i])) state->procs[kept++] = state->procs[i];
     }
     state->proc_count = kept;
-    render_state(state, &rendered);
-    out[length - 1] = '\0';
-    free_state(state);
-    return 0;
+}
+
+/* Not NVML: parses TEXT as jaxNbmemSimCheck does, and renders in OUT the state less the lines
+ * of processes that ended for this caller: 0, or 1 and the problem. The tests hand the same
+ * lines to SimState.forget_ended() and compare: one rule on both sides. */
+API int jaxNbmemSimLive(const char *text, char *out, unsigned int length) {
+    return render_checked(text, out, length, keep_live_lines);
 }
 
 /* Waits as long as the state says CALL is slow (a hung or overloaded driver). */

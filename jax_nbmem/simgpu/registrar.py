@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_nbmem.simgpu.liveness import process_start
+from jax_nbmem.simgpu.liveness import process_start, running_since
 from jax_nbmem.simgpu.registration import (
     LINE_BYTES,
     RegistrarError,
@@ -80,18 +80,6 @@ def _innermost_pid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _running(pid: int) -> bool:
-    """Whether PID runs here: it exists and is no zombie (a zombie's GPU memory is freed)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            text = stat_file.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return text[text.rfind(b")") + 2 : text.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 @dataclass
@@ -300,7 +288,7 @@ class Registrar:
         def remove_ended(state: SimState) -> None:
             for proc in state.processes():
                 ended = proc.pidns == self.pidns and proc.pid not in registered
-                if ended and not _running(proc.pid):
+                if ended and not running_since(proc.pid)[0]:
                     state.remove_process(proc.pid, self.pidns)
 
         self._edit(remove_ended)

@@ -34,6 +34,7 @@ import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from jax_nbmem.simgpu.liveness import running_since
 from jax_nbmem.simgpu.state import (
     CALLS,
     DEFAULT_RESERVED_BYTES,
@@ -238,17 +239,8 @@ def stop_when_gone(pid: int, interval: float = 0.5) -> threading.Thread:
     A process that has ended but is not yet reaped (a zombie) counts as ended.
     """
 
-    def gone() -> bool:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return True
-        except OSError:  # no /proc: ask the kernel
-            return not _exists(pid)
-        return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
-
     def watch() -> None:
-        while not gone():
+        while running_since(pid)[0]:
             time.sleep(interval)
         os.kill(os.getpid(), signal.SIGTERM)
 
