@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jax_nbmem"
 
 UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
-# _version: jax_nbmem.__version__, a constant every part may read.
-SHARED = {"units", "text", "_version"}
+# _version: jax_nbmem.__version__, a constant every part may read; guide: where the
+# documentation's pages are, for any part's messages.
+SHARED = {"units", "text", "_version", "guide"}
 CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
@@ -30,6 +31,7 @@ MAY_IMPORT = {
     "units": set(),
     "text": set(),
     "_version": set(),
+    "guide": set(),
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,

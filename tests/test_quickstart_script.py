@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from jax_nbmem.simgpu import SimState
 from tests.ipython_session import clean_environ
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -38,6 +41,7 @@ class Quickstart:
     """The script's process, what it printed so far, and how to reach its server."""
 
     def __init__(self, tmp: Path) -> None:
+        """Start it with *tmp* as its temporary folder (the simulated GPU's lives there)."""
         self.tmp, self.port = tmp, _free_port()
         self.opened = tmp / "opened.txt"
         browser = tmp / "browser.sh"  # records the URL JupyterLab opens, opens nothing
@@ -47,7 +51,7 @@ class Quickstart:
         env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")
         env.pop("JAX_PLATFORMS")  # as a user's shell: the script and its kernels decide
         command = ["bash", "scripts/quickstart.sh", "--simulated-gpu", f"--port={self.port}",
-                   f"--ServerApp.browser={browser} %s", "--LabApp.news_url=None"]  # fmt: skip
+                   f"--ServerApp.browser={browser} %s"]  # fmt: skip
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, text=True,
@@ -167,8 +171,64 @@ def test_it_serves_a_copy_of_the_notebook_on_a_simulated_gpu(quickstart):
     assert "NVIDIA H200 (simulated)" in state.read_text()
 
 
-def test_the_quickstart_names_the_neighbour_the_script_started_and_it_ends_with_it(quickstart):
-    from jax_nbmem.simgpu import SimState
+def test_no_news_pop_up_covers_the_panel(quickstart):
+    """JupyterLab asks "notified about official Jupyter news?" while fetchNews is "none"."""
+    quickstart.printed_url()
+    plugin = "@jupyterlab/apputils-extension:notification"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{quickstart.port}/lab/api/settings/{plugin}",
+        headers={"Authorization": f"token {quickstart.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        settings = json.loads(response.read())
+    # The page's setting is the user's own, else this default: "never", not "ask".
+    assert settings["schema"]["properties"]["fetchNews"]["default"] == "false"
+
+
+def test_python_m_build_in_the_checkout_says_what_it_found(quickstart):
+    """The quickstart's build/ folder shadows the `build` package only when it is missing."""
+    quickstart.printed_url()
+    real = subprocess.run([sys.executable, "-m", "build", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert real.returncode == 0 and real.stdout.startswith("build "), real  # the package wins
+    # Without site-packages (-S), as in an environment without the `build` package:
+    missing = subprocess.run([sys.executable, "-S", "-m", "build"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 1, missing
+    assert "found this checkout's build/ folder" in missing.stderr
+    assert "pip install build" in missing.stderr
+
+
+def test_a_second_quickstart_says_where_the_first_runs_and_changes_nothing(quickstart):
+    quickstart.printed_url()
+    copy = ROOT / "build" / "quickstart" / NOTEBOOK
+    copy_before = copy.read_bytes()
+    state = quickstart.tmp / f"jax_nbmem-simgpu-{os.getuid()}" / "gpu.state"
+    state_before = state.read_text()
+    env = {**clean_environ(), "JAX_NBMEM_NO_INSTALL": "1", "TMPDIR": str(quickstart.tmp)}
+    env["JUPYTER_RUNTIME_DIR"] = str(quickstart.tmp / "runtime")
+    second = subprocess.run(
+        ["bash", "scripts/quickstart.sh", "--simulated-gpu", f"--port={_free_port()}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert second.returncode == 1, second.stdout + second.stderr
+    pid = quickstart.process.pid  # the script's PID, JupyterLab's since its exec
+    assert f"A quickstart already runs from this checkout: JupyterLab, PID {pid}" in second.stderr
+    assert f"http://127.0.0.1:{quickstart.port}/lab/tree/{NOTEBOOK}" in second.stderr.replace(
+        "localhost", "127.0.0.1"
+    ), second.stderr
+    assert "Simulated neighbour" not in second.stdout  # it started no second neighbour
+    assert copy.read_bytes() == copy_before and state.read_text() == state_before
+
+
+def _the_story(quickstart: Quickstart, then: str = "") -> tuple[int, str]:
+    """Run All as a user would; the warning, the button and the neighbour's name seen.
+
+    *then*: a cell to run after the notebook's own ({pid}: the neighbour's). Returns the
+    neighbour's PID and its notebook's name.
+    """
+    import nbformat
+
     from tests.simgpu.test_mirror import shell_env
     from tests.test_notebooks import execute_notebook, text_of
 
@@ -177,21 +237,61 @@ def test_the_quickstart_names_the_neighbour_the_script_started_and_it_ends_with_
     assert started, quickstart.output
     neighbour, name = int(started.group(1)), started.group(2)
     folder = quickstart.tmp / f"jax_nbmem-simgpu-{os.getuid()}"
+    # The whole pool it asked for (75%), not what an earlier run's leftovers left free.
     assert SimState.read(folder / "gpu.state").process_bytes(neighbour) > 100 * 2**30
+    notebook = ROOT / "notebooks" / NOTEBOOK
+    if then:
+        extended = nbformat.read(notebook, as_version=4)
+        extended.cells.append(nbformat.v4.new_code_cell(then.format(pid=neighbour)))
+        notebook = quickstart.tmp / f"then-{neighbour}.ipynb"
+        nbformat.write(extended, notebook)
     # Run All, on the GPU the script set up (the same folder's state and startup file).
     env = {k: v for k, v in shell_env(folder).items() if k not in ("JAX_PLATFORMS",)}
-    executed = execute_notebook(ROOT / "notebooks" / NOTEBOOK, env=env)
+    executed = execute_notebook(notebook, env=env)
     text = text_of(executed)
     blocking = [line for line in text.splitlines() if "blocking-preallocation" in line]
     assert blocking, text
     assert str(neighbour) in blocking[0] and name in blocking[0], blocking
-    os.kill(neighbour, 0)  # still there while the script runs
+    widgets = executed.metadata.get("widgets", {})
+    models = widgets.get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    buttons = [m["state"].get("description") for m in models.values()
+               if m.get("model_name") == "ButtonModel"]  # fmt: skip
+    assert f"Shut down PID {neighbour} ({name})" in buttons, buttons
+    return neighbour, text
 
+
+def test_the_quickstart_names_the_neighbour_the_script_started_and_it_ends_with_it(quickstart):
+    neighbour, _ = _the_story(quickstart)
+    os.kill(neighbour, 0)  # still there while the script runs
     quickstart.stop()
-    deadline = time.monotonic() + 10
-    while _alive(neighbour):
-        assert time.monotonic() < deadline, f"the neighbour {neighbour} outlived the script"
-        time.sleep(0.2)
+    _ends(neighbour, "the neighbour outlived the script")
+
+
+def test_every_run_tells_the_same_story(quickstart):
+    """Run again, as a user does: the warning, the button and the neighbour, every time.
+
+    In the same temporary folder, so on the simulated GPU the earlier runs left: once after a
+    run that ended with the script, once after the neighbour was shut down from the notebook
+    (the panel's button's route: ``%jaxmem shutdown PID --yes``).
+    """
+    quickstart.stop()  # the first run (the module's): its neighbour ended with it
+    second = Quickstart(quickstart.tmp)
+    try:
+        neighbour, _ = _the_story(second, then="%jaxmem shutdown {pid} --yes")
+        _ends(neighbour, "the shut-down neighbour still runs")
+        state = SimState.read(quickstart.tmp / f"jax_nbmem-simgpu-{os.getuid()}" / "gpu.state")
+        assert state.process_bytes(neighbour) is None  # its memory came back
+    finally:
+        second.stop()
+    third = Quickstart(quickstart.tmp)
+    try:
+        _the_story(third)
+    finally:
+        third.stop()
+
+
+def _ends(pid: int, problem: str) -> None:
+    wait_for(f"{problem}: PID {pid}", lambda: not _alive(pid), timeout=30)
 
 
 def _alive(pid: int) -> bool:

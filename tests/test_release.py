@@ -195,6 +195,16 @@ def test_the_package_comes_from_the_wheel_not_the_repository(venv):
     assert f"Version: {VERSION}" in shown
 
 
+def test_messages_point_to_documentation_the_install_has(venv):
+    """A pip user has no docs/: the pages come with the package, where messages point."""
+    pages = Path(in_venv(venv, "python", "-m", "jax_nbmem.guide", "metrics").strip())
+    assert pages.is_relative_to(venv["bin"].parent) and pages.name == "metrics.md", pages
+    assert pages.read_text() == (ROOT / "docs" / "metrics.md").read_text()
+    said = in_venv(venv, "python", "-c", "from jax_nbmem import guide; "
+                   "print(guide.page('metrics.md', 'Exposure'))")  # fmt: skip
+    assert said.strip() == f'{pages}, "Exposure"'
+
+
 def test_jupyterlab_lists_the_extension_enabled(venv):
     shown = in_venv(venv, "jupyter", "labextension", "list")
     section = shown.split(f"{venv['bin'].parent}/{SHARE.rsplit('/', 1)[0]}", 1)

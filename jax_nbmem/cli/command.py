@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from jax_nbmem import guide
 from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
 
 __all__ = ["main"]
@@ -170,8 +171,8 @@ def _cull(args: argparse.Namespace) -> int:
             if not is_loopback(host):  # no TLS, no password here: the exporter has them
                 raise ValueError(
                     "it serves without TLS or a password, so on loopback only; off this "
-                    "machine Prometheus reads the count from the node exporter (docs/metrics.md, "
-                    '"The cull count")'
+                    "machine Prometheus reads the count from the node exporter "
+                    f"({guide.page('metrics.md', 'The cull count')})"
                 )
             import prometheus_client
 

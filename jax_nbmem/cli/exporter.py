@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from jax_nbmem import guide
 from jax_nbmem.agent.cgroups import ContainerNames
 from jax_nbmem.agent.hostproof import HostProof
 from jax_nbmem.agent.hostview import HostViewer
@@ -162,8 +163,8 @@ class Exporter:
             if missing:
                 raise ValueError(
                     f"--listen {listen} is reachable from other machines: it needs "
-                    f"{' and '.join(missing)} from --web.config.file (docs/metrics.md, "
-                    '"Exposure"), or --insecure'
+                    f"{' and '.join(missing)} from --web.config.file "
+                    f"({guide.page('metrics.md', 'Exposure')}), or --insecure"
                     " to serve every user's notebook names in the clear"
                 )
         self.insecure = insecure
@@ -384,8 +385,9 @@ class Exporter:
         if not shared:
             log.warning(
                 "jax-nbmem exporter: no --share-dir (nor $%s): other users' kernels are "
-                'judged without their beacons (docs/shared-node.md, "On a shared GPU server")',
+                "judged without their beacons (%s)",
                 ENV_SHARE_DIR,
+                guide.page("shared-node.md", "On a shared GPU server"),
             )
         elif not os.path.isdir(shared) or not os.access(shared, os.R_OK | os.X_OK):
             log.warning(

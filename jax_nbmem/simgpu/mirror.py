@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jax_nbmem.simgpu.liveness import process_start
 from jax_nbmem.simgpu.registration import RegistrarError, Registration, register, socket_path
 from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
@@ -204,6 +205,7 @@ class Mirror:
         self.gpu = gpu
         self.pid = os.getpid()  # the PID the GPU lists: the host's, once registered
         self.pidns: int | None = None  # the namespace of self.pid, once registered
+        self.started_at = process_start()  # when self.pid started: its lines' start= (see liveness)
         self.registration: Registration | None = None
         self._next_registration = 0.0
         self._old: tuple[int, int | None] | None = None  # lines written under another PID
@@ -268,7 +270,7 @@ class Mirror:
             self.registration.close()  # the registrar stopped: register again when it is back
             self.registration = None
         if not os.path.lexists(socket_path(self.state_path)):
-            self._identify(os.getpid(), None)  # no registrar: a plain host, as before
+            self._identify(os.getpid(), None, process_start())  # no registrar: a plain host
             return True
         if time.monotonic() < self._next_registration:
             return False
@@ -279,13 +281,14 @@ class Mirror:
             self._say(f"{error}; processes are listed by host PID only through it")
             return False
         if registration is None:  # gone in between
-            self._identify(os.getpid(), None)
+            self._identify(os.getpid(), None, process_start())
             return True
         self.registration = registration
-        self._identify(registration.pid, registration.pidns)
+        self._identify(registration.pid, registration.pidns, registration.start)
         return True
 
-    def _identify(self, pid: int, pidns: int | None) -> None:
+    def _identify(self, pid: int, pidns: int | None, start: int | None) -> None:
+        self.started_at = start
         if (pid, pidns) != (self.pid, self.pidns):
             if self.written is not None and self._old is None:
                 self._old = (self.pid, self.pidns)  # removed with the next write
@@ -353,7 +356,10 @@ class Mirror:
             self._old = None
         if held != self.written or state.process_bytes(self.pid) != held:
             state.remove_process(self.pid)
-            state.process(gpu, self.pid, held, ends_with_process=True, mig=mig, pidns=self.pidns)
+            state.process(
+                gpu, self.pid, held, ends_with_process=True, mig=mig, pidns=self.pidns,
+                start=self.started_at,
+            )  # fmt: skip
             self.written = held
 
     def _run(self) -> None:

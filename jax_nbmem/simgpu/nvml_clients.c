@@ -647,3 +647,57 @@ API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned in
     *id = 0; /* one compute instance per GPU instance */
     return end_info(state, NVML_SUCCESS);
 }
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
+        computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+/* A MIG instance's engines, by its compute slices (1g, 2g, 3g, 4g, 7g), as an H100's MIG
+ * profiles list them (recalled from NVIDIA's MIG user guide for the H100; not verified for an
+ * H200): SMs, copy engines, NVDEC, NVJPG, OFA; no NVENC on either. */
+static const unsigned int sim_mig_engines[8][5] = {
+    {0, 0, 0, 0, 0}, {16, 1, 1, 1, 0}, {32, 2, 2, 2, 0}, {60, 3, 3, 3, 0},
+    {64, 4, 4, 4, 0}, {64, 4, 4, 4, 0}, {64, 4, 4, 4, 0}, {132, 8, 7, 7, 1}};
+
+/* The instance's compute slices: the "Ng." of its profile name (NVIDIA H200 MIG 3g.71gb),
+ * else from its share of the GPU's memory, in eighths (1/8: 1g, 2/8: 2g, 4/8: 3g, 8/8: 7g). */
+static unsigned int mig_slices(const sim_mig *mig, const sim_gpu *gpu) {
+    const char *at = strstr(mig->name, "g.");
+    unsigned long long eighths;
+    if (at && at > mig->name && at[-1] >= '1' && at[-1] <= '7' &&
+        (at - 1 == mig->name || at[-2] == ' '))
+        return (unsigned int)(at[-1] - '0');
+    eighths = gpu->total ? (mig->total * 8 + gpu->total / 2) / gpu->total : 0;
+    return eighths >= 8 ? 7 : eighths >= 4 ? 3 : eighths >= 2 ? 2 : 1;
+}
+
+/* What nvml.h says it is for: a MIG device handle's engines and memory; a GPU's handle gets
+ * NOT_SUPPORTED ("currently only supports MIG device handles"). */
+API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *out) {
+    nvmlReturn_t ret;
+    sim_state *state;
+    const sim_mig *mig;
+    const unsigned int *engines;
+    unsigned int slices;
+    sim_gpu *gpu = begin_mig_call(device, &state, &ret);
+    if (!gpu) return ret;
+    if (!out) return end_info(state, NVML_ERROR_INVALID_ARGUMENT);
+    mig = find_mig(state, device->index, device->mig);
+    slices = mig_slices(mig, gpu);
+    engines = sim_mig_engines[slices];
+    out->multiprocessorCount = engines[0];
+    out->sharedCopyEngineCount = engines[1];
+    out->sharedDecoderCount = engines[2];
+    out->sharedEncoderCount = 0;
+    out->sharedJpegCount = engines[3];
+    out->sharedOfaCount = engines[4];
+    out->gpuInstanceSliceCount = out->computeInstanceSliceCount = slices;
+    out->memorySizeMB = mig->total >> 20;
+    return end_info(state, NVML_SUCCESS);
+}
+API nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *out) {
+    return nvmlDeviceGetAttributes_v2(device, out);
+}

@@ -277,7 +277,8 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     sim_token found;
     sim_proc *proc;
     int graphics = 0, ends = 0, mig = -1;
-    unsigned long long pidns = 0;
+    unsigned long long pidns = 0, start = 0;
+    int start_given = 0;
     char text[48];
 
     if (!gpu_number(parse, line, "proc", "GPU", tokens, count, 1, &gpu)) return;
@@ -323,6 +324,13 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
             return;
         }
     }
+    if (find_key(tokens, 3, count, "start=", &found)) {
+        if (!parse_u64(found.start, found.length, &start) || start == SIM_NOT_AVAILABLE) {
+            problem_at(parse, line, "proc: bad start= '%s'", token_text(&found, text, sizeof text));
+            return;
+        }
+        start_given = 1;
+    }
     if (state->proc_count == state->proc_capacity) {
         unsigned int capacity = state->proc_capacity ? state->proc_capacity * 2 : 64;
         sim_proc *larger = realloc(state->procs, capacity * sizeof *larger);
@@ -341,6 +349,8 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     proc->ends_with_exit = (unsigned int)ends; /* checked at each call, not here */
     proc->mig = mig;
     proc->pidns = pidns;
+    proc->start = start;
+    proc->start_given = start_given;
     proc->line = line;
 }
 
@@ -925,6 +935,7 @@ static void render_state(const sim_state *state, sim_out *out) {
         put(out, " kind=%s", proc->graphics ? "graphics" : "compute");
         if (proc->mig >= 0) put(out, " mig=%d", proc->mig);
         put(out, "%s", proc->ends_with_exit ? " ends=exit" : "");
+        if (proc->start_given) put(out, " start=%llu", proc->start);
         if (proc->pidns) put(out, " pidns=%llu", proc->pidns);
         put(out, "\n");
     }
@@ -943,9 +954,11 @@ static void render_state(const sim_state *state, sim_out *out) {
     put(out, "end\n");
 }
 
-/* Not NVML: parses TEXT as a state file; 0 and its canonical text in OUT, or 1 and the
- * problem. OUT is always NUL-terminated (cut short when LENGTH is too small). */
-API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
+/* Parses TEXT as a state file; 0 and its canonical text in OUT (after KEEP, when given, has
+ * changed the parsed state), or 1 and the problem. OUT is always NUL-terminated (cut short when
+ * LENGTH is too small). */
+static int render_checked(const char *text, char *out, unsigned int length,
+                          void (*keep)(sim_state *)) {
     size_t size = strlen(text);
     char *own = malloc(size + 1);
     sim_parse parse;
@@ -962,8 +975,15 @@ API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
         snprintf(out, length, "%s", parse.problem);
         return 1;
     }
+    if (keep) keep(state);
     render_state(state, &rendered);
     out[length - 1] = '\0';
     free_state(state);
     return 0;
+}
+
+/* Not NVML: parses TEXT as a state file; 0 and its canonical text in OUT, or 1 and the
+ * problem. OUT is always NUL-terminated (cut short when LENGTH is too small). */
+API int jaxNbmemSimCheck(const char *text, char *out, unsigned int length) {
+    return render_checked(text, out, length, NULL);
 }

@@ -106,6 +106,8 @@ typedef struct {
     int mig; /* the GPU instance it runs in, -1: none */
     unsigned long long used;
     unsigned long long pidns; /* the PID namespace `pid` belongs to (its inode), 0: the caller's */
+    unsigned long long start; /* when `pid` started (/proc/PID/stat field 22), if start_given */
+    int start_given;
 } sim_proc;
 
 typedef struct {
@@ -168,9 +170,14 @@ typedef struct {
 /* Calls.                                                                                     */
 
 /* Whether process PID runs: it exists and has not exited (a zombie's GPU memory is already
- * freed, as the driver tears a context down at exit, before the parent reaps it). */
-static int process_running(unsigned int pid) {
-    char path[64], stat[512];
+ * freed, as the driver tears a context down at exit, before the parent reaps it), and, when
+ * START is given, it is the process that started then (field 22 of /proc/PID/stat, ticks since
+ * boot), not a later one that reused the PID. The same rule as jax_nbmem/simgpu/liveness.py. */
+static int process_running(unsigned int pid, int start_given, unsigned long long start) {
+    char path[64], stat[1024];
+    const char *end, *field;
+    unsigned long long started;
+    int number;
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
     FILE *file = fopen(path, "r");
     if (file == NULL) {
@@ -180,8 +187,19 @@ static int process_running(unsigned int pid) {
     size_t got = fread(stat, 1, sizeof stat - 1, file);
     fclose(file);
     stat[got] = '\0';
-    const char *end = strrchr(stat, ')');
-    return end == NULL || (end[1] == ' ' && end[2] != 'Z' && end[2] != 'X');
+    end = strrchr(stat, ')');
+    if (end == NULL) return 1;
+    if (!(end[1] == ' ' && end[2] != 'Z' && end[2] != 'X')) return 0;
+    if (!start_given) return 1;
+    /* Fields after the command name: the state is field 3, the start field 22. */
+    field = end + 2;
+    for (number = 3; number < 22 && field; number++) {
+        field = strchr(field, ' ');
+        if (field) field++;
+    }
+    if (!field || !isdigit((unsigned char)*field)) return 1; /* unreadable: it runs */
+    started = strtoull(field, NULL, 10);
+    return started == start;
 }
 
 /* Whether a listed process has ended, as far as this caller can tell. A line of the registrar
@@ -203,7 +221,23 @@ static unsigned long long own_pid_namespace(void) {
 static int proc_gone(const sim_proc *proc) {
     if (!proc->ends_with_exit) return 0;
     if (proc->pidns && proc->pidns != own_pid_namespace()) return 0;
-    return !process_running(proc->pid);
+    return !process_running(proc->pid, proc->start_given, proc->start);
+}
+
+/* Takes off a parsed state the lines of processes that ended for this caller (proc_gone). */
+static void keep_live_lines(sim_state *state) {
+    unsigned int i, kept = 0;
+    for (i = 0; i < state->proc_count; i++) {
+        if (!proc_gone(&state->procs[i])) state->procs[kept++] = state->procs[i];
+    }
+    state->proc_count = kept;
+}
+
+/* Not NVML: parses TEXT as jaxNbmemSimCheck does, and renders in OUT the state less the lines
+ * of processes that ended for this caller: 0, or 1 and the problem. The tests hand the same
+ * lines to SimState.forget_ended() and compare: one rule on both sides. */
+API int jaxNbmemSimLive(const char *text, char *out, unsigned int length) {
+    return render_checked(text, out, length, keep_live_lines);
 }
 
 /* Waits as long as the state says CALL is slow (a hung or overloaded driver). */
@@ -289,9 +323,12 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
         if (mig >= 0 && proc->mig != mig) continue;
         if (proc_gone(proc)) continue;
-        /* A process on both the compute and the graphics list holds its memory once. */
+        /* A process on both the compute and the graphics list holds its memory once (an ended
+         * line of a reused PID holds nothing, and hides nothing). */
         for (j = 0; j < i; j++) {
-            if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid) break;
+            if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid &&
+                !proc_gone(&state->procs[j]))
+                break;
         }
         if (j == i) used += proc->used;
     }

@@ -8,7 +8,8 @@ registrar --state FILE``, as root), closes that gap through a Unix socket beside
 
 * a process connects and keeps the connection open; at once the registrar reads the caller's
   host PID off the socket (``SO_PEERCRED``: the kernel translates it across namespaces) and
-  answers one line, ``{"ok": true, "pid": HOST_PID, "pidns": INODE, "pid_in_ns": PID}``
+  answers one line, ``{"ok": true, "pid": HOST_PID, "pidns": INODE, "pid_in_ns": PID,
+  "start": TICKS}`` (``start``: when HOST_PID started, for the lines' ``start=``; null unread)
   (``pidns``: the registrar's PID namespace, the one HOST_PID belongs to);
 * the mirror writes its lines with that PID and ``pidns=INODE`` (see ``STATE_FORMAT``);
 * when the connection closes (the process ended, however: its descriptors close with it), the
@@ -38,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax_nbmem.simgpu.liveness import process_start, running_since
 from jax_nbmem.simgpu.registration import (
     LINE_BYTES,
     RegistrarError,
@@ -78,18 +80,6 @@ def _innermost_pid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _running(pid: int) -> bool:
-    """Whether PID runs here: it exists and is no zombie (a zombie's GPU memory is freed)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            text = stat_file.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return text[text.rfind(b")") + 2 : text.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 @dataclass
@@ -206,7 +196,9 @@ class Registrar:
                 sock.close()
                 return
             caller = _Caller(pid, _pid_namespace(pid), _innermost_pid(pid))
-            send(sock, {"ok": True, "pid": pid, "pidns": self.pidns, "pid_in_ns": caller.pid_in_ns})
+            # start: when the host PID started, for its lines' start= (a reused PID is not it).
+            send(sock, {"ok": True, "pid": pid, "pidns": self.pidns, "pid_in_ns": caller.pid_in_ns,
+                        "start": process_start(pid)})  # fmt: skip
         except OSError:
             sock.close()
             return
@@ -296,7 +288,7 @@ class Registrar:
         def remove_ended(state: SimState) -> None:
             for proc in state.processes():
                 ended = proc.pidns == self.pidns and proc.pid not in registered
-                if ended and not _running(proc.pid):
+                if ended and not running_since(proc.pid)[0]:
                     state.remove_process(proc.pid, self.pidns)
 
         self._edit(remove_ended)

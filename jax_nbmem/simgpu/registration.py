@@ -79,6 +79,7 @@ class Registration:
     pidns: int
     pid_in_ns: int | None
     _sock: socket.socket = field(repr=False)
+    start: int | None = None  # when the host PID started, as the registrar read it; None: unsaid
 
     def alive(self) -> bool:
         """Whether the registrar still holds this registration (it may have stopped)."""
@@ -135,8 +136,14 @@ def register(state_path: str | os.PathLike[str], timeout: float = 2.0) -> Regist
         pid, pidns = answer.get("pid"), answer.get("pidns")
         if not isinstance(pid, int) or not isinstance(pidns, int) or pid <= 0 or pidns <= 0:
             raise RegistrarError(f"the registrar's answer makes no sense: {answer}")
-        inner = answer.get("pid_in_ns")
-        return Registration(pid, pidns, inner if isinstance(inner, int) else None, sock)
+        inner, start = answer.get("pid_in_ns"), answer.get("start")
+        return Registration(
+            pid,
+            pidns,
+            inner if isinstance(inner, int) else None,
+            sock,
+            start if isinstance(start, int) and start >= 0 else None,
+        )
     except BaseException:
         sock.close()
         raise

@@ -34,6 +34,7 @@ import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from jax_nbmem.simgpu.liveness import running_since
 from jax_nbmem.simgpu.state import (
     CALLS,
     DEFAULT_RESERVED_BYTES,
@@ -202,6 +203,13 @@ def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
     state = folder / "gpu.state"
     if not state.exists():
         demo_state(state).write()
+    try:
+        # A new run meets only live processes: what earlier runs left (a neighbour, a kernel
+        # killed before its mirror could leave) goes; running processes, anyone's, stay.
+        with SimState.update(state) as current:
+            current.forget_ended()
+    except StateError as error:
+        print(f"echo {shlex.quote(f'jax_nbmem simulated GPU: {error}')} >&2")
     env = env_for_subprocess(lib.parent, state, base=os.environ)
     for name in ("LD_LIBRARY_PATH", STATE_ENV_VAR):
         print(f"export {name}={shlex.quote(env[name])}")
@@ -231,17 +239,8 @@ def stop_when_gone(pid: int, interval: float = 0.5) -> threading.Thread:
     A process that has ended but is not yet reaped (a zombie) counts as ended.
     """
 
-    def gone() -> bool:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return True
-        except OSError:  # no /proc: ask the kernel
-            return not _exists(pid)
-        return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
-
     def watch() -> None:
-        while not gone():
+        while running_since(pid)[0]:
             time.sleep(interval)
         os.kill(os.getpid(), signal.SIGTERM)
 

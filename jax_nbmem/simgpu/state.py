@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jax_nbmem.simgpu.liveness import line_ended
 from jax_nbmem.simgpu.state_format import (
     CALLS,
     DEFAULT_DRIVER,
@@ -173,6 +174,7 @@ class SimState:
         ends_with_process: bool = False,
         mig: int | None = None,
         pidns: int | None = None,
+        start: int | None = None,
     ) -> SimState:
         """Put process ``pid`` on GPU ``gpu`` holding ``used`` bytes (None: NVML can't tell).
 
@@ -182,9 +184,11 @@ class SimState:
         a real driver forgets a process that exited (the demo's kernels are written so).
         ``mig``: the GPU instance it runs in, on a GPU in MIG mode. ``pidns``: the PID namespace
         ``pid`` belongs to (the inode of its ``/proc/PID/ns/pid``), as the registrar's lines say:
-        only a caller in that namespace judges ``ends_with_process`` by the PID.
+        only a caller in that namespace judges ``ends_with_process`` by the PID. ``start``: when
+        ``pid`` started (:func:`.liveness.process_start`), so that a later process that reuses
+        the PID is not taken for it.
         """
-        line = ProcLine(gpu, pid, used, graphics, ends_with_process, mig, pidns)
+        line = ProcLine(gpu, pid, used, graphics, ends_with_process, mig, pidns, start)
         self._processes.append(line)
         return self
 
@@ -200,6 +204,19 @@ class SimState:
     def processes(self) -> list[ProcLine]:
         """The ``proc`` lines, in order (copies: change the state through its methods)."""
         return [dataclasses.replace(proc) for proc in self._processes]
+
+    def _held(self) -> list[ProcLine]:
+        """The ``proc`` lines of processes that still hold their memory (:mod:`.liveness`)."""
+        return [proc for proc in self._processes if not line_ended(proc)]
+
+    def forget_ended(self) -> SimState:
+        """Take off the lines of processes that ended, as the GPU no longer lists them.
+
+        What a new demo run does first, so that it meets only live processes; lines of
+        running processes (another user's too, on a shared state file) stay.
+        """
+        self._processes = self._held()
+        return self
 
     def lose(self, gpu: int) -> SimState:
         """Make GPU ``gpu`` "fall off the bus": NVML calls on it fail with GPU_IS_LOST."""
@@ -267,7 +284,7 @@ class SimState:
     def process_bytes(self, pid: int) -> int | None:
         """What process ``pid`` holds over all GPUs; None when it is on none (or unknown)."""
         held: dict[int, int | None] = {}
-        for proc in self._processes:
+        for proc in self._held():
             if proc.pid == pid:
                 held[proc.gpu] = proc.used  # one figure per GPU, on however many lists
         figures = list(held.values())
@@ -283,14 +300,15 @@ class SimState:
     ) -> int | None:
         """What GPU ``gpu`` reports free, as the stub computes it, without process ``leaving_out``.
 
-        None when the state has no such GPU or pins numbers that say nothing (``raw``).
+        Processes that ended hold nothing (:mod:`.liveness`, the stand-in's rule). None when
+        the state has no such GPU or pins numbers that say nothing (``raw``).
         ``mig``: what its MIG instance ``mig`` reports free (its processes', no reserve).
         """
         if mig is not None:
             instance = self._migs.get((gpu, mig))
             if instance is None:
                 return None
-            held = {p.pid: p.used or 0 for p in self._processes if (p.gpu, p.mig) == (gpu, mig)}
+            held = {p.pid: p.used or 0 for p in self._held() if (p.gpu, p.mig) == (gpu, mig)}
             held.pop(leaving_out, None)  # type: ignore[arg-type]
             return max(0, instance.total - sum(held.values()))
         found = self._gpus.get(gpu)
@@ -301,7 +319,7 @@ class SimState:
         if found.used is not None:
             used = found.used
         else:
-            held = {p.pid: p.used or 0 for p in self._processes if p.gpu == gpu}
+            held = {p.pid: p.used or 0 for p in self._held() if p.gpu == gpu}
             held.pop(leaving_out, None)  # type: ignore[arg-type]
             used = sum(held.values())
         return max(0, found.total - found.reserved - used)
@@ -352,6 +370,7 @@ class SimState:
             kind = "graphics" if proc.graphics else "compute"
             kind += "" if proc.mig is None else f" mig={proc.mig}"
             ends = " ends=exit" if proc.ends_with_process else ""
+            ends += "" if proc.start is None else f" start={proc.start}"
             ends += "" if proc.pidns is None else f" pidns={proc.pidns}"
             lines.append(f"proc {proc.gpu} {proc.pid} used={used} kind={kind}{ends}")
         lines.extend(f"lost {index}" for index in sorted(self._lost))

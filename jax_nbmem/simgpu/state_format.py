@@ -81,14 +81,18 @@ The state file, one fact per line (what `SimState.write()` writes; `#` starts a 
   gpu INDEX UUID total=BYTES [used=BYTES] [free=BYTES] [reserved=BYTES] [util=PCT]
       [mig=on] [raw] [name=NAME]
   mig GPU GI UUID total=BYTES [name=NAME]
-  proc GPU PID used=BYTES|na [kind=compute|graphics] [mig=GI] [ends=exit] [pidns=INODE]
+  proc GPU PID used=BYTES|na [kind=compute|graphics] [mig=GI] [ends=exit] [start=TICKS]
+       [pidns=INODE]
   lost GPU | nodriver | unprivileged | slow CALL MS | fail CALL ERROR [GPU]
   end
 Keys come in any order, but name= takes the rest of its line. GPU indices run 0, 1, 2 ...
 As an R510+ driver counts: a GPU's used memory is what its processes hold (a process's
 figure includes its CUDA context) unless `used=` pins it, and 500 MiB is reserved for the
 driver unless `reserved=` says otherwise. `ends=exit`: the process is listed only while it
-runs. CALL: init, count, name, uuid, memory, processes, driver, info (the rest: utilization,
+runs, and never counts as holding memory once it ended (nor in the free memory a new process
+finds); with `start=TICKS` (field 22 of /proc/PID/stat, ticks since boot) only while the
+process PID that runs is the one that started then, not a later one that reused its PID.
+CALL: init, count, name, uuid, memory, processes, driver, info (the rest: utilization,
 temperature, PCI...) or any; ERROR: a code or a name (GPU_IS_LOST). `util=`: the GPU's
 utilization, which its temperature, power and clocks follow, shared evenly by its processes
 (compute or graphics) in their utilization samples. MIG: a GPU with `mig=on` is
@@ -155,3 +159,4 @@ class ProcLine:
     ends_with_process: bool = False
     mig: int | None = None
     pidns: int | None = None  # the PID namespace PID belongs to (its inode); None: the reader's
+    start: int | None = None  # when PID started (/proc/PID/stat's field 22); None: not said

@@ -59,7 +59,7 @@ _TOKEN = re.compile(r"[^ \t\r\v\f]+")
 _COMMENT = re.compile(r"(?:^|(?<=[ \t\r\v\f]))#")
 _DIGITS = re.compile(r"[0-9]{1,20}")
 _INCOMPLETE = "no end line: the file is incomplete"
-_PROC_KEYS = frozenset(("used", "kind", "ends", "mig", "pidns"))
+_PROC_KEYS = frozenset(("used", "kind", "ends", "mig", "pidns", "start"))
 
 
 class _Problem(Exception):
@@ -273,6 +273,9 @@ class _Parser:
         pidns = None if "pidns=" not in keys else _u64(keys["pidns="])
         if "pidns=" in keys and (not pidns or pidns == _NOT_AVAILABLE):
             raise _Problem(number, f"proc: bad pidns= '{_cut(keys['pidns='])}'")
+        start = None if "start=" not in keys else _u64(keys["start="])
+        if "start=" in keys and (start is None or start == _NOT_AVAILABLE):
+            raise _Problem(number, f"proc: bad start= '{_cut(keys['start='])}'")
         self.state.process(
             gpu,
             pid,
@@ -281,6 +284,7 @@ class _Parser:
             ends_with_process=ends == "exit",
             mig=mig,
             pidns=pidns,
+            start=start,
         )
         self.proc_lines.append(number)
 

@@ -52,6 +52,7 @@ for index in range(report["count"]):
     gpu = device(handle)
     gpu["mode"] = [number(mode) for mode in pynvml.nvmlDeviceGetMigMode(handle)]
     gpu["util"] = attempt(lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, handle)
+    gpu["attributes"] = attempt(pynvml.nvmlDeviceGetAttributes, handle)
     gpu["instances"] = []
     for position in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         mig = attempt(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, position)
@@ -66,6 +67,10 @@ for index in range(report["count"]):
         by_uuid = pynvml.nvmlDeviceGetHandleByUUID(seen["uuid"])
         seen["by_uuid"] = pynvml.nvmlDeviceGetUUID(by_uuid)
         seen["temperature"] = attempt(pynvml.nvmlDeviceGetTemperature, mig, 0)
+        attributes = attempt(pynvml.nvmlDeviceGetAttributes, mig)
+        seen["attributes"] = attributes if isinstance(attributes, str) else [
+            getattr(attributes, name) for name, _ in attributes._fields_
+        ]
         gpu["instances"].append(seen)
     report["gpus"].append(gpu)
 print(json.dumps(report))
@@ -117,6 +122,22 @@ def test_each_instance_is_a_device_of_its_own(split_gpu):
     assert split["memory"][:2] == [141 * GIB, 35 * GIB + RESERVED] and split["is_mig"] == 0
     assert split["procs"] == [[4001, 5 * GIB, 1, 0], [4002, 30 * GIB, 2, 0]]
     assert whole["procs"] == [[4003, 2 * GIB, 2**32 - 1, 2**32 - 1]]
+
+
+def test_an_instance_says_its_engines_and_memory_as_its_profile_has_them(split_gpu):
+    """nvmlDeviceGetAttributes: an H200's MIG profiles (1g, 3g; one named by memory alone)."""
+    state, env = split_gpu
+    state.mig(0, 3, 35 * GIB)  # no profile in its name: 2/8 of the memory, a 2g
+    state.write()
+    split, whole = ask(env)["gpus"]
+    # SMs, copy engines, NVDEC, NVENC, NVJPG, OFA, GI slices, CI slices, memory in MiB
+    assert [i["attributes"] for i in split["instances"]] == [
+        [16, 1, 1, 0, 1, 0, 1, 1, 18 * 1024],
+        [60, 3, 3, 0, 3, 0, 3, 3, 71 * 1024],
+        [32, 2, 2, 0, 2, 0, 2, 2, 35 * 1024],
+    ]
+    # nvml.h: "currently only supports MIG device handles"
+    assert split["attributes"] == whole["attributes"] == "error: Not Supported"
 
 
 def test_a_user_other_than_root_may_not_ask_the_split_gpu_itself(split_gpu):

@@ -312,31 +312,57 @@ def test_energy_affinity_nvlink_and_process_names(busy_gpus):
     assert report["name"] == sys.executable and report["no_such"] == "Not Found"
 
 
-def test_the_packages_own_tests_pass(busy_gpus, tmp_path):
-    """pynvml_utils' tests, as its authors run them on a GPU, less four that an H200 fails.
+# What pynvml_utils' own tests meet on a real H200 too, each with the reason in its failure. The
+# suite is judged by "nothing fails beyond these, and each of these for its reason", not by a
+# count, so that a release of pynvml that adds or drops tests changes nothing here, and a
+# regression of the simulator is named. Judged against pynvml 13.0.1 with nvidia-ml-py
+# 13.615.71 (the versions are in every failure's message).
+_FAILS_ON_AN_H200 = {
+    # Its fixture calls nvmlDeviceGetMigDeviceHandleByIndex(i) without the device: a TypeError
+    # on any board whose GPUs can hold MIG devices (an H200 says 7).
+    "test_nvmlDeviceGetAttributes": "TypeError",
+    # nvidia-ml-py spells NVML_P2P_CAPS_INDEX_READ as a tuple (`= 0,`): ctypes refuses it.
+    "test_nvmlDeviceGetP2PStatus[index0]": "ArgumentError",
+    # NVML_PCIE_UTIL_COUNT, the enum's sentinel, asked as a counter: INVALID_ARGUMENT.
+    "test_nvmlDeviceGetPcieThroughput": "NVMLError_InvalidArgument",
+    # Links 0..NVML_NVLINK_MAX_LINKS (36 in nvidia-ml-py 13) on a GPU of 18 links, under a
+    # driver (550) whose nvml.h bound is 18: the links past the 18th are INVALID_ARGUMENT.
+    **{f"test_nvml_nvlink_capability[{n}]": "NVMLError_InvalidArgument" for n in range(6)},
+}
 
-    Two raise TypeError on any board with MIG or two GPUs: test_nvmlDeviceGetAttributes (its
-    fixture calls nvmlDeviceGetMigDeviceHandleByIndex without a device) and the READ case of
-    test_nvmlDeviceGetP2PStatus (nvidia-ml-py spells NVML_P2P_CAPS_INDEX_READ as a tuple,
-    ``= 0,``). Two ask what nvml.h calls invalid arguments: test_nvml_nvlink_capability (all
-    NVML_NVLINK_MAX_LINKS = 36 links; an H200 has 18) and test_nvmlDeviceGetPcieThroughput (the
-    NVML_PCIE_UTIL_COUNT sentinel as a counter).
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return f"pynvml {version('pynvml')}, nvidia-ml-py {version('nvidia-ml-py')}"
+
+
+def _outcomes(report: Path) -> dict[str, tuple[str, str]]:
+    """Each test of a JUnit report: (passed/failed/error/skipped, the failure's message)."""
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            found = case.find(kind)
+            if found is not None:
+                outcome, message = kind, found.get("message", "") + (found.text or "")
+                break
+        outcomes[case.get("name")] = (outcome, message)
+    return outcomes
+
+
+def test_the_packages_own_tests_fail_only_where_an_h200_fails_too(busy_gpus, tmp_path):
+    """pynvml_utils' tests, as its authors run them on a GPU: each passes, or fails as on an H200.
+
+    JUnit's report gives each test's outcome and message (no count is compared).
     """
     state, env, _ = busy_gpus
     state.write()
     tests = Path(_UTILS.submodule_search_locations[0]) / "tests"
-    left_out = " and ".join(
-        f"not {name}"
-        for name in (
-            "test_nvmlDeviceGetAttributes",
-            "test_nvml_nvlink_capability",
-            "test_nvmlDeviceGetPcieThroughput",
-            "index0",  # test_nvmlDeviceGetP2PStatus[index0]: NVML_P2P_CAPS_INDEX_READ
-        )
-    )
+    report = tmp_path / "report.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-        + ["--rootdir", str(tmp_path), "-k", left_out]
+        + ["--rootdir", str(tmp_path), f"--junitxml={report}"]
         + [str(tests / "test_smi.py"), str(tests / "test_nvml.py")],
         env=env,
         cwd=tmp_path,
@@ -344,5 +370,19 @@ def test_the_packages_own_tests_pass(busy_gpus, tmp_path):
         text=True,
         timeout=240,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert re.search(r"\b25 passed, 9 deselected, 11 xfailed\b", done.stdout), done.stdout[-2000:]
+    assert report.exists(), done.stdout[-4000:] + done.stderr[-2000:]
+    outcomes = _outcomes(report)
+    failed = {
+        name: why for name, (outcome, why) in outcomes.items() if outcome in ("failure", "error")
+    }
+    beyond = {name: why[:300] for name, why in failed.items() if name not in _FAILS_ON_AN_H200}
+    assert not beyond, f"{_versions()}: failures an H200 would not have: {beyond}"
+    for name, why in failed.items():
+        assert _FAILS_ON_AN_H200[name] in why, (
+            f"{_versions()}: {name} failed otherwise: {why[:500]}"
+        )
+    passed = [name for name, (outcome, _) in outcomes.items() if outcome == "passed"]
+    # The suite ran: the calls jax_nbmem and nvidia-smi -q make are among the passed.
+    for name in ("test_nvmlDeviceGetMemoryInfo", "test_nvmlDeviceGetHandleByUUID",
+                 "test_query_memory", "test_pstate"):  # fmt: skip
+        assert any(found.startswith(name) for found in passed), (_versions(), name, passed)
