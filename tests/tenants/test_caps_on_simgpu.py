@@ -23,6 +23,7 @@ from jax_nbmem.tools.fit import ProgramNeeds, read_rooms
 from jax_nbmem.tools.fit_report import format_fit, judge
 from tests.ipython_session import run_cells
 from tests.kernels import execute, running_kernel
+from tests.waiting import wait_for
 
 MPS = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G"}
 HAMI = {"CUDA_DEVICE_MEMORY_LIMIT_0": "20480m"}
@@ -84,11 +85,15 @@ def test_under_mps_the_default_overruns_the_cap_and_everyone_is_told(
         execute(client, START_JAX)
         assert held_by(sim_state.path, pid) == CONTEXT_BYTES + MPS_POOL
         assert CONTEXT_BYTES + MPS_POOL <= 20 * GIB
+
         # The node's view (this process, no cap of its own): the kernel's beacon carries it.
-        time.sleep(1.5)  # the beacon is rewritten at most once a second
-        node = collect(in_kernel=False, host=False)
+        def capped():  # the beacon is rewritten at most once a second: the cap comes with it
+            node = collect(in_kernel=False, host=False)
+            rows = [p for p in node["processes"] if p["pid"] == pid]
+            return node if rows and rows[0]["memory_cap_bytes"] == 20 * GIB else None
+
+        node = wait_for("the kernel's beacon to carry its cap", capped, timeout=30)
         [row] = [p for p in node["processes"] if p["pid"] == pid]
-        assert row["memory_cap_bytes"] == 20 * GIB
         assert node["gpus"][0]["memory_cap_bytes"] is None  # no cap on this process
         families = {f.name: f for f in metric_families(Snapshot(node, time.time()))}
         caps = families["jax_nbmem_kernel_memory_cap_bytes"]
