@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
 from jax_nbmem.agent.publish import RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
@@ -61,11 +62,10 @@ class ProvenKernel:
 
 
 def public_container(view: HostView | None) -> dict | None:
-    """A process entry's ``container`` (``name``, ``id``, ``pod``, ``namespace``) or None."""
+    """A process entry's ``container`` (:data:`~.cgroups.SHOWN_KEYS`) or None."""
     if view is None or view.container is None:
         return None
-    c = view.container
-    return {"name": c.name, "id": c.id, "pod": c.pod, "namespace": c.namespace}
+    return {key: getattr(view.container, key) for key in SHOWN_KEYS}
 
 
 def in_initial_pid_namespace() -> bool:

@@ -116,7 +116,7 @@ def container_entry(view: HostView | None) -> dict | None:
     c = view.container
     return {"id": c.id, "runtime": c.runtime, "name": c.name, "pod_uid": c.pod_uid, "pod": c.pod,
             "namespace": c.namespace, "name_reason": c.name_reason,
-            "hub_user": c.hub_user}  # fmt: skip
+            "hub_user": c.hub_user, "rootless_uid": c.rootless_uid}  # fmt: skip
 
 
 def _hidden(entry: dict) -> dict:

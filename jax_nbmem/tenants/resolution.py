@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jax_nbmem.agent.cgroups import SHOWN_KEYS as _SHOWN
 from jax_nbmem.agent.client import AGENT_DIR
 from jax_nbmem.agent.client_tcp import (
     network_absence,
@@ -80,10 +81,14 @@ class ResolvedProcess:
 
     @property
     def shown_container(self) -> dict | None:
-        """Its container as public output shows it: ``name``, ``id``, ``pod``, ``namespace``."""
+        """Its container as public output shows it (:data:`~.cgroups.SHOWN_KEYS`).
+
+        ``name_reason`` says why a name is missing; ``rootless_uid`` marks a rootless
+        container, whose name is that user's claim.
+        """
         if not self.container:
             return None
-        return {key: self.container.get(key) for key in ("name", "id", "pod", "namespace")}
+        return {key: self.container.get(key) for key in _SHOWN}
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,8 @@ def _container(value: Any) -> dict | None:
         "pod_uid": _text(value.get("pod_uid"), 64),
         "pod": _text(value.get("pod"), 256),
         "namespace": _text(value.get("namespace"), 256),
+        "name_reason": _text(value.get("name_reason"), 1024),
+        "rootless_uid": _count(value.get("rootless_uid")),
     }
 
 
