@@ -117,7 +117,8 @@ def one_pass(report, registry, viewer, writer, share: Path, agent: Path, interva
     processes = [dict(p) for p in report["processes"]]
     proof.annotate(processes)
     text = writer.text(report, registrations, proof.view, interval_s=interval)
-    write_resolution(str(agent), text)
+    full = writer.full_text()  # as the exporter: every name in root's file, where some are hidden
+    write_resolution(str(agent), text, None if full == text else full)
     clean_dead(str(share), [r.key for r in registrations.values()])
     return time.perf_counter() - began, time.process_time() - cpu
 

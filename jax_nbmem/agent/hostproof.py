@@ -30,7 +30,7 @@ from typing import Any
 
 from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
-from jax_nbmem.agent.publish import RESOLUTION_NAME, RESOLUTION_SCHEMA
+from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
 from jax_nbmem.tenants.beacons import Beacon
 
@@ -186,8 +186,14 @@ def read_resolution(share_dir: str, now: float | None = None) -> tuple[dict | No
     if not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o022 or info.st_uid not in uids:
         return None, f"{directory} is not the node agent's (owner, mode or a symlink): ignored"
     path = os.path.join(directory, RESOLUTION_NAME)
+    try:  # every name where this reader may read them (root, the agent's user)
+        fd = os.open(os.path.join(directory, FULL_RESOLUTION_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+        path = os.path.join(directory, FULL_RESOLUTION_NAME)
+    except OSError:
+        fd = None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK) if fd is None else fd
     except OSError as error:
         if error.errno == errno.ELOOP:
             return None, f"{path} is a symlink: ignored"

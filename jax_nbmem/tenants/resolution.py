@@ -43,6 +43,7 @@ __all__ = [
     "Resolution",
     "ResolvedProcess",
     "agent_uid",
+    "full_resolution_path",
     "load_resolution",
     "resolution_path",
 ]
@@ -62,6 +63,11 @@ def resolution_path(share_dir: str) -> str:
     return os.path.join(share_dir, AGENT_DIR, "resolution.json")
 
 
+def full_resolution_path(share_dir: str) -> str:
+    """Where the agent writes its resolution with every name (mode 0600), when it hides some."""
+    return os.path.join(share_dir, AGENT_DIR, "resolution-full.json")
+
+
 @dataclass(frozen=True)
 class ResolvedProcess:
     """One process as the agent resolved it from the host's side.
@@ -78,6 +84,7 @@ class ResolvedProcess:
     gpus: tuple[str, ...]
     container: dict | None
     kernel: Beacon | None
+    names_reason: str | None = None  # why its kernel's names are null (not this reader's)
 
     @property
     def shown_container(self) -> dict | None:
@@ -202,7 +209,12 @@ def load_resolution(
     problem = _untrusted(info, directory, trusted_uids, is_dir=True)
     if problem:
         return Resolution("untrusted", problem, path)
-    found = read_small_file(path, MAX_BYTES)
+    # The file with every name where this reader may open it (root, the agent's user).
+    found = read_small_file(full_resolution_path(share_dir), MAX_BYTES)
+    if found is not None:
+        path = full_resolution_path(share_dir)
+    else:
+        found = read_small_file(path, MAX_BYTES)
     if found is None:
         if not os.path.lexists(path):
             return Resolution("absent", f"the node agent has written no {path} yet", path)
@@ -306,6 +318,7 @@ def _entry(entry: Any, path: str) -> ResolvedProcess | None:
         gpus=gpus,
         container=_container(entry.get("container")),
         kernel=beacon,
+        names_reason=_text(kernel.get("names_reason"), 256) if beacon is not None else None,
     )
 
 
