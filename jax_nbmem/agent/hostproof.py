@@ -144,7 +144,9 @@ class HostProof:
     def annotate(self, processes: list[dict]) -> None:
         """Give each process entry ``pid_in_container`` and ``container``; proven: ``agent``.
 
-        A process in a pod without a hub user of its own gets its pod's (the API's).
+        A process in a pod without a hub user of its own gets its pod's (the API's;
+        ``hub_user_source: pod``). A process in a container is shown as its container's user
+        (``user_source``: ``container``, the container's claim, or ``uid``, the bare uid).
         """
         for process in processes:
             pid = process.get("pid")
@@ -156,6 +158,10 @@ class HostProof:
                 # KubeSpawner's annotation, read from the Kubernetes API (no user writes it):
                 # in z2jh every container is `notebook`, and this is who the pod serves.
                 process["hub_user"] = pod_user
+                process["hub_user_source"] = "pod"
+            if seen is not None and seen.container is not None:
+                # Never the host's account name for a container's uid (someone else's).
+                process["user"], process["user_source"] = seen.shown_user()
             if isinstance(pid, int) and self.is_proven(pid) and process.get("source") == "beacon":
                 process["source"] = "agent"
 

@@ -38,6 +38,7 @@ __all__ = [
     "GPU_LABELS",
     "CONTAINER_LABELS",
     "KERNEL_LABELS",
+    "SOURCE_LABELS",
     "MIG_LABELS",
     "NVML_REASONS",
     "Family",
@@ -59,9 +60,15 @@ GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid", *MIG_LABELS)
 # the host's view of its cgroup; empty (absent to Prometheus) on a plain host, so the series of
 # a process outside any container are the same series as before these labels came.
 CONTAINER_LABELS = ("container", "pod", "namespace")
+# Who says the names: `user_source` is empty (the host's account of its uid), `container` (a
+# process in a container: its container's passwd, the container's claim) or `uid` (the bare
+# uid: no name known there); `hub_user_source` is `pod` (KubeSpawner's annotation, from the
+# Kubernetes API) or `claimed` (the process's own beacon or environment). `kernel_id` and
+# `notebook` are always the process's or its server's own word (bounded, never proven).
+SOURCE_LABELS = ("user_source", "hub_user_source")
 KERNEL_LABELS = (
     "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
-    *MIG_LABELS, *CONTAINER_LABELS,
+    *MIG_LABELS, *CONTAINER_LABELS, *SOURCE_LABELS,
 )  # fmt: skip
 WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id", *MIG_LABELS)
 # Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
@@ -94,6 +101,7 @@ _GLOBAL_REASONS = {
     "LIB_RM_VERSION_MISMATCH": "driver_mismatch",
 }
 NOTEBOOK_MAX_CHARS = 120
+NAME_MAX_CHARS = 64  # a user, hub user or kernel id: claims, so bounded
 
 _H = "(the kernel's beacon)"
 # name → help; the order is the order of exposition.
@@ -324,14 +332,15 @@ def metric_families(
             index,
             uuid,
             hostname,
-            process.get("kernel_id"),
+            _bounded_name(process.get("kernel_id")),
             _notebook_label(process),
-            process.get("user"),
-            process.get("hub_user"),
+            _bounded_name(process.get("user")),
+            _bounded_name(process.get("hub_user")),
             process.get("pid"),
             instance,
             profile,
             *_container_labels(process.get("container")),
+            *_sources(process),
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
@@ -358,14 +367,32 @@ def metric_families(
             continue  # a node-wide warning: the node's source says it
         uuid, index, instance, profile = gpus.get(warning.get("gpu"), ("", "", "", ""))
         process = by_pid.get(pid) or {}
-        key = (warning.get("kind"), uuid, index, hostname, pid, process.get("user"))
-        key += (process.get("kernel_id"), instance, profile)
+        key = (warning.get("kind"), uuid, index, hostname, pid, _bounded_name(process.get("user")))
+        key += (_bounded_name(process.get("kernel_id")), instance, profile)
         counts[tuple("" if v is None else str(v) for v in key)] += 1
     for kind in _WARNING_KINDS:
         counts.setdefault((kind, "", "", hostname, "", "", "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families
+
+
+@lru_cache(maxsize=4096)
+def _bounded_name(value: Any) -> str:
+    """A claimed name as a label value: printable, at most :data:`NAME_MAX_CHARS` characters."""
+    if value is None:
+        return ""
+    shown = printable(str(value))
+    return shown if len(shown) <= NAME_MAX_CHARS else shown[: NAME_MAX_CHARS - 1] + "…"
+
+
+def _sources(process: Mapping[str, Any]) -> tuple[str, str]:
+    """Who says ``user`` and ``hub_user`` (:data:`SOURCE_LABELS`); empty where there is none."""
+    user = process.get("user_source") or ""  # empty: the host's account, as before the label
+    hub_user = ""
+    if process.get("hub_user"):
+        hub_user = "pod" if process.get("hub_user_source") == "pod" else "claimed"
+    return user, hub_user
 
 
 def _container_labels(container: Any) -> tuple[str, str, str]:
