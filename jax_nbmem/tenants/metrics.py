@@ -26,12 +26,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
 from jax_nbmem.gpu.nvml_session import PYNVML_MISSING
-from jax_nbmem.text import mask_secrets, printable
+from jax_nbmem.tenants.metric_labels import (
+    bounded_name,
+    container_labels,
+    gpu_identity,
+    name_sources,
+    notebook_label,
+)
 
 __all__ = [
     "FAMILIES",
@@ -100,8 +106,6 @@ _GLOBAL_REASONS = {
     "NO_PERMISSION": "no_permission",
     "LIB_RM_VERSION_MISMATCH": "driver_mismatch",
 }
-NOTEBOOK_MAX_CHARS = 120
-NAME_MAX_CHARS = 64  # a user, hub user or kernel id: claims, so bounded
 
 _H = "(the kernel's beacon)"
 # name → help; the order is the order of exposition.
@@ -207,24 +211,6 @@ def _build() -> tuple[str, str, str]:
     return installed("jax_nbmem"), installed("jax"), installed("jaxlib")
 
 
-def _notebook_label(process: Mapping[str, Any]) -> str:
-    """The notebook as its server shows it (else ``~/…``, else ``…/dir/file``), bounded."""
-    return _bounded_notebook(process.get("notebook_shown") or process.get("notebook") or "")
-
-
-@lru_cache(maxsize=4096)  # a node's notebooks, the same from one snapshot to the next
-def _bounded_notebook(shown: str) -> str:
-    if shown.startswith("/"):  # an absolute path outside its owner's home: its tail
-        parts = [p for p in shown.split("/") if p]
-        shown = "…/" + "/".join(parts[-2:]) if len(parts) > 2 else shown
-    if "=" in shown:  # a query string or key=value: maybe a secret
-        shown = mask_secrets([shown])[0]
-    shown = printable(shown)
-    if len(shown) > NOTEBOOK_MAX_CHARS:
-        shown = "…" + shown[-(NOTEBOOK_MAX_CHARS - 1) :]
-    return shown
-
-
 def is_fresh(
     snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None = None
 ) -> bool:
@@ -305,7 +291,7 @@ def metric_families(
     reserved = family("jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
     hostname = socket.gethostname()
     for gpu in report.get("gpus", []):
-        uuid, index, instance, profile = gpus[gpu["index"]] = _gpu_identity(gpu)
+        uuid, index, instance, profile = gpus[gpu["index"]] = gpu_identity(gpu)
         if node:
             labels = (uuid, index, hostname, uuid, instance, profile)
             used.add(labels, gpu.get("used_bytes"))
@@ -332,15 +318,15 @@ def metric_families(
             index,
             uuid,
             hostname,
-            _bounded_name(process.get("kernel_id")),
-            _notebook_label(process),
-            _bounded_name(process.get("user")),
-            _bounded_name(process.get("hub_user")),
+            bounded_name(process.get("kernel_id")),
+            notebook_label(process),
+            bounded_name(process.get("user")),
+            bounded_name(process.get("hub_user")),
             process.get("pid"),
             instance,
             profile,
-            *_container_labels(process.get("container")),
-            *_sources(process),
+            *container_labels(process.get("container")),
+            *name_sources(process),
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
@@ -367,59 +353,14 @@ def metric_families(
             continue  # a node-wide warning: the node's source says it
         uuid, index, instance, profile = gpus.get(warning.get("gpu"), ("", "", "", ""))
         process = by_pid.get(pid) or {}
-        key = (warning.get("kind"), uuid, index, hostname, pid, _bounded_name(process.get("user")))
-        key += (_bounded_name(process.get("kernel_id")), instance, profile)
+        key = (warning.get("kind"), uuid, index, hostname, pid, bounded_name(process.get("user")))
+        key += (bounded_name(process.get("kernel_id")), instance, profile)
         counts[tuple("" if v is None else str(v) for v in key)] += 1
     for kind in _WARNING_KINDS:
         counts.setdefault((kind, "", "", hostname, "", "", "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families
-
-
-@lru_cache(maxsize=4096)
-def _bounded_name(value: Any) -> str:
-    """A claimed name as a label value: printable, at most :data:`NAME_MAX_CHARS` characters."""
-    if value is None:
-        return ""
-    shown = printable(str(value))
-    return shown if len(shown) <= NAME_MAX_CHARS else shown[: NAME_MAX_CHARS - 1] + "…"
-
-
-def _sources(process: Mapping[str, Any]) -> tuple[str, str]:
-    """Who says ``user`` and ``hub_user`` (:data:`SOURCE_LABELS`); empty where there is none."""
-    user = process.get("user_source") or ""  # empty: the host's account, as before the label
-    hub_user = ""
-    if process.get("hub_user"):
-        hub_user = "pod" if process.get("hub_user_source") == "pod" else "claimed"
-    return user, hub_user
-
-
-def _container_labels(container: Any) -> tuple[str, str, str]:
-    """A process's ``container`` entry as (container, pod, namespace) label values.
-
-    The container's name, else the first 12 digits of its id (as ``docker ps`` shows it).
-    """
-    if not isinstance(container, Mapping):
-        return "", "", ""
-    name = container.get("name") or (container.get("id") or "")[:12]
-    return name or "", container.get("pod") or "", container.get("namespace") or ""
-
-
-def _gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    """A report's GPU as dcgm-exporter labels it: UUID, gpu, GPU_I_ID, GPU_I_PROFILE.
-
-    A MIG instance carries its parent's UUID and index, and its instance id and profile.
-    """
-    mig = gpu.get("mig")
-    if not mig:
-        return gpu.get("uuid") or "", str(gpu["index"]), "", ""
-    return (
-        mig.get("parent_uuid") or "",
-        str(mig.get("parent_index", "")),
-        str(mig.get("gpu_instance_id", "")),
-        mig.get("profile") or "",
-    )
 
 
 def prometheus_collector(
