@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from jax_nbmem.agent.cgroups import ContainerNames, container_from_cgroup, container_text
+from jax_nbmem.agent.hostproof import public_container
 from jax_nbmem.agent.hostview import HostViewer
 from tests.tenants.test_hostview import fake_process
 from tests.waiting import wait_for
@@ -118,6 +119,9 @@ def test_a_delegated_docker_scope_never_takes_root_s_name(tmp_path):
     seen = viewer.view(400).container
     assert seen.rootless_uid == 1001 and seen.name != "jupyter-bob" and seen.pod_uid is None
     assert "rootless, uid 1001's" in container_text(seen.to_dict())
+    shown = public_container(viewer.view(400))  # what status --json says of it
+    assert shown["rootless_uid"] == 1001 and shown["name"] is None
+    assert str(tmp_path / "docker") not in shown["name_reason"]  # root's store: never asked
 
 
 def test_a_rootless_store_s_names_are_its_user_s_claim(tmp_path, other_user):

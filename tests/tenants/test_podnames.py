@@ -135,6 +135,7 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
               for values, _ in memory.samples}  # fmt: skip
     assert [labels["500"][k] for k in ("pod", "namespace", "container", "hub_user")] == [
         "jupyter-alice", "jhub", "notebook", "alice"]  # fmt: skip
+    assert labels["500"]["hub_user_source"] == "pod"  # the pod's annotation, not a claim
     assert [labels["600"][k] for k in ("pod", "namespace", "container")] == ["train-7", "ml",
                                                                               "main"]  # fmt: skip
     assert [labels["700"][k] for k in ("pod", "namespace", "container")] == ["", "", ""]
