@@ -1,53 +1,75 @@
 """Which container a host process runs in: its cgroup path, read from the host's side.
 
-The container runtimes name their cgroups after the container (cgroup v1 and v2 alike):
+A container is read only from where its runtime puts containers (cgroup v1 and v2 alike),
+each shape anchored at the top of the hierarchy:
 
 - Docker: ``/system.slice/docker-<id>.scope`` (systemd driver) or ``/docker/<id>`` (cgroupfs);
-- containerd under Kubernetes: ``.../cri-containerd-<id>.scope``; CRI-O: ``.../crio-<id>.scope``
-  (``.../pod<uid>/crio-<id>`` under the cgroupfs driver);
-  Podman: ``.../libpod-<id>.scope`` or ``/libpod_parent/libpod-<id>``;
-- a Kubernetes pod: ``kubepods-burstable-pod<uid>.slice`` (systemd spells the UID's dashes as
-  underscores) or ``/kubepods/burstable/pod<uid>/<id>`` (cgroupfs driver).
+- Podman: ``/machine.slice/libpod-<id>.scope`` (in a pod: ``/machine.slice/
+  machine-libpod_pod_<pod>.slice/libpod-<id>.scope``) or ``/libpod_parent/libpod-<id>``
+  (cgroupfs);
+- a Kubernetes pod: ``/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid>.slice``
+  (systemd spells the UID's dashes as underscores) or ``/kubepods[/<qos>]/pod<uid>``
+  (cgroupfs), and in it containerd's ``cri-containerd-<id>.scope``, CRI-O's ``crio-<id>[.scope]``
+  or a bare ``<id>`` (cgroupfs: the runtime is not in the path, ``kubepods``);
+- a rootless container (Podman's ``libpod-<id>.scope``, Docker's ``docker-<id>.scope``)
+  anywhere in ``/user.slice/user-<uid>.slice/user@<uid>.service/``: systemd delegates that
+  subtree to its user, so what is found there is that uid's own container
+  (``rootless_uid``), never another user's and never a pod.
 
-Inside a container the path is useless (cgroup v2 runtimes give it a private cgroup
-namespace: ``0::/``), so only the host's view is read. A shape never seen before is no
-error: a 64-hex id found anywhere is kept with runtime ``unknown``; no id at all, no container.
-The raw path is kept for the log either way.
+A cgroup below a container's own is that container's (a runtime nested in it names nothing).
+The DaemonSet's agent reads from a private cgroup namespace: other pods' paths are relative
+(``/../../kubepods-burstable.slice/…``) and may start below ``kubepods``. Inside a container
+the path is useless (``0::/``), so only the host's view is read. Any other shape, an id
+found elsewhere included, is no container; the raw path is kept for the log either way.
 
-Names: Docker's ``/var/lib/docker/containers/<id>/config.v2.json`` (its ``Name``; a container's
-host name is its id, not its name); a pod's from the Kubernetes API when the agent has it
-(:class:`~.kubepods.PodDirectory`: pod, namespace, container, hub user), else from Kubernetes'
-log directories (``/var/log/pods/
-<namespace>_<pod>_<uid>``, ``/var/log/containers/<pod>_<namespace>_<container>-<id>.log``),
-readable by root only; what cannot be read is said in ``name_reason``.
+Names (:mod:`.stores`): Docker's ``config.v2.json`` and Podman's ``containers.json`` (a
+rootless runtime's, in its user's home, is that user's claim); a pod's from the Kubernetes API
+when the agent has it (:class:`~.kubepods.PodDirectory`: pod, namespace, container, hub user),
+else from Kubernetes' log directories (``/var/log/pods/<namespace>_<pod>_<uid>``,
+``/var/log/containers/<pod>_<namespace>_<container>-<id>.log``), readable by root only; what
+cannot be read is said in ``name_reason``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Container", "ContainerNames", "container_from_cgroup", "container_text", "named_fully"]
+from jax_nbmem.agent.stores import PODMAN_ROOT, docker_name, podman_name, rootless_home
 
-_ID = r"([0-9a-f]{64})"
-# (runtime, pattern): the first that matches a path wins; the id is group 1.
-_SCOPES = (
-    ("docker", re.compile(rf"(?:^|/)docker-{_ID}\.scope(?:/|$)")),
-    ("docker", re.compile(rf"(?:^|/)docker/{_ID}(?:/|$)")),
-    ("containerd", re.compile(rf"(?:^|/)cri-containerd-{_ID}\.scope(?:/|$)")),
-    ("crio", re.compile(rf"(?:^|/)crio-{_ID}\.scope(?:/|$)")),
-    ("crio", re.compile(rf"(?:^|/)crio-{_ID}(?:/|$)")),  # CRI-O's cgroupfs driver: no .scope
-    ("podman", re.compile(rf"(?:^|/)libpod-{_ID}\.scope(?:/|$)")),
-    ("podman", re.compile(rf"(?:^|/)libpod_parent/libpod-{_ID}(?:/|$)")),
+__all__ = [
+    "SHOWN_KEYS",
+    "Container",
+    "ContainerNames",
+    "container_from_cgroup",
+    "container_text",
+    "named_fully",
+]
+
+# A process entry's ``container`` in public output (status JSON, the server's API).
+SHOWN_KEYS = ("name", "id", "pod", "namespace", "name_reason", "rootless_uid")
+
+_HEX = "[0-9a-f]{64}"
+# Each runtime's own cgroup for a container, one path component; the id is group 1.
+_DOCKER_SCOPE = re.compile(rf"docker-({_HEX})\.scope")
+_LIBPOD_SCOPE = re.compile(rf"libpod-({_HEX})\.scope")
+_BARE_ID = re.compile(f"({_HEX})")
+_LIBPOD_DIR = re.compile(f"libpod-({_HEX})")
+# Below a pod's cgroup (the kubelet's): the container's, per runtime and driver.
+_IN_POD = (
+    ("containerd", re.compile(rf"cri-containerd-({_HEX})\.scope")),
+    ("crio", re.compile(rf"crio-({_HEX})(?:\.scope)?")),  # CRI-O's cgroupfs driver: no .scope
+    ("docker", _DOCKER_SCOPE),  # dockershim, systemd driver
+    ("kubepods", _BARE_ID),  # the cgroupfs driver: the runtime is not in the path
 )
-_POD_SLICE = re.compile(r"kubepods(?:-[a-z]+)*-pod([0-9a-f_]{32,36})\.slice(?:/|$)")
-_POD_DIR = re.compile(rf"(?:^|/)kubepods/(?:[a-z]+/)?pod([0-9a-f-]{{32,36}})(?:/{_ID})?(?:/|$)")
-_ANY_ID = re.compile(rf"(?<![0-9a-f]){_ID}(?![0-9a-f])")
-_MAX_CONFIG_BYTES = 4 << 20
+_QOS = ("burstable", "besteffort")
+_POD_SLICE = re.compile(r"kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]{36})\.slice")
+_POD_DIR = re.compile(r"pod([0-9a-f-]{36})")
+_USER_SLICE = re.compile(r"user-([0-9]{1,10})\.slice")
+_USER_SERVICE = re.compile(r"user@([0-9]{1,10})\.service")
 _NAMES_MAX = 4096
 _LISTING_EVERY_S = 5.0
 
@@ -73,6 +95,9 @@ class Container:
     namespace: str | None = None
     name_reason: str | None = None
     hub_user: str | None = None  # a pod's hub.jupyter.org/username annotation (KubeSpawner's)
+    # A rootless container's host uid (its cgroup is in that user's delegated subtree): the
+    # container is that user's, and its name that user's claim. None: a rootful runtime's.
+    rootless_uid: int | None = None
 
     def to_dict(self) -> dict:
         """The resolution's ``container`` object (contract), ``name_reason`` included."""
@@ -90,6 +115,11 @@ def container_text(container: Any) -> str | None:
     shown = f"container {container.get('name') or str(container['id'])[:12]}"
     if container.get("pod"):
         shown += f" in pod {container.get('namespace') or '?'}/{container['pod']}"
+    owner = container.get("rootless_uid")
+    if isinstance(owner, int) and not isinstance(owner, bool):
+        shown += f" (rootless, uid {owner}'s; its name is that user's claim)"
+    elif not container.get("name") and container.get("name_reason"):
+        shown += f" (unnamed: {container['name_reason']})"
     return shown
 
 
@@ -110,30 +140,100 @@ def container_from_cgroup(text: str) -> tuple[Container | None, str]:
         found = _known_shape(path)
         if found is not None:
             return found, path
-    for path in paths:
-        match = _ANY_ID.search(path)
-        if match:
-            return Container(id=match.group(1), runtime="unknown"), path
     shown = next((p for p in paths if p != "/"), paths[0])
     return None, shown
 
 
 def _known_shape(path: str) -> Container | None:
-    pod_uid = None
-    slice_match = _POD_SLICE.search(path)
-    if slice_match:
-        pod_uid = slice_match.group(1).replace("_", "-")
-    dir_match = _POD_DIR.search(path)
-    if dir_match and pod_uid is None:
-        pod_uid = dir_match.group(1)
-    for runtime, pattern in _SCOPES:
-        match = pattern.search(path)
+    """The container of one cgroup path, read only from where its runtime puts containers.
+
+    Each runtime's parent is anchored at the top of the hierarchy; a cgroup below a
+    container's own (systemd in a container, a nested runtime) is that container's. A path
+    relative to the reader's cgroup namespace (``/../../…``: the agent in a pod) starts at a
+    child of the common ancestor, which no user can write, so it may also start at a pod's
+    levels below ``kubepods``.
+    """
+    parts = [part for part in path.split("/") if part]
+    relative = bool(parts) and parts[0] == ".."
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    if not parts:
+        return None
+    top, rest = parts[0], parts[1:]
+    if top == "user.slice":
+        return _rootless(rest)
+    if top == "system.slice":  # Docker's systemd driver
+        return _runtime_child("docker", _DOCKER_SCOPE, rest)
+    if top == "docker":  # Docker's cgroupfs driver
+        return _runtime_child("docker", _BARE_ID, rest)
+    if top == "machine.slice":  # Podman's systemd driver (a pod's containers one level down)
+        if rest and rest[0].startswith("machine-libpod_pod_") and rest[0].endswith(".slice"):
+            rest = rest[1:]
+        return _runtime_child("podman", _LIBPOD_SCOPE, rest)
+    if top == "libpod_parent":  # Podman's cgroupfs driver
+        if rest and _BARE_ID.fullmatch(rest[0]):  # a pod's own cgroup, then its containers
+            rest = rest[1:]
+        return _runtime_child("podman", _LIBPOD_DIR, rest)
+    if top == "kubepods.slice":
+        return _pod_systemd(rest)
+    if top == "kubepods":
+        return _pod_cgroupfs(rest)
+    if relative:  # the agent's own pod is under kubepods: the path may start below it
+        return _pod_systemd(parts) or _pod_cgroupfs(parts)
+    return None
+
+
+def _runtime_child(runtime: str, pattern: re.Pattern, rest: list[str]) -> Container | None:
+    match = pattern.fullmatch(rest[0]) if rest else None
+    return Container(id=match.group(1), runtime=runtime) if match else None
+
+
+def _pod_systemd(parts: list[str]) -> Container | None:
+    """``[kubepods-<qos>.slice/]kubepods[-<qos>]-pod<uid>.slice[/<container>]``."""
+    if parts and parts[0] in {f"kubepods-{qos}.slice" for qos in _QOS}:
+        qos = parts[0][len("kubepods-") : -len(".slice")]
+        parts = parts[1:]
+        if not parts or not parts[0].startswith(f"kubepods-{qos}-pod"):
+            return None
+    match = _POD_SLICE.fullmatch(parts[0]) if parts else None
+    if match is None:
+        return None
+    return _in_pod(match.group(1).replace("_", "-"), parts[1:])
+
+
+def _pod_cgroupfs(parts: list[str]) -> Container | None:
+    """``[<qos>/]pod<uid>[/<container>]``."""
+    if parts and parts[0] in _QOS:
+        parts = parts[1:]
+    match = _POD_DIR.fullmatch(parts[0]) if parts else None
+    return _in_pod(match.group(1), parts[1:]) if match else None
+
+
+def _in_pod(pod_uid: str, rest: list[str]) -> Container:
+    for runtime, pattern in _IN_POD:
+        match = pattern.fullmatch(rest[0]) if rest else None
         if match:
             return Container(id=match.group(1), runtime=runtime, pod_uid=pod_uid)
-    if dir_match and dir_match.group(2):
-        return Container(id=dir_match.group(2), runtime="kubepods", pod_uid=pod_uid)
-    if pod_uid is not None:  # the pod's own cgroup (a pause process, or a cgroup-less child)
-        return Container(id=None, runtime="kubepods", pod_uid=pod_uid)
+    # The pod's own cgroup (a pause process, a cgroup-less child) or a sandbox's conmon.
+    return Container(id=None, runtime="kubepods", pod_uid=pod_uid)
+
+
+def _rootless(parts: list[str]) -> Container | None:
+    """A rootless container in ``user-<uid>.slice/user@<uid>.service/…``: that uid's own.
+
+    Systemd delegates ``user@<uid>.service`` to its user, who may make any cgroup there, named
+    as any runtime names its own: a container found there is that uid's, never another user's
+    and never a pod; its name is that user's claim (see :class:`ContainerNames`).
+    """
+    slice_match = _USER_SLICE.fullmatch(parts[0]) if parts else None
+    service = _USER_SERVICE.fullmatch(parts[1]) if len(parts) > 1 else None
+    if not slice_match or not service or slice_match.group(1) != service.group(1):
+        return None
+    for part in parts[2:]:
+        for runtime, pattern in (("podman", _LIBPOD_SCOPE), ("docker", _DOCKER_SCOPE)):
+            match = pattern.fullmatch(part)
+            if match:
+                return Container(match.group(1), runtime, rootless_uid=int(service.group(1)))
     return None
 
 
@@ -150,12 +250,14 @@ class ContainerNames:
     def __init__(
         self,
         docker_root: str = "/var/lib/docker",
+        podman_root: str = PODMAN_ROOT,
         pod_logs: str = "/var/log/pods",
         container_logs: str = "/var/log/containers",
         pods: Any = None,
     ) -> None:
         self.pods = pods
         self.docker_root = docker_root
+        self.podman_root = podman_root
         self.pod_logs = pod_logs
         self.container_logs = container_logs
         self._named: dict[tuple, tuple[float, Container]] = {}
@@ -187,8 +289,8 @@ class ContainerNames:
                 fields["name_reason"] = said  # the API's reason first: the log folder's is moot
         if fields.get("name"):
             pass
-        elif container.runtime == "docker" and container.id:
-            fields.update(self._docker(container.id))
+        elif container.runtime in ("docker", "podman") and container.id:
+            fields.update(self._runtime_store(container))
         elif container.id and container.pod_uid:
             named = self._kubernetes_container(container.id)
             if named.get("name") or not fields.get("name_reason"):
@@ -218,21 +320,20 @@ class ContainerNames:
             fields["name_reason"] = f"container {container.id[:12]} not yet in pod {pod.name}"
         return fields
 
-    def _docker(self, container_id: str) -> dict:
-        path = os.path.join(self.docker_root, "containers", container_id, "config.v2.json")
-        try:
-            with open(path, "rb") as file:
-                data = file.read(_MAX_CONFIG_BYTES + 1)
-            if len(data) > _MAX_CONFIG_BYTES:
-                return {"name_reason": f"{path} is over {_MAX_CONFIG_BYTES >> 20} MiB"}
-            name = json.loads(data).get("Name")
-        except OSError as error:
-            return {"name_reason": f"cannot read {path}: {error.strerror or error}"}
-        except (ValueError, AttributeError, RecursionError):
-            return {"name_reason": f"{path} is not Docker's container config"}
-        if not isinstance(name, str) or not name.strip("/"):
-            return {"name_reason": f"{path} names no container"}
-        return {"name": name.lstrip("/")}
+    def _runtime_store(self, container: Container) -> dict:
+        """The name Docker's or Podman's store records: root's, or a rootless user's claim."""
+        owner = container.rootless_uid
+        if owner is None:
+            if container.runtime == "docker":
+                return docker_name(self.docker_root, container.id)
+            return podman_name(self.podman_root, container.id)
+        home = rootless_home(owner)
+        if home is None:
+            return {"name_reason": f"uid {owner} has no home here: its rootless store is unknown"}
+        if container.runtime == "docker":
+            return docker_name(os.path.join(home, ".local/share/docker"), container.id, owner)
+        return podman_name(os.path.join(home, ".local/share/containers/storage"), container.id,
+                           owner)  # fmt: skip
 
     def _pod(self, pod_uid: str) -> dict:
         names = self._listing(self.pod_logs)

@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
-from jax_nbmem.agent.publish import RESOLUTION_NAME, RESOLUTION_SCHEMA
+from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
 from jax_nbmem.tenants.beacons import Beacon
 
@@ -61,11 +62,10 @@ class ProvenKernel:
 
 
 def public_container(view: HostView | None) -> dict | None:
-    """A process entry's ``container`` (``name``, ``id``, ``pod``, ``namespace``) or None."""
+    """A process entry's ``container`` (:data:`~.cgroups.SHOWN_KEYS`) or None."""
     if view is None or view.container is None:
         return None
-    c = view.container
-    return {"name": c.name, "id": c.id, "pod": c.pod, "namespace": c.namespace}
+    return {key: getattr(view.container, key) for key in SHOWN_KEYS}
 
 
 def in_initial_pid_namespace() -> bool:
@@ -144,7 +144,9 @@ class HostProof:
     def annotate(self, processes: list[dict]) -> None:
         """Give each process entry ``pid_in_container`` and ``container``; proven: ``agent``.
 
-        A process in a pod without a hub user of its own gets its pod's (the API's).
+        A process in a pod without a hub user of its own gets its pod's (the API's;
+        ``hub_user_source: pod``). A process in a container is shown as its container's user
+        (``user_source``: ``container``, the container's claim, or ``uid``, the bare uid).
         """
         for process in processes:
             pid = process.get("pid")
@@ -156,6 +158,10 @@ class HostProof:
                 # KubeSpawner's annotation, read from the Kubernetes API (no user writes it):
                 # in z2jh every container is `notebook`, and this is who the pod serves.
                 process["hub_user"] = pod_user
+                process["hub_user_source"] = "pod"
+            if seen is not None and seen.container is not None:
+                # Never the host's account name for a container's uid (someone else's).
+                process["user"], process["user_source"] = seen.shown_user()
             if isinstance(pid, int) and self.is_proven(pid) and process.get("source") == "beacon":
                 process["source"] = "agent"
 
@@ -186,8 +192,14 @@ def read_resolution(share_dir: str, now: float | None = None) -> tuple[dict | No
     if not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o022 or info.st_uid not in uids:
         return None, f"{directory} is not the node agent's (owner, mode or a symlink): ignored"
     path = os.path.join(directory, RESOLUTION_NAME)
+    try:  # every name where this reader may read them (root, the agent's user)
+        fd = os.open(os.path.join(directory, FULL_RESOLUTION_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+        path = os.path.join(directory, FULL_RESOLUTION_NAME)
+    except OSError:
+        fd = None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK) if fd is None else fd
     except OSError as error:
         if error.errno == errno.ELOOP:
             return None, f"{path} is a symlink: ignored"

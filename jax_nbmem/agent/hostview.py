@@ -14,6 +14,9 @@ read from ``/proc`` in the host's PID namespace (the node agent's, see :mod:`.ag
 - ``container``: from ``/proc/PID/cgroup`` (see :mod:`.cgroups`), named where the host can;
   a container not (fully) named yet is named again on a cached view (a pod just made may not
   be on the API's list yet).
+- ``uid_in_container`` and ``user_in_container``: for a process in a container, its uid
+  there and the container's own name for it (:mod:`.passwd`; the container's claim), since
+  the host's account name for the same number is someone else's.
 
 :class:`HostViewer` caches each view by (PID, start ticks), so a steady state costs one read
 of ``/proc/PID/stat`` per PID; the cache is bounded. Nothing here raises for a process that
@@ -28,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from jax_nbmem.agent.cgroups import Container, ContainerNames, container_from_cgroup, named_fully
+from jax_nbmem.agent.passwd import container_user
 
 __all__ = [
     "INIT_PID_NS_INO",
@@ -59,6 +63,21 @@ class HostView:
     container: Container | None
     cgroup: str  # the raw cgroup path the container was read from ('' when unreadable)
     problems: tuple[str, ...] = field(default_factory=tuple)
+    # In a container: its uid there, the container's name for it (a claim) or why none.
+    uid_in_container: int | None = None
+    user_in_container: str | None = None
+    user_reason: str | None = None
+
+    def shown_user(self) -> tuple[str | None, str]:
+        """(the user to show, where it comes from: ``container`` or ``uid``).
+
+        Only for a process in a container: the container's own name for its uid there (the
+        container's claim, :mod:`.passwd`), else the bare uid, never the host's account name.
+        """
+        if self.user_in_container:
+            return self.user_in_container, "container"
+        uid = self.uid_in_container if self.uid_in_container is not None else self.uid
+        return (None if uid is None else str(uid)), "uid"
 
     @property
     def pid_in_ns(self) -> int:
@@ -226,18 +245,25 @@ class HostViewer:
         except (OSError, ValueError) as error:
             container, cgroup = None, ""
             problems.append(f"cgroup unreadable: {getattr(error, 'strerror', None) or error}")
+        uid = parse_uid(status)
+        user: tuple = (None, None, None)
+        if container is not None and uid is not None:
+            user = container_user(self.proc, pid, uid)
         if self.start_ticks(pid) != ticks:
             return None  # the PID was reused while it was read: nothing of it is sure
         return HostView(
             pid=pid,
             start_ticks=ticks,
             nspids=parse_nspids(status, pid),
-            uid=parse_uid(status),
+            uid=uid,
             pid_ns=pid_ns,
             pid_ns_reason=ns_reason,
             container=self.names.name(container),
             cgroup=cgroup,
             problems=tuple(problems),
+            uid_in_container=user[0],
+            user_in_container=user[1],
+            user_reason=user[2] or None,
         )
 
     @staticmethod

@@ -36,9 +36,17 @@ from typing import Any
 
 from jax_nbmem.agent.hostview import HostView, boot_id
 from jax_nbmem.agent.server import Registration
+from jax_nbmem.agent.visibility import (
+    EVERY_NAME,
+    HIDDEN_REASON,
+    PodVisibility,
+    hidden_container,
+    hidden_kernel,
+)
 from jax_nbmem.tenants.beacons import write_atomically
 
 __all__ = [
+    "FULL_RESOLUTION_NAME",
     "HIDDEN_REASON",
     "PodVisibility",
     "RESOLUTION_NAME",
@@ -51,6 +59,7 @@ __all__ = [
 ]
 
 RESOLUTION_NAME = "resolution.json"
+FULL_RESOLUTION_NAME = "resolution-full.json"  # every name: root's and the agent's user's only
 RESOLUTION_SCHEMA = 1
 _KEY = r"([1-9][0-9]{0,9}|[1-9][0-9]{0,19}-[1-9][0-9]{0,9})"
 _LOCK = re.compile(rf"jax_nbmem-alive-{_KEY}\.lock")
@@ -62,42 +71,6 @@ _MAX_NAMES = 100_000
 # A kernel keyed by host PID with no lock is cleared only when its file is this old: one
 # starting now may not have taken its lock yet.
 _NO_LOCK_GRACE_S = 60.0
-
-
-HIDDEN_REASON = "a pod of another Kubernetes namespace: its names are hidden"
-
-
-class PodVisibility:
-    """Which namespaces' pod names a reader of namespace N may see.
-
-    ``own`` (the default): N's only; ``all``: every one; ``none``: none; else a comma-separated
-    list of namespaces seen by everyone, besides N's own (``own`` may be in the list too).
-    ValueError for a malformed setting.
-    """
-
-    def __init__(self, setting: str = "own") -> None:
-        words = [word.strip() for word in setting.split(",") if word.strip()]
-        if not words:
-            raise ValueError("--pod-names-visible wants own, all, none or namespaces")
-        self.setting = setting
-        self.all = words == ["all"]
-        self.own = words != ["none"]
-        self.extra = frozenset(w for w in words if w not in ("own", "all", "none"))
-        bad = [w for w in self.extra if not _NAMESPACE.fullmatch(w)]
-        if bad or (len(words) > 1 and ({"all", "none"} & set(words))):
-            raise ValueError(
-                "--pod-names-visible wants own, all, none or Kubernetes namespaces, "
-                f"not {setting!r}"
-            )
-
-    def visible(self, reader: str | None, namespace: str | None) -> bool:
-        """Whether a reader of namespace ``reader`` may see the names of a pod in ``namespace``."""
-        if namespace is None or self.all:
-            return True
-        return namespace in self.extra or (self.own and reader is not None and reader == namespace)
-
-
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def _version() -> str:
@@ -116,12 +89,7 @@ def container_entry(view: HostView | None) -> dict | None:
     c = view.container
     return {"id": c.id, "runtime": c.runtime, "name": c.name, "pod_uid": c.pod_uid, "pod": c.pod,
             "namespace": c.namespace, "name_reason": c.name_reason,
-            "hub_user": c.hub_user}  # fmt: skip
-
-
-def _hidden(entry: dict) -> dict:
-    return {**entry, "name": None, "pod_uid": None, "pod": None, "namespace": None,
-            "hub_user": None, "name_reason": HIDDEN_REASON}  # fmt: skip
+            "hub_user": c.hub_user, "rootless_uid": c.rootless_uid}  # fmt: skip
 
 
 class ResolutionWriter:
@@ -199,6 +167,10 @@ class ResolutionWriter:
             self.written_at = written_at
         return self.for_namespace(None)
 
+    def full_text(self) -> str | None:
+        """The last pass's text with every name (root's file; None before the first pass)."""
+        return self.for_namespace(EVERY_NAME)
+
     def for_namespace(self, reader: str | None) -> str | None:
         """The last pass's text as a reader of Kubernetes namespace ``reader`` may see it.
 
@@ -216,10 +188,11 @@ class ResolutionWriter:
             if found is None:
                 visible = self.visibility.visible
                 entries = [
-                    head + (shown if namespace is None or visible(reader, namespace) else hidden)
-                    + tail
-                    for head, shown, hidden, tail, namespace in self._pieces
-                ]  # fmt: skip
+                    head + shown + tail
+                    if namespace is None or visible(reader, namespace)
+                    else head + hidden + hidden_tail
+                    for head, shown, hidden, tail, hidden_tail, namespace in self._pieces
+                ]
                 found = self._texts[reader] = f"{self._frame[0]}{','.join(entries)}{self._frame[1]}"
             return self.written_at, found
 
@@ -229,7 +202,10 @@ def _dumps(value: Any) -> str:
 
 
 def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
-    """An entry's JSON in pieces: (head, container, container hidden, tail, its namespace)."""
+    """An entry's JSON in pieces: (head, container, tail, both hidden, its namespace).
+
+    The hidden pieces (:mod:`.visibility`) are made only for an entry in a namespace.
+    """
     head = _dumps({
         "pid": pid,
         "pid_in_container": seen.pid_in_container if seen else None,
@@ -239,10 +215,13 @@ def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registra
     })[:-1]  # fmt: skip
     container = container_entry(seen)
     namespace = container.get("namespace") if container else None
-    hidden = _dumps(_hidden(container)) if namespace is not None else ""
-    kernel = _dumps(registration.content if registration else None)
-    tail = f',"kernel":{kernel},"source":"agent"}}'
-    return f'{head},"container":', _dumps(container), hidden, tail, namespace
+    content = registration.content if registration else None
+    tail = f',"kernel":{_dumps(content)},"source":"agent"}}'
+    hidden = hidden_tail = ""
+    if namespace is not None:
+        hidden = _dumps(hidden_container(container))
+        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content))},"source":"agent"}}'
+    return f'{head},"container":', _dumps(container), hidden, tail, hidden_tail, namespace
 
 
 def build_resolution(
@@ -258,13 +237,26 @@ def build_resolution(
     return json.loads(text)
 
 
-def write_resolution(directory: str, content: Mapping[str, Any] | str) -> str:
+def write_resolution(
+    directory: str, content: Mapping[str, Any] | str, full: Mapping[str, Any] | str | None = None
+) -> str:
     """Write ``content`` (or its JSON text) to ``directory/resolution.json``; its path.
 
-    Atomically (a temporary file renamed over it), mode 0644.
+    Atomically (a temporary file renamed over it), mode 0644: what a reader of no namespace
+    may see. ``full``, the same with every name, goes to ``resolution-full.json``, mode 0600
+    (its owner's, the agent's user, and root's to read); without it that file is removed, so
+    none is left behind that says less than the world-readable one.
     """
     # Text from dumps with the C encoder's compact separators, as the entries are encoded.
     text = content if isinstance(content, str) else _dumps(content)
+    full_path = os.path.join(directory, FULL_RESOLUTION_NAME)
+    if full is None:
+        try:
+            os.unlink(full_path)
+        except FileNotFoundError:
+            pass
+    else:
+        write_atomically(full_path, full if isinstance(full, str) else _dumps(full), mode=0o600)
     return write_atomically(os.path.join(directory, RESOLUTION_NAME), text)
 
 

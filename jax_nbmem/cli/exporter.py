@@ -255,8 +255,9 @@ class Exporter:
             self._resolution.extra_agent = {"kubernetes": report["kubernetes"]}
         text = self._resolution.text(report, registrations, host.view, interval_s=self.interval)
         if self.agent.directory:  # else TCP alone (no share directory): readers ask the agent
+            full = self._resolution.full_text()  # pods' names hidden from the file's readers
             try:
-                write_resolution(self.agent.directory, text)
+                write_resolution(self.agent.directory, text, None if full == text else full)
             except OSError as error:
                 log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
             clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])

@@ -278,19 +278,20 @@ class BeaconWriter:
         self._last = self._content = None
 
 
-def write_atomically(path: str, content: Mapping[str, Any] | str) -> str:
+def write_atomically(path: str, content: Mapping[str, Any] | str, mode: int = 0o644) -> str:
     """Write ``content`` (or its JSON text) at ``path``, mode 0644, atomically; returns the path.
 
     A temporary file in the same folder renamed over ``path``, so a reader never sees half of
     it. Beacons, publishers' files, the agent's resolution and the culler's notices and counts
-    are all written so: others may read them, none holds a secret.
+    are all written so: others may read them, none holds a secret. ``mode`` 0600: a file for
+    its owner only (the agent's resolution with every name).
     """
     directory = os.path.dirname(path)
     text = content if isinstance(content, str) else json.dumps(content)
     fd, partial = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            os.fchmod(out.fileno(), 0o644)
+            os.fchmod(out.fileno(), mode)
             out.write(text)
         os.replace(partial, path)
     except BaseException:

@@ -198,7 +198,7 @@ def _neighbour(process, entry: ResolvedProcess, total, uuid) -> dict:
         "started_at": kernel.started_at,
         "hub_user": kernel.hub_user,
         "runs_jax": kernel.mode_in_effect is not None or None,
-        "reason": f"runs {where}",
+        "reason": f"runs {where}" + (f"; {entry.names_reason}" if entry.names_reason else ""),
         **verdict,
     }
     if kernel.notebook:

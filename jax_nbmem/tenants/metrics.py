@@ -26,18 +26,25 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
 from jax_nbmem.gpu.nvml_session import PYNVML_MISSING
-from jax_nbmem.text import mask_secrets, printable
+from jax_nbmem.tenants.metric_labels import (
+    bounded_name,
+    container_labels,
+    gpu_identity,
+    name_sources,
+    notebook_label,
+)
 
 __all__ = [
     "FAMILIES",
     "GPU_LABELS",
     "CONTAINER_LABELS",
     "KERNEL_LABELS",
+    "SOURCE_LABELS",
     "MIG_LABELS",
     "NVML_REASONS",
     "Family",
@@ -59,9 +66,15 @@ GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid", *MIG_LABELS)
 # the host's view of its cgroup; empty (absent to Prometheus) on a plain host, so the series of
 # a process outside any container are the same series as before these labels came.
 CONTAINER_LABELS = ("container", "pod", "namespace")
+# Who says the names: `user_source` is empty (the host's account of its uid), `container` (a
+# process in a container: its container's passwd, the container's claim) or `uid` (the bare
+# uid: no name known there); `hub_user_source` is `pod` (KubeSpawner's annotation, from the
+# Kubernetes API) or `claimed` (the process's own beacon or environment). `kernel_id` and
+# `notebook` are always the process's or its server's own word (bounded, never proven).
+SOURCE_LABELS = ("user_source", "hub_user_source")
 KERNEL_LABELS = (
     "UUID", "gpu", "gpu_uuid", "Hostname", "kernel_id", "notebook", "user", "hub_user", "pid",
-    *MIG_LABELS, *CONTAINER_LABELS,
+    *MIG_LABELS, *CONTAINER_LABELS, *SOURCE_LABELS,
 )  # fmt: skip
 WARNING_LABELS = ("kind", "UUID", "gpu", "Hostname", "pid", "user", "kernel_id", *MIG_LABELS)
 # Exported as 0 (with empty GPU and PID) while NVML answers, so an alert has a series to watch.
@@ -93,7 +106,6 @@ _GLOBAL_REASONS = {
     "NO_PERMISSION": "no_permission",
     "LIB_RM_VERSION_MISMATCH": "driver_mismatch",
 }
-NOTEBOOK_MAX_CHARS = 120
 
 _H = "(the kernel's beacon)"
 # name → help; the order is the order of exposition.
@@ -199,24 +211,6 @@ def _build() -> tuple[str, str, str]:
     return installed("jax_nbmem"), installed("jax"), installed("jaxlib")
 
 
-def _notebook_label(process: Mapping[str, Any]) -> str:
-    """The notebook as its server shows it (else ``~/…``, else ``…/dir/file``), bounded."""
-    return _bounded_notebook(process.get("notebook_shown") or process.get("notebook") or "")
-
-
-@lru_cache(maxsize=4096)  # a node's notebooks, the same from one snapshot to the next
-def _bounded_notebook(shown: str) -> str:
-    if shown.startswith("/"):  # an absolute path outside its owner's home: its tail
-        parts = [p for p in shown.split("/") if p]
-        shown = "…/" + "/".join(parts[-2:]) if len(parts) > 2 else shown
-    if "=" in shown:  # a query string or key=value: maybe a secret
-        shown = mask_secrets([shown])[0]
-    shown = printable(shown)
-    if len(shown) > NOTEBOOK_MAX_CHARS:
-        shown = "…" + shown[-(NOTEBOOK_MAX_CHARS - 1) :]
-    return shown
-
-
 def is_fresh(
     snapshot: Snapshot | None, now: float, stale_after_s: float, looking_since: float | None = None
 ) -> bool:
@@ -297,7 +291,7 @@ def metric_families(
     reserved = family("jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
     hostname = socket.gethostname()
     for gpu in report.get("gpus", []):
-        uuid, index, instance, profile = gpus[gpu["index"]] = _gpu_identity(gpu)
+        uuid, index, instance, profile = gpus[gpu["index"]] = gpu_identity(gpu)
         if node:
             labels = (uuid, index, hostname, uuid, instance, profile)
             used.add(labels, gpu.get("used_bytes"))
@@ -324,14 +318,15 @@ def metric_families(
             index,
             uuid,
             hostname,
-            process.get("kernel_id"),
-            _notebook_label(process),
-            process.get("user"),
-            process.get("hub_user"),
+            bounded_name(process.get("kernel_id")),
+            notebook_label(process),
+            bounded_name(process.get("user")),
+            bounded_name(process.get("hub_user")),
             process.get("pid"),
             instance,
             profile,
-            *_container_labels(process.get("container")),
+            *container_labels(process.get("container")),
+            *name_sources(process),
         ))  # fmt: skip
         memory.add_strings(labels, process.get("used_bytes"))
         jax = process.get("jax") or {}
@@ -358,41 +353,14 @@ def metric_families(
             continue  # a node-wide warning: the node's source says it
         uuid, index, instance, profile = gpus.get(warning.get("gpu"), ("", "", "", ""))
         process = by_pid.get(pid) or {}
-        key = (warning.get("kind"), uuid, index, hostname, pid, process.get("user"))
-        key += (process.get("kernel_id"), instance, profile)
+        key = (warning.get("kind"), uuid, index, hostname, pid, bounded_name(process.get("user")))
+        key += (bounded_name(process.get("kernel_id")), instance, profile)
         counts[tuple("" if v is None else str(v) for v in key)] += 1
     for kind in _WARNING_KINDS:
         counts.setdefault((kind, "", "", hostname, "", "", "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
     return families
-
-
-def _container_labels(container: Any) -> tuple[str, str, str]:
-    """A process's ``container`` entry as (container, pod, namespace) label values.
-
-    The container's name, else the first 12 digits of its id (as ``docker ps`` shows it).
-    """
-    if not isinstance(container, Mapping):
-        return "", "", ""
-    name = container.get("name") or (container.get("id") or "")[:12]
-    return name or "", container.get("pod") or "", container.get("namespace") or ""
-
-
-def _gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    """A report's GPU as dcgm-exporter labels it: UUID, gpu, GPU_I_ID, GPU_I_PROFILE.
-
-    A MIG instance carries its parent's UUID and index, and its instance id and profile.
-    """
-    mig = gpu.get("mig")
-    if not mig:
-        return gpu.get("uuid") or "", str(gpu["index"]), "", ""
-    return (
-        mig.get("parent_uuid") or "",
-        str(mig.get("parent_index", "")),
-        str(mig.get("gpu_instance_id", "")),
-        mig.get("profile") or "",
-    )
 
 
 def prometheus_collector(

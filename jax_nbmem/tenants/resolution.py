@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jax_nbmem.agent.cgroups import SHOWN_KEYS as _SHOWN
 from jax_nbmem.agent.client import AGENT_DIR
 from jax_nbmem.agent.client_tcp import (
     network_absence,
@@ -42,6 +43,7 @@ __all__ = [
     "Resolution",
     "ResolvedProcess",
     "agent_uid",
+    "full_resolution_path",
     "load_resolution",
     "resolution_path",
 ]
@@ -61,6 +63,11 @@ def resolution_path(share_dir: str) -> str:
     return os.path.join(share_dir, AGENT_DIR, "resolution.json")
 
 
+def full_resolution_path(share_dir: str) -> str:
+    """Where the agent writes its resolution with every name (mode 0600), when it hides some."""
+    return os.path.join(share_dir, AGENT_DIR, "resolution-full.json")
+
+
 @dataclass(frozen=True)
 class ResolvedProcess:
     """One process as the agent resolved it from the host's side.
@@ -77,13 +84,18 @@ class ResolvedProcess:
     gpus: tuple[str, ...]
     container: dict | None
     kernel: Beacon | None
+    names_reason: str | None = None  # why its kernel's names are null (not this reader's)
 
     @property
     def shown_container(self) -> dict | None:
-        """Its container as public output shows it: ``name``, ``id``, ``pod``, ``namespace``."""
+        """Its container as public output shows it (:data:`~.cgroups.SHOWN_KEYS`).
+
+        ``name_reason`` says why a name is missing; ``rootless_uid`` marks a rootless
+        container, whose name is that user's claim.
+        """
         if not self.container:
             return None
-        return {key: self.container.get(key) for key in ("name", "id", "pod", "namespace")}
+        return {key: self.container.get(key) for key in _SHOWN}
 
 
 @dataclass(frozen=True)
@@ -197,7 +209,12 @@ def load_resolution(
     problem = _untrusted(info, directory, trusted_uids, is_dir=True)
     if problem:
         return Resolution("untrusted", problem, path)
-    found = read_small_file(path, MAX_BYTES)
+    # The file with every name where this reader may open it (root, the agent's user).
+    found = read_small_file(full_resolution_path(share_dir), MAX_BYTES)
+    if found is not None:
+        path = full_resolution_path(share_dir)
+    else:
+        found = read_small_file(path, MAX_BYTES)
     if found is None:
         if not os.path.lexists(path):
             return Resolution("absent", f"the node agent has written no {path} yet", path)
@@ -301,6 +318,7 @@ def _entry(entry: Any, path: str) -> ResolvedProcess | None:
         gpus=gpus,
         container=_container(entry.get("container")),
         kernel=beacon,
+        names_reason=_text(kernel.get("names_reason"), 256) if beacon is not None else None,
     )
 
 
@@ -318,6 +336,8 @@ def _container(value: Any) -> dict | None:
         "pod_uid": _text(value.get("pod_uid"), 64),
         "pod": _text(value.get("pod"), 256),
         "namespace": _text(value.get("namespace"), 256),
+        "name_reason": _text(value.get("name_reason"), 1024),
+        "rootless_uid": _count(value.get("rootless_uid")),
     }
 
 

@@ -275,7 +275,9 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
     if is_someone_else(process.get("user"), process.get("hub_user")):
-        parts.append(owner_text(process.get("user"), process.get("hub_user")) or "")
+        user = process.get("user")  # in a container: its container's name (a claim) or its uid
+        user = f"{user} in its container" if process.get("user_source") == "container" else user
+        parts.append(owner_text(user, process.get("hub_user")) or "")
     shown = container_text(process.get("container"))  # with its pod, where it has one
     if shown:
         inner = process.get("pid_in_container")

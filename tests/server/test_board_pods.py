@@ -14,6 +14,7 @@ def test_each_process_in_a_pod_comes_with_its_container_pod_and_namespace(
     assert alice["kind"] == "kernel" and alice["notebook"] == "alice/train.ipynb"
     assert alice["container"] == {
         "name": "notebook", "id": ALICE_CID, "pod": "jupyter-alice", "namespace": "jhub",
+        "name_reason": None, "rootless_uid": None,
     }  # fmt: skip
     assert alice["pid_in_container"] == 7 and alice["hub_user"] == "alice"
     assert alice["container_shown"] == "container notebook in pod jhub/jupyter-alice"

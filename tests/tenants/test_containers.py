@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.alive import AliveLock
@@ -181,7 +182,7 @@ def test_with_the_agent_a_kernel_names_its_neighbour_and_finds_its_own_row(tmp_p
     assert theirs.notebook == "/home/jovyan/hog.ipynb" and theirs.mode == "on"
     assert theirs.idle_s == pytest.approx(300, abs=5) and theirs.preallocated is True
     assert theirs.container["name"] == "jupyter-alice" and theirs.pid_in_container == 1
-    assert set(theirs.to_dict()["container"]) == {"name", "id", "pod", "namespace"}
+    assert set(theirs.to_dict()["container"]) == set(SHOWN_KEYS)
     assert (ours.kind, ours.pid, ours.pid_in_container) == ("self", 900002, me)
     assert ours.container["name"] == "jupyter-bob"
 

@@ -116,7 +116,8 @@ def test_status_rows_gain_the_container_and_metrics_its_labels(tmp_path):
     HostProof(viewer, {}).annotate(processes)
     assert processes[0]["pid_in_container"] == 3 and processes[0]["source"] == "beacon"
     assert processes[0]["container"] == {"name": "jupyter-bob", "id": DOCKER_ID, "pod": None,
-                                         "namespace": None}  # fmt: skip
+                                         "namespace": None, "name_reason": None,
+                                         "rootless_uid": None}  # fmt: skip
     assert processes[1]["container"] is None and processes[1]["pid_in_container"] is None
     report = {"nvml": {"available": True}, "gpus": [{"index": 0, "uuid": "GPU-a"}],
               "processes": [{**processes[0], "used_bytes": 1}], "warnings": []}  # fmt: skip

@@ -117,8 +117,15 @@ def test_an_unreadable_name_is_said(tmp_path):
             None,
             POD,
         ),
-        # Shapes never seen before: an id somewhere is kept as unknown, the rest is none.
-        (f"0::/my.slice/runtime-x/{OTHER_ID}/inner", "unknown", OTHER_ID, None),
+        (f"0::/libpod_parent/libpod-{DOCKER_ID}", "podman", DOCKER_ID, None),
+        (
+            f"0::/machine.slice/machine-libpod_pod_{OTHER_ID}.slice/libpod-{DOCKER_ID}.scope",
+            "podman",
+            DOCKER_ID,
+            None,
+        ),
+        # Shapes never seen before, an id somewhere included: no container.
+        (f"0::/my.slice/runtime-x/{OTHER_ID}/inner", None, None, None),
         ("0::/user.slice/user-1000.slice/session-3.scope", None, None, None),
         ("0::/", None, None, None),
         ("", None, None, None),

@@ -70,7 +70,8 @@ def test_gpu_and_kernel_gauges_carry_dcgm_exporter_s_label_names():
     assert memory[0] == (
         {"UUID": "GPU-a", "gpu": "0", "gpu_uuid": "GPU-a", "Hostname": host, "kernel_id": "k1",
          "notebook": "work/a.ipynb", "user": "ada", "hub_user": "ada@hub", "pid": "11",
-         "GPU_I_ID": "", "GPU_I_PROFILE": "", "container": "", "pod": "", "namespace": ""},
+         "GPU_I_ID": "", "GPU_I_PROFILE": "", "container": "", "pod": "", "namespace": "",
+         "user_source": "", "hub_user_source": "claimed"},
         20 * GIB,
     )  # fmt: skip
     assert memory[1][0]["UUID"] == "GPU-b" and memory[1][0]["hub_user"] == ""  # not known

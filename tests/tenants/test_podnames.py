@@ -85,7 +85,7 @@ def test_a_reader_sees_the_pod_names_of_its_own_namespace_and_others_hidden(proc
             jhub[500]["hub_user"]) == ("jupyter-alice", "jhub", "notebook", "alice")  # fmt: skip
     assert jhub[600] == {"id": ML_CID, "runtime": "kubepods", "name": None, "pod_uid": None,
                          "pod": None, "namespace": None, "name_reason": HIDDEN_REASON,
-                         "hub_user": None}  # fmt: skip
+                         "hub_user": None, "rootless_uid": None}  # fmt: skip
     assert jhub[700] is None  # no container: nothing to hide
     ml = containers(writer.for_namespace("ml"))
     assert ml[600]["pod"] == "train-7" and ml[500]["pod"] is None
@@ -121,7 +121,8 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
     HostProof(viewer_for(proc, directory), {}).annotate(processes)
     by_pid = {p["pid"]: p for p in processes}
     assert by_pid[500]["container"] == {"name": "notebook", "id": ALICE_CID,
-                                        "pod": "jupyter-alice", "namespace": "jhub"}  # fmt: skip
+                                        "pod": "jupyter-alice", "namespace": "jhub",
+                                        "name_reason": None, "rootless_uid": None}  # fmt: skip
     assert by_pid[500]["pid_in_container"] == 7
     assert by_pid[500]["hub_user"] == "alice" and "hub_user" not in by_pid[600]
     line = _process_line({**by_pid[500], "kind": "process", "gpu": 0, "user": "jovyan"})
@@ -134,6 +135,7 @@ def test_status_and_metrics_name_the_pod_namespace_and_container(proc, directory
               for values, _ in memory.samples}  # fmt: skip
     assert [labels["500"][k] for k in ("pod", "namespace", "container", "hub_user")] == [
         "jupyter-alice", "jhub", "notebook", "alice"]  # fmt: skip
+    assert labels["500"]["hub_user_source"] == "pod"  # the pod's annotation, not a claim
     assert [labels["600"][k] for k in ("pod", "namespace", "container")] == ["train-7", "ml",
                                                                               "main"]  # fmt: skip
     assert [labels["700"][k] for k in ("pod", "namespace", "container")] == ["", "", ""]
