@@ -147,7 +147,7 @@ def _refuse_contradictions(kernel: Kernel, through_hub: bool) -> None:
     if found:
         raise StopError(
             f"{kernel.label()}: its claims contradict what the host proves: {'; '.join(found)}; "
-            "nothing done."
+            f"nothing done (to stop this very process regardless, signal it: kill {kernel.pid})."
         )
 
 

@@ -42,6 +42,7 @@ def test_a_beacon_naming_bobs_kernel_and_a_parent_naming_bobs_server_stop_nothin
     code, said = _shutdown(capsys, hers, "--share-dir", str(servers.share))
     assert code == 1 and "nothing done" in said, said
     assert "its claims contradict what the host proves" in said
+    assert f"to stop this very process regardless, signal it: kill {hers}" in said
     assert f"its JPY_PARENT_PID names PID {bob.pid}, which is not one of its real ancestors" in (
         said
     )

@@ -127,7 +127,7 @@ def test_the_culler_and_root_ignore_a_claimed_hub_user_and_a_forged_exemption(
             kernel = find(mallory.host_pid, agent.share_dir, host)
             assert kernel.proven_owner.name == mallory_name and kernel.claimed.hub_user == bob_name
             api = Hub(url=hub.url, api_url=hub.url + "/hub/api", token=HUB_TOKEN)
-            with pytest.raises(StopError, match=f"says {mallory_name}; nothing done"):
+            with pytest.raises(StopError, match=f"says {mallory_name}; nothing done \\(to stop"):
                 stop(kernel, api)
             assert hub.deletes() == [] and hub.requests == []
             assert standins["bob"].deletes() == [] and psutil.pid_exists(mallory.host_pid)
