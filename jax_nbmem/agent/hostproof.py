@@ -144,9 +144,10 @@ class HostProof:
     def annotate(self, processes: list[dict]) -> None:
         """Give each process entry ``pid_in_container`` and ``container``; proven: ``agent``.
 
-        A process in a pod without a hub user of its own gets its pod's (the API's;
-        ``hub_user_source: pod``). A process in a container is shown as its container's user
-        (``user_source``: ``container``, the container's claim, or ``uid``, the bare uid).
+        A process in a pod gets its pod's hub user (the API's; ``hub_user_source: pod``); a
+        different one it claimed stays beside it as ``hub_user_claimed`` (shown, never used to
+        act). A process in a container is shown as its container's user (``user_source``:
+        ``container``, the container's claim, or ``uid``, the bare uid).
         """
         for process in processes:
             pid = process.get("pid")
@@ -154,9 +155,12 @@ class HostProof:
             process["pid_in_container"] = seen.pid_in_container if seen else None
             process["container"] = public_container(seen)
             pod_user = seen.container.hub_user if seen and seen.container else None
-            if pod_user and not process.get("hub_user"):
+            if pod_user:
                 # KubeSpawner's annotation, read from the Kubernetes API (no user writes it):
-                # in z2jh every container is `notebook`, and this is who the pod serves.
+                # in z2jh every container is `notebook`, and this is who the pod serves. It
+                # beats whatever the kernel says of itself.
+                if process.get("hub_user") not in (None, pod_user):
+                    process["hub_user_claimed"] = process["hub_user"]
                 process["hub_user"] = pod_user
                 process["hub_user_source"] = "pod"
             if seen is not None and seen.container is not None:

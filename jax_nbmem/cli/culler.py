@@ -11,6 +11,18 @@ change of mind is a JSON line in the log and a line on stdout; stops are counted
 exporter serves it (counting on from there after a restart), and served at the culler's own
 ``/metrics`` with ``--listen``.
 
+Whose a kernel is, for its exemption (``--exempt USER``) and for the server asked, is what the
+host proves (:mod:`jax_nbmem.agent.facts`), never what the kernel, its beacon or the status
+report's ``hub_user`` claims: a kernel whose owner cannot be proven, or whose claims contradict
+the facts, is never warned nor stopped (said once, with the reason). Its idleness and its
+pool are its own word: they can only make the culler act on that very kernel.
+
+Outside the host's PID namespace (a container without ``hostPID``) the culler proves nothing:
+NVML's PIDs are not its own there (:func:`~jax_nbmem.agent.hostproof.host_proof` gives None),
+so it acts on nothing and says so each round; it must run in the host's PID namespace (on
+Kubernetes: in the node agent's pod, which has ``hostPID``). Asking the node agent for its
+proofs over the agent's connection instead is not built.
+
 Kernels in containers: on the host, the culler acts only on what the node agent proved
 (:mod:`jax_nbmem.agent.hostproof`): a kernel in a PID namespace of its own that the agent
 has not proven is never warned nor stopped (said once), whatever its beacon file claims. Its
@@ -28,9 +40,10 @@ import sys
 import time
 from pathlib import Path
 
+from jax_nbmem.agent.facts import disagreements
 from jax_nbmem.agent.hostproof import HostProof, host_proof
 from jax_nbmem.cli.hubapi import Hub
-from jax_nbmem.cli.stop import StopError, find, stop
+from jax_nbmem.cli.stop import Kernel, StopError, find, stop
 from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
     CULL_REASONS,
@@ -74,6 +87,7 @@ class Culler:
         self.out = out or sys.stdout
         self.culled: dict[str, int] = {}
         self._unproven_said: set[int] = set()
+        self._outside_said = False
         self._host: HostProof | None = None
         self._counts: CullCounts | None = None  # as kept in the shared directory
         self._counter = None
@@ -107,11 +121,23 @@ class Culler:
         report = collect(share_dir=self.share_dir, host=host or False) if report is None else report
         events = []
         chosen = {}
-        for candidate in candidates(report, self.policy):
-            if host is not None and host.namespaced(candidate.pid):
-                if not host.is_proven(candidate.pid):
-                    events.extend(self._unproven(candidate))
-                    continue
+        found = candidates(report, self.policy)
+        if host is None and found and not self._outside_said:
+            self._outside_said = True
+            events.append({"action": "skip", "pid": None, "dry_run": self.dry_run, "message": (
+                "not culling: this culler runs outside the host's PID namespace, where it "
+                "cannot prove whose a kernel is; run it in the host's PID namespace"
+            )})  # fmt: skip
+        for candidate in found if host is not None else ():
+            if host.namespaced(candidate.pid) and not host.is_proven(candidate.pid):
+                events.extend(self._unproven(candidate))
+                continue
+            kernel, why = self._facts(candidate, host)
+            if kernel is None:
+                events.extend(self._unproven(candidate, why))
+                continue
+            if self.policy.exempts(kernel.proven_owner, kernel.process.user):
+                continue
             chosen[candidate.pid] = candidate
         keys = {pid: host.key(pid) if host is not None else str(pid) for pid in chosen}
         beacons = read_beacons([self.share_dir])
@@ -136,16 +162,30 @@ class Culler:
             self._say(event)
         return events
 
-    def _unproven(self, candidate: Candidate) -> list[dict]:
-        """A kernel in a container the node agent has not proven: said once, never acted on."""
+    def _facts(self, candidate: Candidate, host: HostProof) -> tuple[Kernel | None, str]:
+        """The candidate's kernel with a proven owner and no contradicting claim, or why not."""
+        try:
+            kernel = find(candidate.pid, self.share_dir, host)
+        except StopError as error:
+            return None, str(error).removesuffix("; nothing done.")
+        if kernel.process is None or kernel.proven_owner is None:
+            return None, f"whose it is cannot be proven ({kernel.owner_reason})"
+        found = disagreements(kernel.process, kernel.proven_owner, kernel.claimed,
+                              kernel.ancestors, through_hub=self.hub is not None)  # fmt: skip
+        if found:
+            return None, "its claims contradict what the host proves: " + "; ".join(found)
+        return kernel, ""
+
+    def _unproven(self, candidate: Candidate, why: str | None = None) -> list[dict]:
+        """A kernel whose facts do not allow acting: said once, never acted on."""
         if candidate.pid in self._unproven_said:
             return []
         self._unproven_said.add(candidate.pid)
         event = self._event("skip", candidate)
-        event["message"] = (
-            f"not culling {candidate.label()}: it runs in a container and the node agent has "
-            "not proven who it is (is `jax-nbmem exporter --share-dir` running on this node?)"
-        )
+        event["message"] = f"not culling {candidate.label()}: " + (why or (
+            "it runs in a container and the node agent has not proven who it is (is "
+            "`jax-nbmem exporter --share-dir` running on this node?)"
+        ))  # fmt: skip
         return [event]
 
     def _warn(self, candidate: Candidate, now: float, key: str | None = None) -> dict:

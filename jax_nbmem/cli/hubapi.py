@@ -67,6 +67,10 @@ class Hub:
         """Shut one kernel down through its server (``DELETE api/kernels/<id>``)."""
         _shutdown_kernel(server_url, kernel_id, self.token)
 
+    def kernel_ids(self, server_url: str) -> set[str]:
+        """The ids of the kernels that the server at ``server_url`` lists (``api/kernels``)."""
+        return _kernel_ids(server_url, self.token)
+
 
 @dataclass(frozen=True)
 class OwnServer:
@@ -84,6 +88,10 @@ class OwnServer:
     def shutdown_kernel(self, kernel_id: str) -> None:
         """Shut one of this server's kernels down (``DELETE api/kernels/<id>``)."""
         _shutdown_kernel(self.url, kernel_id, self.token)
+
+    def kernel_ids(self) -> set[str]:
+        """The ids of this server's kernels (``api/kernels``)."""
+        return _kernel_ids(self.url, self.token)
 
 
 def _request(method: str, url: str, token: str, what: str) -> object:
@@ -129,6 +137,14 @@ def _shutdown_kernel(server_url: str, kernel_id: str, token: str) -> None:
                 "exited meanwhile)"
             ) from None
         raise
+
+
+def _kernel_ids(server_url: str, token: str) -> set[str]:
+    url = f"{server_url.rstrip('/')}/api/kernels"
+    kernels = _request("GET", url, token, f"listing the kernels of {server_url}")
+    if not isinstance(kernels, list):
+        raise HubError(f"{server_url} answered something that is not a list of kernels")
+    return {k["id"] for k in kernels if isinstance(k, dict) and isinstance(k.get("id"), str)}
 
 
 def own_server_from_environment(environ=None) -> OwnServer | None:

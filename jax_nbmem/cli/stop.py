@@ -1,22 +1,33 @@
 """``jax-nbmem shutdown PID``: stop a kernel, another user's too for an administrator.
 
-Whose it is comes first: the hub user's where both the kernel's (its beacon or environment)
-and the caller's (``$JUPYTERHUB_USER``) are known, else the Unix user's. Who may: the
-kernel's owner; root; anyone with a hub API token whose scopes reach the owner's server
-(:data:`~jax_nbmem.cli.hubapi.SCOPES`). How: through the kernel's Jupyter server when it is
-known (the kernel's id from its beacon or its command line; the server: a hub user's own, from
-the environment JupyterHub gives its servers' processes; another user's, from the hub; for
-root, the kernel's parent server's runtime file), so that the server does not restart it;
-otherwise, for root or the owner, SIGTERM then SIGKILL. It then says what came free on the
-GPUs, and logs each stop of another user's kernel (who, which kernel, whose, bytes, when) as a
-JSON line in the administrators' log.
+Who may: the kernel's owner; root; anyone with a hub API token whose scopes reach the owner's
+server (:data:`~jax_nbmem.cli.hubapi.SCOPES`). How: through the kernel's Jupyter server, so
+that the server does not restart it; otherwise, for root or the owner, SIGTERM then SIGKILL of
+the very PID named. It then says what came free on the GPUs, and logs each stop of another
+user's kernel (who, which kernel, whose, bytes, when) as a JSON line in the administrators' log.
 
-A kernel in a container (a PID namespace of its own), seen from the host: its kernel id and
-hub user come only from what the node agent proved (:mod:`jax_nbmem.agent.hostproof`),
-never from a beacon file, its command line or its environment (any container can write those
-for another's kernel); without that proof the hub is not asked, and root stops the very host
-PID it named with signals. Its ``JPY_PARENT_PID`` is an in-container PID: it never names a
-host process.
+With someone else's authority (root, a hub token) whose kernel it is and which server is
+asked come from facts the kernel could not write (:mod:`jax_nbmem.agent.facts`), never from
+its claims (its beacon, ``$JUPYTERHUB_USER``, ``$JPY_PARENT_PID``, its command line):
+
+- the hub user: :func:`~jax_nbmem.agent.facts.owner_of` (the Unix user on a plain host; a
+  pod's annotation or a rootful runtime's record of a container); none proven: the hub is
+  not asked;
+- the server: through the hub, that user's server as the hub records it; without a hub, the
+  kernel's real ancestor that is a Jupyter server
+  (:func:`~jax_nbmem.agent.authority.parent_server`);
+- the kernel id: its claim, used only with that server, and only once that server's own
+  ``api/kernels`` lists it;
+- a claim that contradicts a fact (another hub user, a ``JPY_PARENT_PID`` that is no ancestor,
+  a beacon's kernel id that its command line does not name): nothing is done, and the
+  refusal names the contradiction.
+
+A kernel in a container (a PID namespace of its own), seen from the host: its kernel id comes
+only from what the node agent proved (:mod:`jax_nbmem.agent.hostproof`); without that proof
+the hub is not asked, and root stops the very host PID it named with signals.
+
+The caller's own kernels through its own hub server (``$JUPYTERHUB_SERVICE_URL``) act with its
+own token, which reaches its own server only: that server's list decides, as above.
 """
 
 from __future__ import annotations
@@ -24,66 +35,27 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
-from jax_nbmem.agent.hostproof import HostProof, host_proof, public_container
+from jax_nbmem.agent.authority import listed_by, parent_server
+from jax_nbmem.agent.facts import FactError, ProvenKernelId, ProvenProcess, ProvenServer
+from jax_nbmem.agent.facts import disagreements as _disagreements
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
-from jax_nbmem.tenants.attribution import inspect_process
-from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.cli.stop_target import Kernel, StopError, find
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
-from jax_nbmem.tenants.servers import (
-    _terminate,
-    current_user,
-    find_servers,
-)
+from jax_nbmem.tenants.servers import _terminate, current_user
 from jax_nbmem.units import format_bytes
 
-__all__ = ["ENV_ADMIN_LOG", "Kernel", "StopError", "Stopped", "admin_log_path", "find", "stop"]
+__all__ = [
+    "ENV_ADMIN_LOG", "Kernel", "Plan", "StopError", "Stopped", "admin_log_path", "find", "plan",
+    "stop", "whose",
+]  # fmt: skip
 
 ENV_ADMIN_LOG = "JAX_NBMEM_ADMIN_LOG"
 _EXIT_WAIT_S = 15.0
-
-
-class StopError(RuntimeError):
-    """Nothing was stopped; the message says why."""
-
-
-@dataclass
-class Kernel:
-    """The kernel behind a PID, as far as it can be found out."""
-
-    pid: int
-    started_at: float | None
-    user: str | None
-    hub_user: str | None
-    kernel_id: str | None
-    notebook: str | None
-    server_pid: int | None = None
-    gpu_bytes: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes (NVML)
-    pid_in_container: int | None = None  # its PID in its container (None: the host's)
-    container: dict | None = None  # name, id, pod, namespace (None: none)
-    proven: bool | None = None  # in a container: whether the node agent proved it
-
-    @property
-    def owner(self) -> str:
-        """Whose it is, as people know them."""
-        if self.hub_user and self.hub_user != self.user:
-            return f"hub user {self.hub_user} (Unix user {self.user})"
-        return f"user {self.user}"
-
-    def label(self) -> str:
-        """``kernel PID 123 (id 1a2b3c4d, notebook ~alice/x.ipynb, user alice)``."""
-        parts = [f"id {self.kernel_id[:8]}"] if self.kernel_id else []
-        if self.notebook:
-            parts.append(f"notebook {self.notebook}")
-        parts.append(self.owner)
-        if self.container:
-            name = self.container.get("name") or (self.container.get("id") or "")[:12]
-            parts.append(f"container {name}")
-        return f"kernel PID {self.pid} ({', '.join(parts)})"
 
 
 @dataclass
@@ -98,6 +70,31 @@ class Stopped:
     message: str
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel will be stopped, from proven facts only (the types are checked).
+
+    ``how``: "server" or "signal"; ``by``: whose word the server takes: "own" (the caller's
+    own hub server and its token), "hub" (an administrator's hub token), "runtime" (the
+    proven parent server's runtime file), "signal". ``kernel_id``: listed by ``url``'s server.
+    """
+
+    how: str
+    url: str | None
+    by: str
+    process: ProvenProcess | None = None
+    kernel_id: ProvenKernelId | None = None
+    server: ProvenServer | None = None
+
+    def __post_init__(self) -> None:
+        for value, kind in ((self.process, ProvenProcess), (self.kernel_id, ProvenKernelId),
+                            (self.server, ProvenServer)):  # fmt: skip
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"a plan takes a {kind.__name__}, not {type(value).__name__}")
+        if self.how == "server" and self.kernel_id is None:
+            raise TypeError("a server is asked only for a kernel id its own list has")
+
+
 def _gpu_free() -> dict[int, int | None]:
     from jax_nbmem.gpu import nvml
 
@@ -109,107 +106,6 @@ def _gpu_names() -> dict[int, str]:
     from jax_nbmem.gpu import nvml
 
     return {gpu.index: gpu.label for gpu in nvml.gpus()}
-
-
-def _gpu_bytes(pid: int) -> dict[int, int]:
-    from jax_nbmem.gpu import nvml
-
-    held: dict[int, int] = {}
-    for listing in nvml.process_lists(None):
-        for process in listing.processes or ():
-            if process.pid == pid and process.used_bytes is not None:
-                held[process.gpu] = held.get(process.gpu, 0) + process.used_bytes
-    return held
-
-
-def find(pid: int, share_dir: str | None = None, host: HostProof | None = None) -> Kernel:
-    """The kernel behind ``pid``; StopError when there is none (or it is no kernel).
-
-    ``host`` (default: :func:`host_proof`; None off the host) tells whether ``pid`` runs in a
-    container and what the node agent proved of it (see the module).
-    """
-    host = host_proof(share_dir) if host is None else host
-    view = host.view(pid) if host is not None else None
-    if view is not None and view.namespaced:
-        return _find_contained(pid, share_dir, host)
-    info = inspect_process(pid, own_pid=os.getpid(), server_sessions={})
-    if info.kind == "self":
-        raise StopError(f"PID {pid} is this very command; nothing done.")
-    if info.kind == "unknown":
-        raise StopError(f"PID {pid}: {info.reason}; nothing done.")
-    if info.kind != "kernel":
-        raise StopError(
-            f"PID {pid} is not a Jupyter kernel ({info.cmdline}); jax-nbmem shutdown stops "
-            "kernels only; nothing done."
-        )
-    beacon = read_beacons(beacon_dirs(share_dir)).get(pid)
-    kernel_id = (beacon.kernel_id if beacon else None) or info.kernel_id
-    hub_user = (beacon.hub_user if beacon else None) or info.hub_user
-    server_pid = None
-    try:
-        environ = psutil.Process(pid).environ()
-        hub_user = hub_user or hub_user_of(environ)
-        parent = environ.get("JPY_PARENT_PID", "")
-        server_pid = int(parent) if parent.isdigit() else None
-    except (psutil.Error, OSError):
-        pass  # another user's environment: the beacon and the hub must do
-    return Kernel(
-        pid=pid,
-        started_at=info.started_at,
-        user=info.user,
-        hub_user=hub_user,
-        kernel_id=kernel_id,
-        notebook=info.notebook_shown or info.notebook or (beacon.notebook if beacon else None),
-        server_pid=server_pid,
-        gpu_bytes=_gpu_bytes(pid),
-    )
-
-
-def _find_contained(pid: int, share_dir: str | None, host: HostProof) -> Kernel:
-    """A kernel in a container: only the node agent's proof names it (see the module)."""
-    info = inspect_process(pid, own_pid=os.getpid(), server_sessions={})
-    if info.kind == "unknown":
-        raise StopError(f"PID {pid}: {info.reason}; nothing done.")
-    view = host.view(pid)
-    proven = host.is_proven(pid)
-    beacon = host.proven[pid].beacon if proven else None
-    if beacon is None and info.kind != "kernel":
-        raise StopError(
-            f"PID {pid} is not a Jupyter kernel ({info.cmdline}); jax-nbmem shutdown stops "
-            "kernels only; nothing done."
-        )
-    return Kernel(
-        pid=pid,
-        started_at=info.started_at,
-        user=info.user,
-        hub_user=beacon.hub_user if beacon else None,
-        kernel_id=beacon.kernel_id if beacon else None,
-        notebook=beacon.notebook if beacon else None,
-        gpu_bytes=_gpu_bytes(pid),
-        pid_in_container=view.pid_in_container,
-        container=public_container(view),
-        proven=proven,
-    )
-
-
-def _own_server(kernel: Kernel):
-    """The kernel's parent server from its runtime file (readable by its owner and root)."""
-    if kernel.server_pid is None:
-        return None
-    folders = []
-    try:
-        environ = psutil.Process(kernel.server_pid).environ()
-        if environ.get("JUPYTER_RUNTIME_DIR"):
-            folders.append(environ["JUPYTER_RUNTIME_DIR"])
-        home = environ.get("HOME") or os.path.expanduser(f"~{kernel.user}")
-        folders.append(os.path.join(home, ".local", "share", "jupyter", "runtime"))
-    except (psutil.Error, OSError):
-        return None
-    for folder in folders:
-        for server in find_servers(folder):
-            if server.pid == kernel.server_pid and server.token and not server.refused:
-                return server
-    return None
 
 
 def _wait_gone(kernel: Kernel, timeout: float) -> bool:
@@ -242,13 +138,17 @@ def whose(kernel: Kernel, own_server: OwnServer | None = None) -> tuple[bool, st
     return kernel.user is not None and kernel.user == me, f"you are user {me}"
 
 
-def _known_id(kernel: Kernel) -> str:
-    if not kernel.kernel_id:
+def _refuse_contradictions(kernel: Kernel, through_hub: bool) -> None:
+    """StopError naming each claim that contradicts a fact (see the module)."""
+    if kernel.process is None:
+        return
+    found = _disagreements(kernel.process, kernel.proven_owner, kernel.claimed, kernel.ancestors,
+                           through_hub=through_hub)  # fmt: skip
+    if found:
         raise StopError(
-            f"{kernel.label()}: its kernel id is unknown (no beacon, and its command line "
-            "names no kernel-<id>.json), so its server cannot be asked; nothing done."
+            f"{kernel.label()}: its claims contradict what the host proves: {'; '.join(found)}; "
+            f"nothing done (to stop this very process regardless, signal it: kill {kernel.pid})."
         )
-    return kernel.kernel_id
 
 
 def plan(
@@ -256,45 +156,95 @@ def plan(
 ) -> tuple[str, str | None, str]:
     """How ``kernel`` would be stopped: ("server", its URL, by) or ("signal", None, "signal").
 
-    ``by`` says whose word the server takes: "own" (the caller's own hub server and its
-    token), "hub" (an administrator's hub token), "runtime" (the server's own runtime file).
-    StopError when this caller may not stop it, or the hub refuses.
+    ``by`` as :class:`Plan` says. StopError when this caller may not stop it, the facts do
+    not allow it, or the hub refuses.
     """
+    chosen = _plan(kernel, hub, own_server)
+    return chosen.how, chosen.url, chosen.by
+
+
+def _plan(kernel: Kernel, hub: Hub | None, own_server: OwnServer | None) -> Plan:
     mine, you = whose(kernel, own_server)
     if mine and own_server is not None:
-        _known_id(kernel)
-        return "server", own_server.url, "own"
+        kernel_id = _listed(kernel, own_server.url, own_server.kernel_ids)
+        return Plan("server", own_server.url, "own", kernel.process, kernel_id)
     if hub is not None:
-        if kernel.proven is False:
-            raise StopError(
-                f"{kernel.label()} runs in a container and the node agent has not proven "
-                "which kernel it is (its kernel id and hub user would be its own claims), so "
-                "its server is not asked; root can stop this very PID without --hub-url; "
-                "nothing done."
-            )
-        _known_id(kernel)
-        name = kernel.hub_user or kernel.user
-        if not name:
-            raise StopError(f"{kernel.label()}: its hub user is unknown; nothing done.")
-        try:
-            return "server", hub.server_url(name), "hub"
-        except HubError as error:
-            if mine:
-                raise StopError(f"{error}; nothing done.") from None
-            raise StopError(
-                f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and the "
-                f"hub refused this token: {error}; nothing done."
-            ) from None
+        return _through_hub(kernel, hub, mine, you)
     if not (mine or may_stop_others()):
         raise StopError(
             f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}): only its owner "
             f"or an administrator (root, or a hub API token with {SCOPES_TEXT}: --hub-url and "
             "$JUPYTERHUB_API_TOKEN) can stop it; nothing done."
         )
-    server = _own_server(kernel)
-    if server is not None:
-        return "server", server.url, "runtime"
-    return "signal", None, "signal"
+    _refuse_contradictions(kernel, through_hub=False)
+    if kernel.process is None or kernel.pid_in_container is not None:
+        return Plan("signal", None, "signal", kernel.process)  # the very PID named
+    try:
+        server = parent_server(kernel.process)
+    except FactError:
+        return Plan("signal", None, "signal", kernel.process)  # under no server: its PID
+    if not kernel.kernel_id:
+        return Plan("signal", None, "signal", kernel.process)
+    try:
+        kernel_id = listed_by(server, kernel.kernel_id)
+    except FactError as error:
+        raise StopError(f"{kernel.label()}: {error}; nothing done.") from None
+    return Plan("server", server.url, "runtime", kernel.process, kernel_id, server)
+
+
+def _through_hub(kernel: Kernel, hub: Hub, mine: bool, you: str) -> Plan:
+    """Through the proven owner's server as the hub records it (see the module)."""
+    if kernel.proven is False:
+        raise StopError(
+            f"{kernel.label()} runs in a container and the node agent has not proven "
+            "which kernel it is (its kernel id and hub user would be its own claims), so "
+            "its server is not asked; root can stop this very PID without --hub-url; "
+            "nothing done."
+        )
+    if kernel.proven_owner is None:
+        raise StopError(
+            f"{kernel.label()}: whose it is cannot be proven ({kernel.owner_reason}); what it "
+            "claims is not enough to ask the hub for a server; nothing done."
+        )
+    _refuse_contradictions(kernel, through_hub=True)
+    _known_id(kernel)
+    name = kernel.proven_owner.name
+    try:
+        url = hub.server_url(name)
+    except HubError as error:
+        if mine:
+            raise StopError(f"{error}; nothing done.") from None
+        raise StopError(
+            f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and the "
+            f"hub refused this token: {error}; nothing done."
+        ) from None
+    return Plan(
+        "server", url, "hub", kernel.process, _listed(kernel, url, lambda: hub.kernel_ids(url))
+    )
+
+
+def _listed(kernel: Kernel, url: str, kernel_ids) -> ProvenKernelId:
+    """The kernel's id once the server at ``url`` lists it (``kernel_ids()``: its list)."""
+    kernel_id = _known_id(kernel)
+    try:
+        listed = kernel_ids()
+    except HubError as error:
+        raise StopError(f"{kernel.label()}: {error}; nothing done.") from None
+    if kernel_id not in listed:
+        raise StopError(
+            f"{kernel.label()}: kernel {kernel_id} is not on the list of the server {url} "
+            "(another server's kernel, or a claim), so it is not asked; nothing done."
+        )
+    return ProvenKernelId(kernel_id, url)
+
+
+def _known_id(kernel: Kernel) -> str:
+    if not kernel.kernel_id:
+        raise StopError(
+            f"{kernel.label()}: its kernel id is unknown (no beacon, and its command line "
+            "names no kernel-<id>.json), so its server cannot be asked; nothing done."
+        )
+    return kernel.kernel_id
 
 
 def stop(
@@ -309,7 +259,8 @@ def stop(
 
     ``own_server``: the caller's own hub server (its own kernels go through it).
     """
-    how, server_url, by = plan(kernel, hub, own_server)
+    chosen = _plan(kernel, hub, own_server)
+    how, server_url = chosen.how, chosen.url
     via = f"through its Jupyter server {server_url}" if how == "server" else "with SIGTERM"
     if dry_run:
         names = _gpu_names()
@@ -319,29 +270,11 @@ def stop(
         message = f"Would stop {kernel.label()} {via}" + (f"; it holds {held}" if held else "")
         return Stopped(kernel, how, server_url, {}, {}, message + ". Nothing done (--dry-run).")
     before = _gpu_free()
+    if chosen.process is not None and not chosen.process.still_running():
+        raise StopError(f"{kernel.label()} exited meanwhile; nothing done.")
     if not psutil.pid_exists(kernel.pid):
         raise StopError(f"{kernel.label()} exited meanwhile; nothing done.")
-    message = f"Stopped {kernel.label()} {via}."
-    if how == "server":
-        try:
-            if by == "own":
-                own_server.shutdown_kernel(kernel.kernel_id)
-            elif by == "hub":
-                hub.shutdown_kernel(server_url, kernel.kernel_id)
-            else:
-                _own_server(kernel).request("DELETE", f"api/kernels/{kernel.kernel_id}", 15.0)
-        except (HubError, OSError) as error:
-            raise StopError(f"{error}; nothing done.") from None
-        if not _wait_gone(kernel, _EXIT_WAIT_S):
-            raise StopError(
-                f"{server_url} accepted the shutdown of {kernel.label()}, but the process was "
-                f"still running {_EXIT_WAIT_S:g} s later"
-            )
-    else:
-        result = _terminate(kernel.pid, kernel.started_at, 5.0, kernel.label())
-        if not result.done:
-            raise StopError(result.message)
-        message = result.message
+    message = _act(chosen, kernel, hub, own_server) or f"Stopped {kernel.label()} {via}."
     after = _gpu_free()
     freed = {
         g: None if after.get(g) is None or before.get(g) is None else after[g] - before[g]
@@ -360,9 +293,34 @@ def stop(
     if how == "signal":
         message += " Its Jupyter server may restart it, without its memory until it runs JAX."
     stopped = Stopped(kernel, how, server_url, freed, after, message)
-    if by == "hub" or not whose(kernel, own_server)[0]:
-        _log(stopped, hub if by == "hub" else None, log_path)
+    if chosen.by == "hub" or not whose(kernel, own_server)[0]:
+        _log(stopped, hub if chosen.by == "hub" else None, log_path)
     return stopped
+
+
+def _act(chosen: Plan, kernel: Kernel, hub: Hub | None, own_server: OwnServer | None) -> str:
+    """Do what ``chosen`` says; the signal's own message, or "" (StopError: nothing done)."""
+    if chosen.how == "server":
+        kernel_id = chosen.kernel_id.kernel_id
+        try:
+            if chosen.by == "own":
+                own_server.shutdown_kernel(kernel_id)
+            elif chosen.by == "hub":
+                hub.shutdown_kernel(chosen.url, kernel_id)
+            else:
+                chosen.server.server.request("DELETE", f"api/kernels/{kernel_id}", 15.0)
+        except (HubError, OSError) as error:
+            raise StopError(f"{error}; nothing done.") from None
+        if not _wait_gone(kernel, _EXIT_WAIT_S):
+            raise StopError(
+                f"{chosen.url} accepted the shutdown of {kernel.label()}, but the process was "
+                f"still running {_EXIT_WAIT_S:g} s later"
+            )
+        return ""
+    result = _terminate(kernel.pid, kernel.started_at, 5.0, kernel.label())
+    if not result.done:
+        raise StopError(result.message)
+    return result.message
 
 
 def admin_log_path() -> Path:

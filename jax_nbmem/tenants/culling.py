@@ -3,7 +3,8 @@
 A kernel is a candidate when it has been idle longer than the policy's limit, holds a
 preallocated pool (or more than the policy's share of a GPU), and sits on a GPU where others
 are short of memory: less free than a default JAX start needs (75% of the GPU). A busy kernel
-never is, nor one of a user the policy exempts. A candidate is first warned — a notice file
+never is, nor one of a user the policy exempts (:meth:`CullPolicy.exempts`: by whose the
+kernel is proven to be, never by whose it says it is). A candidate is first warned — a notice file
 in the shared beacon directory, ``jax_nbmem-cull-<pid>.json``, that the kernel itself shows
 ("will be shut down at HH:MM unless it runs a cell") — and only stopped once the notice's time
 has passed and it has run no cell since. The stopping is the culler's (``jax-nbmem cull``).
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jax_nbmem.agent.facts import ProvenOwner
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import report_label
 from jax_nbmem.tenants.beacons import write_atomically
@@ -76,6 +78,14 @@ class CullPolicy:
     share: float | None = None
     exempt: frozenset[str] = field(default_factory=frozenset)
 
+    def exempts(self, owner: ProvenOwner, unix_user: str | None) -> bool:
+        """Whether the policy exempts a kernel of ``owner`` (proven), run by ``unix_user``.
+
+        ``unix_user`` is the process's (a host fact); a hub user name counts only proven
+        (a status report's ``hub_user`` is the kernel's claim and exempts no one).
+        """
+        return owner.name in self.exempt or (unix_user is not None and unix_user in self.exempt)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -101,14 +111,16 @@ class Candidate:
 
 
 def candidates(report: Mapping[str, Any], policy: CullPolicy) -> list[Candidate]:
-    """The kernels of a status report (``jax-nbmem status --json``) that the policy would stop."""
+    """The kernels of a status report (``jax-nbmem status --json``) that the policy would stop.
+
+    Exemptions are not applied here: the report's owners are partly claims; the culler applies
+    :meth:`CullPolicy.exempts` to each candidate's proven owner.
+    """
     gpus = {g["index"]: g for g in report.get("gpus", [])}
     found: dict[int, Candidate] = {}
     for process in report.get("processes", []):
         gpu = gpus.get(process.get("gpu"))
         if process.get("kind") != "kernel" or gpu is None:
-            continue
-        if process.get("user") in policy.exempt or process.get("hub_user") in policy.exempt:
             continue
         idle = process.get("idle_s")
         if idle is None or idle < policy.idle_s or idle == 0:

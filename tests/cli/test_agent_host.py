@@ -120,7 +120,9 @@ def test_the_culler_acts_on_the_proven_kernel_only(simgpu_in_process, share, tmp
     server = AgentServer(str(share), Registry(), first_line_s=60)
     server.start()
     try:
-        hog_args = client_args(server.path, json.dumps([ON]), kernel_id="hog", folder=tmp_path)
+        # Its beacon's kernel id is the one its command line names: no claim contradicts a fact.
+        claims = {**ON, "beacon": {**ON["beacon"], "kernel_id": "hog"}}
+        hog_args = client_args(server.path, json.dumps([claims]), kernel_id="hog", folder=tmp_path)
         (tmp_path / "b").mkdir()
         quiet = client_args(server.path, "[]", kernel_id="other", folder=tmp_path / "b")
         with contained(hog_args, hostname="alice") as hog, contained(quiet) as other:
@@ -139,7 +141,7 @@ def test_the_culler_acts_on_the_proven_kernel_only(simgpu_in_process, share, tmp
                 CullPolicy(idle_s=60, warn_s=0), str(share), None, out=open(os.devnull, "w")
             )
             (warned,) = culler.round(host=host)
-            assert warned["action"] == "warn" and warned["pid"] == hog.host_pid
+            assert warned["action"] == "warn" and warned["pid"] == hog.host_pid, warned["message"]
             ino = os.stat(f"/proc/{hog.host_pid}/ns/pid").st_ino
             notice_file = share / f"jax_nbmem-cull-{ino}-1.json"
             assert (

@@ -49,10 +49,21 @@ def test_an_idle_pool_on_a_short_gpu_is_a_candidate_and_nothing_else_is():
     assert candidates(_report(_kernel(1, 7200), free=70 * GIB), policy) == []  # nobody short
     assert candidates(_report(_kernel(1, 7200, preallocated=False)), policy) == []
     assert candidates(_report({**_kernel(1, 7200), "kind": "process"}), policy) == []
-    exempt = CullPolicy(idle_s=3600, exempt=frozenset({"alice"}))
-    assert candidates(_report(_kernel(1, 7200)), exempt) == []
+    # A report's hub user is the kernel's claim: it exempts no one (the culler exempts by
+    # the proven owner, CullPolicy.exempts).
     by_hub_name = CullPolicy(idle_s=3600, exempt=frozenset({"ada"}))
-    assert candidates(_report(_kernel(1, 7200, user="jovyan", hub_user="ada")), by_hub_name) == []
+    (claimed,) = candidates(_report(_kernel(1, 7200, user="jovyan", hub_user="ada")), by_hub_name)
+    assert claimed.hub_user == "ada"
+
+
+def test_an_exemption_takes_the_proven_owner_or_the_unix_user():
+    from jax_nbmem.agent.facts import ProvenOwner
+
+    policy = CullPolicy(idle_s=3600, exempt=frozenset({"ada", "alice"}))
+    pod = "its pod jhub/jupyter-ada's hub.jupyter.org/username (the Kubernetes API)"
+    assert policy.exempts(ProvenOwner("ada", pod, True), "jovyan")
+    assert not policy.exempts(ProvenOwner("bob", pod, True), "jovyan")
+    assert policy.exempts(ProvenOwner("alice", "the Unix user of its process", False), "alice")
 
 
 def test_a_share_of_the_gpu_counts_only_when_the_policy_sets_one():
