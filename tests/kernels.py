@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import time
 
+from jupyter_client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from tests.ipython_session import clean_environ
 
-__all__ = ["execute", "running_kernel"]
+__all__ = ["execute", "ready_client", "running_kernel"]
 
 
 @contextlib.contextmanager
@@ -31,6 +33,27 @@ def running_kernel(kernel_name="python3", env=None, kernel_dirs=None, extra_argu
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def ready_client(connection_file: str, alive, timeout: float = 120.0) -> BlockingKernelClient:
+    """A client of the kernel behind ``connection_file`` once it answers; ``alive()`` its process.
+
+    A kernel still importing misses heartbeats, and a client that did not start it then says
+    the kernel "died" (jupyter_client's RuntimeError): that is tried again, with a new client,
+    while ``alive()`` and within ``timeout``; a kernel that really ended fails at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        client = BlockingKernelClient(connection_file=connection_file)
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+            return client
+        except RuntimeError:
+            client.stop_channels()
+            if time.monotonic() > deadline or not alive():
+                raise
 
 
 def execute(client, code: str, timeout: float = 60) -> tuple[str, str | None]:

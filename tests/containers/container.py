@@ -23,7 +23,7 @@ from jupyter_client.connect import write_connection_file
 
 from tests.containers.runtime import DockerLook
 from tests.ipython_session import _DRIVER, CellOutput
-from tests.kernels import execute
+from tests.kernels import execute, ready_client
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -195,11 +195,12 @@ class Container:
         extra = {"JPY_SESSION_NAME": notebook, **(env or {})}
         process = self.popen(argv, extra, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
-        client = BlockingKernelClient(connection_file=str(host_file))
-        client.load_connection_file()
-        client.start_channels()
         try:
-            client.wait_for_ready(timeout=120)
+            client = ready_client(str(host_file), lambda: process.poll() is None, timeout=120)
+        except BaseException:
+            process.kill()
+            raise
+        try:
             pid = wait_for("the kernel's host PID", lambda: self._kernel_pid(process, inside))
         except BaseException:
             client.stop_channels()

@@ -21,12 +21,11 @@ import urllib.request
 
 import psutil
 import pytest
-from jupyter_client import BlockingKernelClient
 
 from jax_nbmem.simgpu import GIB, SimState
 from tests.hub.conftest import PASSWORD, Hub, HubUser, request
 from tests.jupyterlab import chromium_page, screenshot
-from tests.kernels import execute
+from tests.kernels import execute, ready_client
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kernel, pytest.mark.browser]
@@ -50,19 +49,7 @@ class Kernel:
         connection = user.runtime_dir() / f"kernel-{self.id}.json"
         wait_for("its connection file", connection.exists, 60)
         self.pid = wait_for("its process", lambda: _pid_of(self.id), 30)
-        deadline = time.monotonic() + 90
-        while True:  # a kernel still importing misses heartbeats: "died", say the clients
-            self.client = BlockingKernelClient(connection_file=str(connection))
-            self.client.load_connection_file()
-            self.client.start_channels()
-            try:
-                self.client.wait_for_ready(timeout=30)
-                break
-            except RuntimeError:
-                self.client.stop_channels()
-                if time.monotonic() > deadline or not psutil.pid_exists(self.pid):
-                    raise
-                time.sleep(1)
+        self.client = ready_client(str(connection), lambda: psutil.pid_exists(self.pid), 90)
 
     def run(self, code: str, timeout: float = 90) -> str:
         out, error = execute(self.client, code, timeout)
