@@ -267,8 +267,13 @@ def collect(
 
 
 def _from_session(tenant):
-    """This process's row, judged by its session's own account (see ``collect``'s ``own``)."""
-    return replace(tenant, source="session", idle_s=None, idle_source=None)
+    """This process's row, judged by its session's own account (see ``collect``'s ``own``).
+
+    A row known to be this process's only by inference (in a container without the node
+    agent) stays marked ``inferred``.
+    """
+    source = "inferred" if tenant.source == "inferred" else "session"
+    return replace(tenant, source=source, idle_s=None, idle_source=None)
 
 
 def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
