@@ -18,11 +18,11 @@ import sys
 
 import pytest
 
+from tests.containers.scenario import hog_and_work, resolved
 from tests.podman.conftest import host_env
 from tests.podman.podman import podman
 from tests.waiting import wait_for
 
-GiB, MiB = 1 << 30, 1 << 20
 pytestmark = pytest.mark.timeout(600)
 
 _STATUS = "import jax_nbmem, json; print(json.dumps(jax_nbmem.status()))"
@@ -40,33 +40,13 @@ def warnings_of(report: dict, kind: str) -> list[dict]:
     return [warning for warning in report["warnings"] if warning["kind"] == kind]
 
 
-def resolved(node, *pids: int) -> dict | None:
-    """The agent's resolution once every one of ``pids`` is a proven kernel in it."""
-    try:
-        content = json.loads((node.share_dir / "agent" / "resolution.json").read_text())
-    except (OSError, ValueError):
-        return None
-    proven = {entry["pid"] for entry in content["processes"] if entry.get("kernel")}
-    return content if set(pids) <= proven else None
-
-
 def test_both_kernels_run_in_podman_and_are_proven(scenario):
     node, alice, bob = scenario.node, scenario.alice, scenario.bob
-    alice.run("%load_ext jax_nbmem")
-    alice.run("import jax.numpy as jnp\nx = jnp.ones((1024, 1024))\nx.block_until_ready()")
-    bob.run("%load_ext jax_nbmem")
-    bob.run("%jaxalloc off")
-    bob.run("import jax.numpy as jnp\ny = jnp.ones((256, 256))\ny.block_until_ready()")
-
-    def on_the_gpu():
-        held = node.listed()
-        return held.get(alice.pid, 0) >= 60 * GiB and 0 < held.get(bob.pid, 0) < 400 * MiB
-
-    wait_for("alice's pool and bob's context on the GPU, by host PID", on_the_gpu)
+    hog_and_work(node.listed, alice, bob)
     # Host PIDs apart; inside, each is a process sh started (6 or 7 here, as in issue 39: the
     # same number in both often, which the beacons' keys, by PID namespace, keep apart).
     assert alice.pid != bob.pid and alice.pid_in_container > 1 and bob.pid_in_container > 1
-    content = wait_for("both proven", lambda: resolved(node, alice.pid, bob.pid))
+    content = wait_for("both proven", lambda: resolved(node.share_dir, alice.pid, bob.pid))
     listed = podman("ps", "--no-trunc", "--format", "{{.ID}} {{.Names}}").stdout.split("\n")
     names = dict(line.split() for line in listed if line.strip())
     for kernel in (alice, bob):
@@ -211,7 +191,7 @@ def test_the_agent_logs_what_it_serves_and_is_restarted_after_a_kill(scenario):
     (blocking,) = warnings_of(report, "blocking-preallocation")
     assert "alice" in blocking["message"] and "inferred" in blocking["message"]
     agent.start()
-    wait_for("both proven again", lambda: resolved(node, alice.pid, bob.pid), timeout=60)
+    wait_for("both proven again", lambda: resolved(node.share_dir, alice.pid, bob.pid), timeout=60)
     wait_for("bob's agent fresh again", lambda: not warnings_of(status_in(bob), "agent-stale"),
              timeout=30, every=1)  # fmt: skip
 
@@ -224,7 +204,7 @@ def test_a_removed_container_is_forgotten_by_the_gpu_the_agent_and_its_neighbour
     wait_for("alice off the GPU", lambda: alice.pid not in node.listed())
 
     def forgotten():
-        content = resolved(node, bob.pid)
+        content = resolved(node.share_dir, bob.pid)
         return content and alice.pid not in {e["pid"] for e in content["processes"]}
 
     wait_for("alice out of the resolution", forgotten, timeout=60)
