@@ -86,6 +86,15 @@ def _ns_pid(host_pid: int) -> int | None:
     return None
 
 
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` listens on TCP ``port`` (its kernel's sockets are bound)."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
+
+
 @dataclass
 class ContainerKernel:
     """A real IPython kernel in a container, and its client on the host."""
@@ -197,10 +206,13 @@ class Container:
         log.close()
         client = BlockingKernelClient(connection_file=str(host_file))
         client.load_connection_file()
-        client.start_channels()
         try:
+            pid = wait_for("the kernel's host PID", lambda: self._kernel_pid(process, inside), 120)
+            # Its heartbeat must answer at once: a client whose first beat is missed gives up
+            # ("Kernel died before replying"), as on a loaded machine a slow start makes it.
+            wait_for("the kernel's heartbeat port", lambda: _listens(pid, client.hb_port), 120)
+            client.start_channels()
             client.wait_for_ready(timeout=120)
-            pid = wait_for("the kernel's host PID", lambda: self._kernel_pid(process, inside))
         except BaseException:
             client.stop_channels()
             process.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,14 @@ import pytest
 
 from tests.containers.node import IMPORTS, Jovyan, Node, node
 from tests.jupyterlab import REPO_ROOT
-from tests.podman.podman import JOVYAN_UID, PodmanKernel, missing_podman, podman, start
+from tests.podman.podman import (
+    JOVYAN_UID,
+    PodmanKernel,
+    Runtime,
+    missing_podman,
+    podman,
+    start,
+)
 from tests.users import User, python_for
 from tests.waiting import wait_for
 
@@ -125,5 +133,71 @@ def scenario(simgpu_lib, jovyan_1000):
                 kernel.remove()
             for name in names:
                 podman("rm", "--force", "--time", "0", name)
+            with contextlib.suppress(Exception):
+                agent.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_runtime():
+    """Debian's dockerd, as root, of its own: vfs storage, no bridge, no iptables; an empty
+    image whose root is the host's system folders (no registry here), bound read-only."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: dockerd runs as root")
+    for tool in ("dockerd", "docker"):
+        assert shutil.which(tool), f"needs {tool} (bash .ci/docker-deps.sh)"
+    folder = Path(tempfile.mkdtemp(prefix="jnm-dockerd-"))
+    sock = f"unix://{folder / 'docker.sock'}"
+    log = open(folder / "dockerd.log", "wb")  # noqa: SIM115
+    daemon = subprocess.Popen(
+        ["dockerd", "--data-root", str(folder / "data"), "--exec-root", str(folder / "exec"),
+         "-H", sock, "--pidfile", str(folder / "dockerd.pid"), "--storage-driver", "vfs",
+         "--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-masq=false"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    system = [
+        f"--volume={p}:{p}:ro" for p in ("/usr", "/lib", "/lib64", "/bin") if Path(p).exists()
+    ]
+    runtime = Runtime(("docker", "-H", sock), (*system, "jnm-empty"))
+    try:
+        wait_for("dockerd", lambda: daemon.poll() is not None or runtime("info").returncode == 0,
+                 60, every=0.5)  # fmt: skip
+        assert daemon.poll() is None, (folder / "dockerd.log").read_text()[-2000:]
+        empty = folder / "empty.tar"
+        subprocess.run(["tar", "cf", str(empty), "--files-from", "/dev/null"], check=True)
+        done = runtime("import", str(empty), "jnm-empty")
+        assert done.returncode == 0, done.stderr
+        yield runtime
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait(10)
+        log.close()
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+@pytest.fixture(scope="module")
+def docker_scenario(simgpu_lib, jovyan_1000, docker_runtime):
+    """Carol's kernel (default mode) in Docker's container ``jupyter-carol``, as DockerSpawner
+    makes it: the share directory at its own path, ``$JAX_NBMEM_SHARE_DIR``, uid 1000, no
+    host PID namespace; the agent on the host."""
+    with node(simgpu_lib, jovyan_1000, prefix="jnm-docknode-") as made:
+        agent = Agent(made)
+        agent.start()
+        kernel = None
+        try:
+            env = {k: v for k, v in made.env.items() if k not in ("USER", "LOGNAME")}
+            # The Python uid 1000 runs (a copy, where ours is under /root) and our package.
+            prefix = Path(made.python).parents[1]
+            binds = [made.root, *(Path(p) for p in env["PYTHONPATH"].split(":") if p)]
+            binds += [prefix] if not str(prefix).startswith("/usr") else []
+            kernel = start("jupyter-carol", made.root, made.python, env, "carol.ipynb", binds,
+                           {"JUPYTERHUB_USER": "carol"}, runtime=docker_runtime)  # fmt: skip
+            yield made, agent, kernel
+        finally:
+            if kernel is not None:
+                kernel.remove()
             with contextlib.suppress(Exception):
                 agent.stop()

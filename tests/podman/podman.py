@@ -28,7 +28,10 @@ from jax_nbmem.simgpu.simulator import _STARTUP_FILE
 from tests.kernels import execute
 from tests.waiting import wait_for
 
-__all__ = ["JOVYAN_UID", "PODMAN_FLAGS", "PodmanKernel", "missing_podman", "podman", "start"]
+__all__ = [
+    "JOVYAN_UID", "PODMAN", "PODMAN_FLAGS", "PodmanKernel", "Runtime", "missing_podman",
+    "podman", "start",
+]  # fmt: skip
 
 JOVYAN_UID = 1000
 _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -42,11 +45,29 @@ _RUN_FLAGS = [
 ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """A container runtime's command line: ``command`` before the verb, ``root`` (what makes
+    the container's root filesystem) right before the command a container runs."""
+
+    command: tuple[str, ...]
+    root: tuple[str, ...]
+    remove: tuple[str, ...] = ("rm", "--force")  # kill at once (a kernel under sh: no TERM)
+
+    def __call__(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``RUNTIME ARGV``; its output as text (never raises on failure)."""
+        return subprocess.run(
+            [*self.command, *argv], capture_output=True, text=True, timeout=timeout
+        )
+
+
+# Podman: the host's own root as an overlay (no registry here).
+PODMAN = Runtime(("podman", *PODMAN_FLAGS), ("--rootfs", "/:O"), ("rm", "--force", "--time", "0"))
+
+
 def podman(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``podman ARGV`` with the flags above; its output as text (never raises on failure)."""
-    return subprocess.run(
-        ["podman", *PODMAN_FLAGS, *argv], capture_output=True, text=True, timeout=timeout
-    )
+    return PODMAN(*argv, timeout=timeout)
 
 
 def missing_podman() -> str | None:
@@ -79,15 +100,18 @@ class PodmanKernel:
         assert error is None, f"in {self.name}: {text}"
         return text
 
+    runtime: Runtime = PODMAN
+
     def exec(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """``podman exec`` ARGV in the container as jovyan: a shell in it, as a user has."""
         flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
-        return podman("exec", "--user", f"{JOVYAN_UID}:{JOVYAN_UID}", *flags, self.name, *argv)
+        user = f"{JOVYAN_UID}:{JOVYAN_UID}"
+        return self.runtime("exec", "--user", user, *flags, self.name, *argv)
 
     def remove(self) -> None:
         """``podman rm -f``: its processes killed, as a spawner's stop does."""
         self.client.stop_channels()
-        podman("rm", "--force", "--time", "0", self.name)
+        self.runtime(*self.runtime.remove, self.name)
 
 
 def _passwd(folder: Path, home: Path) -> Path:
@@ -120,7 +144,7 @@ def _ns_pid(host_pid: int) -> int | None:
 
 def start(
     name: str, root: Path, python: str, env: dict[str, str], notebook: str,
-    binds: list[Path], extra_env: dict[str, str] | None = None,
+    binds: list[Path], extra_env: dict[str, str] | None = None, runtime: Runtime = PODMAN,
 ) -> PodmanKernel:  # fmt: skip
     """``podman run -d --name NAME`` a kernel for ``notebook`` as jovyan; its client.
 
@@ -146,14 +170,14 @@ def start(
     volumes = [f"--volume={p}:{p}" for p in (*binds, home)]
     volumes.append(f"--volume={_passwd(root, home)}:/etc/passwd:ro")
     kernel = f"{python} -m ipykernel_launcher -f {connection}"
-    done = podman(
+    done = runtime(
         "run", "--detach", "--name", name, *_RUN_FLAGS, "--user", f"{JOVYAN_UID}:{JOVYAN_UID}",
         *volumes, f"--workdir={home}", *(f"--env={k}={v}" for k, v in environment.items()),
-        "--rootfs", "/:O", "sh", "-c", f"{kernel} & wait",
+        *runtime.root, "sh", "-c", f"{kernel} & wait",
     )  # fmt: skip
-    assert done.returncode == 0, f"podman run {name}: {done.stderr}"
+    assert done.returncode == 0, f"{runtime.command[0]} run {name}: {done.stderr}"
     container_id = done.stdout.strip().splitlines()[-1]
-    inspected = json.loads(podman("inspect", name).stdout)[0]
+    inspected = json.loads(runtime("inspect", name).stdout)[0]
     shell_pid = inspected["State"]["Pid"]
     client = BlockingKernelClient(connection_file=str(connection))
     client.load_connection_file()
@@ -167,7 +191,7 @@ def start(
         pid = wait_for("the kernel's host PID", lambda: _kernel_pid(shell_pid, str(connection)))
     except BaseException as error:
         client.stop_channels()
-        said = podman("logs", name)
-        podman("rm", "--force", "--time", "0", name)
+        said = runtime("logs", name)
+        runtime(*runtime.remove, name)
         raise AssertionError(f"no kernel in {name}: {error}\n{said.stdout}{said.stderr}") from None
-    return PodmanKernel(name, container_id, client, pid, _ns_pid(pid) or 0, home)
+    return PodmanKernel(name, container_id, client, pid, _ns_pid(pid) or 0, home, runtime)
