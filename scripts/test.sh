@@ -3,8 +3,8 @@
 # the system tools the tests use (iproute2, systemd's analyzers, openssl: .ci/system-deps.sh),
 # Debian's chromium for the browser tests, prometheus (with promtool) for the metrics tests,
 # node and configurable-http-proxy for the hub tests, the Prometheus Operator's CRD models
-# for the Kubernetes manifests' tests, then pytest (its "no tests ran" exit 5
-# fails too).
+# for the Kubernetes manifests' tests, podman, runc and docker.io for the real containers'
+# tests, then pytest (its "no tests ran" exit 5 fails too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
@@ -13,4 +13,6 @@ bash .ci/browser-deps.sh
 bash .ci/prometheus-deps.sh
 bash .ci/hub-deps.sh
 bash .ci/k8s-deps.sh
+bash .ci/podman-deps.sh
+bash .ci/docker-deps.sh
 exec python -m pytest "$@"

@@ -85,11 +85,30 @@ def _kernel_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share_dir(given: str | None) -> str | None:
+    """The share directory a host command reads: given, $JAX_NBMEM_SHARE_DIR, or the default."""
+    from jax_nbmem.tenants.sharedir import find_share_dir
+
+    return find_share_dir(given).path
+
+
+def _log_to_stderr() -> None:
+    """The exporter's log (what it serves, the agent's socket, its proven kernels) on stderr."""
+    import logging
+
+    logger = logging.getLogger("jax_nbmem")
+    if not logger.handlers:  # warnings of every part, as without a handler; INFO: its own
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logging.getLogger("jax_nbmem.exporter").setLevel(logging.INFO)
+
+
 def _status(args: argparse.Namespace) -> int:
     from jax_nbmem.tenants.advice import AT_SHELL
     from jax_nbmem.tenants.status import collect, format_status
 
-    report = collect(share_dir=args.share_dir, read_at=AT_SHELL)
+    report = collect(share_dir=_share_dir(args.share_dir), read_at=AT_SHELL)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -103,7 +122,7 @@ def _shutdown(args: argparse.Namespace) -> int:
 
     try:
         hub = hub_from_environment(args.hub_url)
-        kernel = find(args.pid, args.share_dir)
+        kernel = find(args.pid, _share_dir(args.share_dir))
         stopped = stop(
             kernel, hub, dry_run=args.dry_run, log_path=args.log,
             own_server=own_server_from_environment(),
@@ -130,12 +149,14 @@ def _cull(args: argparse.Namespace) -> int:
     from jax_nbmem.cli.stop import admin_log_path
     from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
     from jax_nbmem.tenants.culling import CullPolicy
+    from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 
-    share_dir = args.share_dir or os.environ.get(ENV_SHARE_DIR)
+    share_dir = _share_dir(args.share_dir)
     if not share_dir or not os.path.isdir(share_dir):
         print(
             f"jax-nbmem cull: needs the shared beacon directory of every user's kernels "
-            f"(--share-dir or ${ENV_SHARE_DIR}); {share_dir or 'none given'} is no folder",
+            f"(--share-dir or ${ENV_SHARE_DIR}, else {DEFAULT_SHARE_DIR} where it is); "
+            f"{share_dir or 'none given'} is no folder",
             file=sys.stderr,
         )
         return 2
@@ -207,11 +228,12 @@ def _exporter(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    _log_to_stderr()
     try:
         exporter = Exporter(
             args.listen,
             args.interval,
-            args.share_dir,
+            _share_dir(args.share_dir),
             stale_after=args.stale_after,
             defer_to_servers=args.defer_to_servers,
             web_config=args.web_config_file,
@@ -266,7 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--share-dir",
         metavar="DIR",
-        help="also read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+        help="also read the beacons kernels write to DIR and the node agent's resolution in "
+        "DIR/agent (default: $JAX_NBMEM_SHARE_DIR, else /var/tmp/jax_nbmem where it is)",
     )
     status.set_defaults(run=_status)
 
@@ -286,7 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument(
         "--share-dir",
         metavar="DIR",
-        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR, else "
+        "/var/tmp/jax_nbmem where it is)",
     )
     exporter.add_argument(
         "--stale-after",
@@ -365,7 +389,8 @@ def _parser() -> argparse.ArgumentParser:
     shutdown.add_argument(
         "--share-dir",
         metavar="DIR",
-        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR)",
+        help="read the beacons kernels write to DIR (default: $JAX_NBMEM_SHARE_DIR, else "
+        "/var/tmp/jax_nbmem where it is)",
     )
     words = shutdown.add_mutually_exclusive_group()
     words.add_argument("--yes", action="store_true", help=_argparse_text(SHUTDOWN_YES))
@@ -405,7 +430,9 @@ def _parser() -> argparse.ArgumentParser:
     cull.add_argument("--once", action="store_true", help="one round, then exit")
     cull.add_argument("--hub-url", metavar="URL", help="the hub's public address")
     cull.add_argument(
-        "--share-dir", metavar="DIR", help="the shared beacon directory ($JAX_NBMEM_SHARE_DIR)"
+        "--share-dir",
+        metavar="DIR",
+        help="the shared beacon directory ($JAX_NBMEM_SHARE_DIR, else /var/tmp/jax_nbmem)",
     )
     cull.add_argument("--log", type=Path, metavar="FILE", help="the administrators' log")
     cull.add_argument(

@@ -67,6 +67,7 @@ from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.exposition import ScrapeCache
 from jax_nbmem.tenants.metrics import Snapshot, is_fresh
 from jax_nbmem.tenants.publishers import published_pids
+from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 from jax_nbmem.tenants.status import collect
 
 __all__ = [
@@ -78,11 +79,12 @@ __all__ = [
     "parse_listen",
 ]
 
-log = logging.getLogger("jax_nbmem")
+log = logging.getLogger("jax_nbmem.exporter")  # at INFO on stderr when run as a command
 
 DEFAULT_LISTEN = "127.0.0.1:9840"
 DEFAULT_AGENT_PORT = 9842  # 9840: metrics, 9841: the culler's metrics
 ENV_NODE_NAME = "JAX_NBMEM_NODE_NAME"
+PROVEN_LOG_EVERY_S = 600.0  # the count of proven kernels in the log, at least this often
 
 
 def is_loopback(host: str) -> bool:
@@ -179,6 +181,7 @@ class Exporter:
         self.agent: AgentServer | None = None
         self._agent_wanted = agent
         self._agent_problem: str | None = None
+        self._proven_said: tuple[int | None, float] = (None, 0.0)  # (count, when) last logged
         self.agent_tcp = parse_listen(agent_listen, "--agent-listen") if agent_listen else None
         if kubernetes not in ("auto", "on", "off"):
             raise ValueError(f"--kubernetes wants auto, on or off, not {kubernetes!r}")
@@ -200,6 +203,7 @@ class Exporter:
             views: dict = {}
             registrations = self.agent.registry.proven(views)
             host = HostProof.from_registry(registrations, self.viewer, views)
+            self._say_proven(len(registrations), taken_at)
         report = dict(collect(share_dir=self.share_dir, host=host))
         if self.pods is not None:
             report["kubernetes"] = self.pods.health()
@@ -210,6 +214,14 @@ class Exporter:
             deferred = frozenset(published_pids(beacon_dirs(self.share_dir)))
         took = round(time.monotonic() - began, 4)
         return Snapshot(report, taken_at, took, deferred_pids=deferred)
+
+    def _say_proven(self, count: int, now: float) -> None:
+        """Log how many kernels the agent proves: when it changes, else every 10 minutes."""
+        said, at = self._proven_said
+        if count != said or now - at >= PROVEN_LOG_EVERY_S:
+            log.info("jax-nbmem exporter: the node agent proves %d kernel%s now", count,
+                     "" if count == 1 else "s")  # fmt: skip
+            self._proven_said = (count, now)
 
     def _shared(self) -> str | None:
         return self.share_dir or os.environ.get(ENV_SHARE_DIR) or None
@@ -232,7 +244,11 @@ class Exporter:
         server.start()
         self.agent = server
         where = [w for w in (server.path, server.tcp_address and _shown(server.tcp_address)) if w]
-        log.info("jax-nbmem exporter: the node agent listens on %s", " and ".join(where))
+        log.info(
+            "jax-nbmem exporter: acting as the node agent for kernels in containers: socket %s; "
+            "resolution in %s",
+            " and TCP ".join(where), server.directory or "none (TCP alone: kernels ask for it)",
+        )  # fmt: skip
 
     def _resolution_for(self, pid: int) -> tuple[float, str] | None:
         """(written_at, the node's resolution as host PID ``pid``'s namespace may see it)."""
@@ -385,10 +401,12 @@ class Exporter:
         shared = self.share_dir or os.environ.get(ENV_SHARE_DIR)
         if not shared:
             log.warning(
-                "jax-nbmem exporter: no --share-dir (nor $%s): other users' kernels are "
-                "judged without their beacons (%s)",
+                "jax-nbmem exporter: no --share-dir (nor $%s, nor %s): other users' kernels are "
+                "judged without their beacons and no node agent runs (%s; %s)",
                 ENV_SHARE_DIR,
+                DEFAULT_SHARE_DIR,
                 guide.page("shared-node.md", "On a shared GPU server"),
+                guide.page("containers.md"),
             )
         elif not os.path.isdir(shared) or not os.access(shared, os.R_OK | os.X_OK):
             log.warning(

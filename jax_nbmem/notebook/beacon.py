@@ -109,6 +109,21 @@ def _memory_caps(session: Any) -> dict[str, int]:
             if g.get("uuid") and g.get("memory_cap_bytes")}  # fmt: skip
 
 
+def _simulated_gpu_counters() -> dict[str, dict[str, Any]]:
+    """JAX's counters on the simulated GPU where this kernel mirrors its arrays onto it.
+
+    The demo's and the tests' kernels run JAX on the CPU; the mirror (started by the demo's
+    IPython startup file) holds their pool on the simulated GPU, and its counters stand for
+    JAX's, so that their beacons say what a real GPU kernel's would. Looked up, never
+    imported: nothing here starts it, and without it there is nothing to say.
+    """
+    mirror = sys.modules.get("jax_nbmem.simgpu.mirror")
+    try:
+        return mirror.gpu_counters() if mirror is not None else {}
+    except Exception:  # a demo aid: never a reason for a beacon to fail
+        return {}
+
+
 def beacon_facts(session: Any) -> dict[str, Any]:
     """The beacon's content now (everything but ``written_at``)."""
     control = session.control
@@ -124,6 +139,8 @@ def beacon_facts(session: Any) -> dict[str, Any]:
                 "bytes_limit": gpu.jax_limit,
                 "peak_bytes_in_use": gpu.jax_peak,
             }
+    if not gpus:  # JAX on the CPU: the simulated GPU's mirror, if it runs, says as JAX would
+        gpus = _simulated_gpu_counters()
     return {
         **_constant_facts(),
         "kernel_id": _own_kernel_id(),

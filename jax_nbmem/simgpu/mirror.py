@@ -68,6 +68,7 @@ from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 __all__ = [
     "CONTEXT_BYTES",
     "Mirror",
+    "gpu_counters",
     "held_bytes",
     "memory_cap",
     "pool_bytes",
@@ -215,6 +216,7 @@ class Mirror:
         self._pool: int | None = None  # a preallocated pool's size, fixed when it was taken
         self._said: str | None = None  # the state file's problem, said once
         self._looked_at: int | None = None  # live bytes at the last cell's end
+        self._counters: dict[str, dict[str, int | None]] = {}  # see gpu_counters
         self._lock = threading.Lock()  # the thread and the cells' hook take turns
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
@@ -361,6 +363,24 @@ class Mirror:
                 start=self.started_at,
             )  # fmt: skip
             self.written = held
+        uuid = state.uuid_of(gpu, mig)
+        if uuid is not None:
+            pool = max(0, held - CONTEXT_BYTES)
+            self._counters = {uuid: {
+                "bytes_in_use": live, "pool_bytes": pool,
+                "bytes_limit": pool if self._pool is not None else None,
+                "peak_bytes_in_use": self._high_water,
+            }}  # fmt: skip
+
+    def gpu_counters(self) -> dict[str, dict[str, int | None]]:
+        """JAX's counters on the simulated GPU, by its UUID, as a kernel on a real GPU reports them.
+
+        ``bytes_in_use`` (the live arrays), ``pool_bytes`` (what the allocator holds, less the
+        CUDA context), ``bytes_limit`` (a preallocated pool's size; None: it grows) and
+        ``peak_bytes_in_use``; empty until the entry is written. A kernel's beacon carries
+        them where JAX, on the CPU here, has none (see :func:`gpu_counters`).
+        """
+        return {uuid: dict(counters) for uuid, counters in self._counters.items()}
 
     def _run(self) -> None:
         while not self._stop.wait(_INTERVAL_S):
@@ -378,6 +398,16 @@ def _running_shell() -> Any:
     ipython = sys.modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)
     return get_ipython() if callable(get_ipython) else None
+
+
+def gpu_counters() -> dict[str, dict[str, int | None]]:
+    """This process's mirror's :meth:`Mirror.gpu_counters`; empty when no mirror runs.
+
+    What a kernel's beacon says of its GPU memory on the simulated GPU, as a real GPU
+    kernel's says it (JAX's own counters, which JAX on the CPU does not have), so that what
+    reads beacons (inference in a container without the node agent) meets the same facts.
+    """
+    return _started.gpu_counters() if _started is not None else {}
 
 
 def start_from_environment() -> Mirror | None:

@@ -159,6 +159,9 @@ def print_shared_setup(folder: str, gpus: int, total_text: str | None, startup: 
     print("# In root's shell, for jax-nbmem status:")
     for name, value in env.items():
         print(f"# export {name}={shlex.quote(value)}")
+    # Where kernels leave their beacons and the node agent its resolution (docs/containers.md);
+    # root's commands read /var/tmp/jax_nbmem with no flag, any other folder through this.
+    print("# export JAX_NBMEM_SHARE_DIR=/var/tmp/jax_nbmem")
     return 0
 
 

@@ -290,6 +290,11 @@ class SimState:
         figures = list(held.values())
         return sum(figures) if figures and None not in figures else None  # type: ignore[arg-type]
 
+    def uuid_of(self, gpu: int, mig: int | None = None) -> str | None:
+        """The UUID of GPU ``gpu`` (or of its MIG instance ``mig``); None: no such line."""
+        line = self._migs.get((gpu, mig)) if mig is not None else self._gpus.get(gpu)
+        return line.uuid if line is not None else None
+
     def mig_instance(self, uuid: str) -> tuple[int, int] | None:
         """The (GPU, GPU instance) of the one MIG instance whose UUID starts with ``uuid``."""
         found = [place for place, mig in self._migs.items() if mig.uuid.startswith(uuid)]

@@ -95,7 +95,7 @@ def warnings_for(
     found = []
     stale = agent is not None and agent.state == "stale"
     if stale:
-        found.append(MemoryWarning("agent-stale", None, None, _stale_message(agent)))
+        found.append(MemoryWarning("agent-stale", None, None, _stale_message(agent, tenants)))
     fresh = agent is not None and agent.state == "fresh"  # a PID it has not listed yet
     if foreign is not None and not stale and not fresh:
         found.append(MemoryWarning("pid-namespace", None, None, _namespace_message(foreign)))
@@ -121,6 +121,7 @@ def _in_foreign_namespace(tenant: Tenant) -> bool:
     return (tenant.reason or "").startswith(PID_NAMESPACE_REASON)
 
 
+_LISTED = 5  # the rows a warning lists by PID; more are counted
 _AGENT_ADVICE = (
     "Ask the administrator to run the node agent on this GPU node (`jax-nbmem exporter "
     "--share-dir DIR` on the host, DIR being the share directory mounted in every container; "
@@ -138,12 +139,28 @@ def _namespace_message(tenant: Tenant) -> str:
     )
 
 
-def _stale_message(agent) -> str:
+def _stale_message(agent, tenants: list[Tenant]) -> str:
+    """What a stale agent leaves: which rows are inferred, which unknown, and what to do."""
+    inferred = [t for t in tenants if t.source == "inferred"]
+    unknown = [t for t in tenants if t.kind == "unknown"]
+
+    def pids(rows: list[Tenant]) -> str:
+        shown = [f"PID {t.pid}" + (f" ({t.hub_user or t.user})" if t.hub_user or t.user else "")
+                 for t in rows[:_LISTED]]  # fmt: skip
+        more = f" and {len(rows) - _LISTED} more" if len(rows) > _LISTED else ""
+        return ", ".join(shown) + more
+
+    said = [
+        f"inferred (not proven, never acted on): {pids(inferred)}"
+        if inferred
+        else "nothing is inferred (no live kernel's beacon accounts for any process's memory)"
+    ]
+    if unknown:
+        said.append(f"unknown, judged by their size only: {pids(unknown)}")
     return (
-        f"The node agent stopped resolving host PIDs ({agent.reason}), so the GPU's processes "
-        "are named by guesses (marked inferred) until it runs again: ask the administrator "
-        "to restart it (`jax-nbmem exporter --share-dir DIR` on the host; on Kubernetes, its "
-        "DaemonSet's pod on this node)."
+        f"The node agent stopped resolving host PIDs ({agent.reason}). Until it runs again, "
+        f"{'; '.join(said)}. Ask the administrator to restart it (`jax-nbmem exporter "
+        "--share-dir DIR` on the host; on Kubernetes, its DaemonSet's pod on this node)."
     )
 
 
@@ -186,21 +203,26 @@ def _fix(tenant: Tenant, read_at: str = IN_IPYTHON) -> str:
     if tenant.elsewhere:  # another container: nothing here can stop it
         return _fix_elsewhere(tenant, restart)
     command = "jax-nbmem shutdown" if read_at == AT_SHELL else "%jaxmem shutdown"
+    # In a container `jax-nbmem shutdown` takes the PID there (the agent's translation of the
+    # host PID shown); `%jaxmem shutdown` takes the host PID it showed and translates it itself.
+    here = tenant.pid_here if tenant.pid_here not in (None, tenant.pid) else None
+    pid = here if here is not None and read_at == AT_SHELL else tenant.pid
+    there = ", its PID in this container" if pid == here else ""
     if is_someone_else(tenant.user, tenant.hub_user):
         if may_stop_others():
             return (
-                f"As an administrator, stop it with `jax-nbmem shutdown {tenant.pid}` (through "
+                f"As an administrator, stop it with `jax-nbmem shutdown {pid}`{there} (through "
                 "its Jupyter server when it is a kernel), or ask its owner to "
                 f"{restart}."
             )
         owner = tenant.hub_user or tenant.user
         return (
             f"Ask its owner ({owner}) to shut it down or to {restart}, or ask an "
-            f"administrator to run `jax-nbmem shutdown {tenant.pid}` (`{command}` "
+            f"administrator to run `jax-nbmem shutdown {pid}`{there} (`{command}` "
             "stops only your own kernels)."
         )
     if tenant.kind == "kernel":
-        return f"Shut it down (`{command} {tenant.pid}`) or {restart}."
+        return f"Shut it down (`{command} {pid}`{there}) or {restart}."
     return (
         "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
         "memory only as its arrays need it."

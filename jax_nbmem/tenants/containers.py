@@ -56,6 +56,11 @@ def attribute_in_container(
     fresh = resolution is not None and resolution.fresh
     mine = resolution.own_row(identity) if fresh else None
     local_pid = identity.get("pid_in_ns")
+    key = _own_key(identity)
+    if mine is not None:
+        _last_own.clear()
+        _last_own[key] = mine
+    remembered = None if fresh else _last_own.get(key)
     # Host PID -> PID here, for the processes of this namespace the agent resolved.
     here: dict[int, int] = {}
     for process in processes:
@@ -72,7 +77,13 @@ def attribute_in_container(
     for process in processes:
         total, uuid = totals.get(process.gpu), uuids.get(process.gpu)
         entry = resolution.get(process.pid) if fresh else None
-        if entry is None:
+        if entry is None and remembered is not None and process.pid == remembered.pid:
+            fields = _local(
+                process, remembered, remembered, local_pid, beacons, environ, sessions, total,
+                uuid,
+            )  # fmt: skip
+            fields.update(source="inferred", reason=_REMEMBERED)
+        elif entry is None:
             fields = _unresolved(process.pid, resolution)
         elif process.pid in here:
             fields = _local(
@@ -88,6 +99,24 @@ def attribute_in_container(
             ours = []
         tenants = _infer(tenants, list(claims), own, ours, totals, uuids)
     return tenants
+
+
+# This kernel's own entry as the node agent last proved it, by its identity (namespace, PID
+# there, start ticks). A live process keeps its host PID, so once the agent stops, NVML's
+# line under that PID is still this kernel's: its row stays its own, marked inferred.
+_last_own: dict[str, ResolvedProcess] = {}
+_REMEMBERED = (
+    "inferred, not proven now (the node agent's resolution is not fresh): this kernel's host "
+    "PID as the agent last proved it, which no other process can have while it runs"
+)
+_OWN_SIZE = (
+    "inferred, not proven (no node agent): the only process on this GPU whose memory is this "
+    "kernel's own pool, and no other kernel's beacon claims a pool that size"
+)
+
+
+def _own_key(identity: Mapping[str, Any]) -> str:
+    return repr((identity.get("pid_ns"), identity.get("pid_in_ns"), identity.get("start_ticks")))
 
 
 def from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid, environ,
@@ -248,10 +277,28 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
         for claim in matches:
             fits[id(claim)] = fits.get(id(claim), 0) + 1
     result = list(tenants)
+    mine = [
+        i
+        for i in candidates
+        if own is not None
+        and _could_hold(
+            own, tenants[i].used_bytes, totals.get(tenants[i].gpu), uuids.get(tenants[i].gpu)
+        )
+    ]
+    knows_itself = any(t.kind == "self" for t in tenants)
     for i, matches in candidates.items():
         tenant = tenants[i]
         total, uuid = totals.get(tenant.gpu), uuids.get(tenant.gpu)
-        if own is not None and _could_hold(own, tenant.used_bytes, total, uuid):
+        if (
+            i in mine
+            and len(mine) == 1
+            and not matches
+            and not knows_itself
+            and not any(_could_hold(b, tenant.used_bytes, total, uuid) for b in ours)
+        ):  # its own pool's size, and nobody else's: this kernel's row, said as inferred
+            result[i] = _inferred_self(tenant, own, total, uuid)
+            continue
+        if i in mine:
             reason = f"{tenant.reason}; its size is this kernel's own pool's: it may be this kernel"
             result[i] = replace(tenant, reason=reason, elsewhere=False)
             continue
@@ -283,6 +330,19 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
             source="memory size" if sized or matches else "unknown",
         )  # fmt: skip
     return result
+
+
+def _inferred_self(tenant: _a.Tenant, own: Beacon, total, uuid) -> _a.Tenant:
+    from dataclasses import replace
+
+    verdict = _a._from_beacon(own, tenant.used_bytes, total, uuid)
+    verdict.update(source="inferred", preallocated=True)
+    return replace(
+        tenant, kind="self", user=own.user, hub_user=own.hub_user, kernel_id=own.kernel_id,
+        started_at=own.started_at, runs_jax=True, reason=_OWN_SIZE, elsewhere=False,
+        pid_here=own.pid, pid_in_container=own.pid,
+        **{k: v for k, v in verdict.items() if k not in ("notebook", "hub_user")},
+    )  # fmt: skip
 
 
 def _inferred(tenant: _a.Tenant, claim: Beacon, total, uuid) -> _a.Tenant:

@@ -23,7 +23,7 @@ from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
-from jax_nbmem.tenants.advice import IN_IPYTHON, OWN_NAME, warnings_for
+from jax_nbmem.tenants.advice import AT_SHELL, IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.containers import from_container
@@ -31,6 +31,7 @@ from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notic
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.tenants.resolution import load_resolution
+from jax_nbmem.tenants.sharedir import agent_not_consulted
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration
 
@@ -233,6 +234,10 @@ def collect(
     )
     if host:
         host.annotate(report["processes"])
+        contained = any(p.get("container") or p.get("pid_in_container") is not None
+                        for p in report["processes"])  # fmt: skip
+        if host.resolution_reason and contained:  # their modes and idle times are the agent's
+            notes.append(agent_not_consulted(host.resolution_reason, read_at == AT_SHELL))
     for process in report["processes"]:
         process.setdefault("pid_in_container", None)
         process.setdefault("container", None)
@@ -262,8 +267,13 @@ def collect(
 
 
 def _from_session(tenant):
-    """This process's row, judged by its session's own account (see ``collect``'s ``own``)."""
-    return replace(tenant, source="session", idle_s=None, idle_source=None)
+    """This process's row, judged by its session's own account (see ``collect``'s ``own``).
+
+    A row known to be this process's only by inference (in a container without the node
+    agent) stays marked ``inferred``.
+    """
+    source = "inferred" if tenant.source == "inferred" else "session"
+    return replace(tenant, source=source, idle_s=None, idle_source=None)
 
 
 def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:

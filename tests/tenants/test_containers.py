@@ -384,3 +384,62 @@ def test_on_the_host_a_proven_kernel_in_a_container_is_judged_by_what_it_sent(tm
     assert (row.pid, row.pid_in_container) == (sleeper, 7)
     assert row.container["name"] == "jupyter-bob" and not row.elsewhere
     assert row.cmdline and row.user  # the host can look into it, too
+
+
+# --- Without a fresh agent, a kernel keeps knowing its own row (issue 39 item 5) ------------
+
+
+@pytest.fixture
+def forgetful(monkeypatch):
+    """This process has not been proven by an agent before (its own row is remembered)."""
+    from jax_nbmem.tenants import containers
+
+    monkeypatch.setattr(containers, "_last_own", {})
+
+
+def test_a_stale_agent_leaves_the_kernel_its_own_row_marked_inferred(tmp_path, forgetful):
+    me = os.getpid()
+    write_resolution(tmp_path, [own_entry(900002, me, start_ticks())])
+    listed = [GpuProcess(900002, 0, 300 * MiB), GpuProcess(900007, 0, 200 * MiB)]
+    ours, _ = in_container(listed, 500 * MiB, tmp_path, load_resolution(str(tmp_path)), me)
+    assert ours.kind == "self" and ours.pid == 900002
+    # The agent stops: its resolution goes stale, but this kernel's host PID cannot change.
+    write_resolution(tmp_path, [own_entry(900002, me, start_ticks())], written_at=time.time() - 99)
+    stale = load_resolution(str(tmp_path))
+    ours, other = in_container(listed, 500 * MiB, tmp_path, stale, me)
+    assert (ours.kind, ours.source, ours.pid, ours.pid_in_container) == (
+        "self", "inferred", 900002, me
+    )  # fmt: skip
+    assert "as the agent last proved it" in ours.reason
+    assert other.kind == "unknown"
+    (warning,) = warnings_for([ours, other], [gpu(500 * MiB)], own_backend_started=True,
+                              agent=stale)  # fmt: skip
+    assert warning.kind == "agent-stale"
+    assert "inferred (not proven, never acted on): PID 900002" in warning.message
+    assert "unknown, judged by their size only: PID 900007" in warning.message
+
+
+def test_without_the_agent_the_own_pools_size_names_the_own_row_as_inferred(
+    tmp_path, claims, forgetful
+):
+    from jax_nbmem.tenants.beacons import beacon_from
+
+    me = os.getpid()
+    own = beacon_from(kernel_beacon(me, OUR_NS, hub_user="bob", notebook="/w.ipynb"), "session")
+    listed = [GpuProcess(900002, 0, POOL + 300 * MiB), GpuProcess(900009, 0, 300 * MiB)]
+
+    def rows():
+        return from_container(
+            listed, [gpu(POOL + 600 * MiB)], our_identity(), None, [str(tmp_path)], {me: own},
+            me, os.environ, NO_SERVERS,
+        )  # fmt: skip
+
+    ours, unknown = rows()
+    assert (ours.kind, ours.source, ours.pid, ours.pid_in_container) == (
+        "self", "inferred", 900002, me
+    )  # fmt: skip
+    assert "this kernel's own pool" in ours.reason and unknown.kind == "unknown"
+    # Another container's kernel that claims a pool that size too: nobody is named.
+    claims(4026532777, 1, hub_user="alice", notebook="/home/jovyan/hog.ipynb")
+    ours, _ = rows()
+    assert ours.kind == "unknown" and "it may be this kernel" in ours.reason
