@@ -32,11 +32,9 @@ def test_the_agent_proves_the_kernel_in_dockers_container_by_its_id(docker_scena
     ids = carol.runtime("ps", "--no-trunc", "--format", "{{.ID}}").stdout.split()
     assert carol.id in ids
     assert entry["kernel"]["hub_user"] == "carol"
-    # TODO(lead): Docker's name is read from <data-root>/containers/<id>/config.v2.json; this
-    # dockerd's data root is the test's, not /var/lib/docker, so the agent says why it has no
-    # name. With the naming lane's data-root discovery merged:
-    # assert entry["container"]["name"] == "jupyter-carol"
-    assert entry["container"]["name"] in ("jupyter-carol", None)
+    # Docker's name is read from /var/lib/docker/containers/<id>/config.v2.json; this dockerd's
+    # data root is the test's own, so the agent has no name and says why.
+    assert entry["container"]["name"] is None and entry["container"]["name_reason"], entry
 
 
 def test_in_dockers_container_status_advises_the_pid_there(docker_scenario):

@@ -53,9 +53,8 @@ def test_both_kernels_run_in_podman_and_are_proven(scenario):
         (entry,) = [e for e in content["processes"] if e["pid"] == kernel.pid]
         assert entry["pid_in_container"] == kernel.pid_in_container
         assert names[kernel.id] == kernel.name and entry["container"]["id"] in kernel.id
-        # TODO(lead): the naming lane reads Podman's names (issue 39 item 2); once merged:
-        # assert entry["container"]["name"] == kernel.name
-        assert entry["container"]["name"] == kernel.name or entry["container"]["name_reason"]
+        # Named by the runtime's own store (root's containers.json), as `podman ps` names it.
+        assert entry["container"]["name"] == kernel.name, entry["container"]
 
 
 def _container_said(container: dict | None, kernel) -> bool:
@@ -120,9 +119,8 @@ def test_roots_status_finds_the_agent_where_the_docs_put_it_with_no_flag(scenari
         assert (row["source"], row["hub_user"]) == ("agent", hub_user), row
         assert row["idle_s"] is not None and row["pid_in_container"] == kernel.pid_in_container
         assert _container_said(row["container"], kernel), row["container"]
-        # TODO(lead): the naming lane shows the container's user (issue 39 item 3), never the
-        # host's account name for uid 1000; once merged:
-        # assert row["user"] in ("jovyan", "1000", None)
+        # The container's user (its own passwd says jovyan), never the host's name for uid 1000.
+        assert (row["user"], row["user_source"]) == ("jovyan", "container"), row
     assert "on" in rows[alice.pid]["mode"] and "off" not in rows[alice.pid]["mode"]
     text = root_status(node, share_dir=node.share_dir)
     (bobs,) = [line for line in text.splitlines() if f"pid {bob.pid} " in line]
