@@ -228,12 +228,14 @@ def _exporter(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from jax_nbmem.cli.exporter_settings import ExporterSettings
+
     _log_to_stderr()
     try:
-        exporter = Exporter(
-            args.listen,
-            args.interval,
-            _share_dir(args.share_dir),
+        settings = ExporterSettings(
+            listen=args.listen,
+            interval=args.interval,
+            share_dir=_share_dir(args.share_dir),
             stale_after=args.stale_after,
             defer_to_servers=args.defer_to_servers,
             web_config=args.web_config_file,
@@ -244,6 +246,7 @@ def _exporter(args: argparse.Namespace) -> int:
             node_name=args.node_name,
             pod_names_visible=args.pod_names_visible,
         )
+        exporter = Exporter(settings)
     except ValueError as error:
         print(f"jax-nbmem exporter: {error}", file=sys.stderr)
         return 2
@@ -275,14 +278,17 @@ def _argparse_text(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jax_nbmem.cli.hubapi import SCOPES_TEXT
-    from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
-
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_status, _add_exporter, _add_shutdown, _add_cull, _add_kernel):
+        add(commands)
+    return parser
 
+
+def _add_status(commands) -> None:
+    """``jax-nbmem status``."""
     status = commands.add_parser("status", help="GPUs, who holds their memory, and warnings")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.add_argument(
@@ -293,6 +299,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(run=_status)
 
+
+def _add_exporter(commands) -> None:
+    """``jax-nbmem exporter``: the node's metrics, and the node agent."""
     exporter = commands.add_parser(
         "exporter",
         help="serve the node's GPU metrics (every user's kernels) for Prometheus at /metrics",
@@ -370,6 +379,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     exporter.set_defaults(run=_exporter)
 
+
+def _add_shutdown(commands) -> None:
+    """``jax-nbmem shutdown PID``."""
+    from jax_nbmem.cli.hubapi import SCOPES_TEXT
+    from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
+
     shutdown = commands.add_parser(
         "shutdown",
         help="stop a kernel: your own, or as an administrator another user's",
@@ -405,6 +420,9 @@ def _parser() -> argparse.ArgumentParser:
     shutdown.add_argument("--json", action="store_true", help="print one JSON object")
     shutdown.set_defaults(run=_shutdown)
 
+
+def _add_cull(commands) -> None:
+    """``jax-nbmem cull``: the GPU-aware idle culler."""
     cull = commands.add_parser(
         "cull",
         help="GPU-aware idle culling of kernels (a JupyterHub service; off unless run)",
@@ -443,6 +461,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     cull.set_defaults(run=_cull)
 
+
+def _add_kernel(commands) -> None:
+    """``jax-nbmem kernel install|list|remove``."""
     kernel = commands.add_parser("kernel", help="kernelspecs that start in an allocator mode")
     kernel_commands = kernel.add_subparsers(dest="kernel_command", required=True)
 
@@ -486,7 +507,6 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("name")
     remove.add_argument("--prefix", metavar="PATH", help="also look in PATH/share/jupyter")
     remove.set_defaults(run=_kernel_remove)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,6 @@ namespaces' pod names a kernel may read.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -53,15 +52,20 @@ from jax_nbmem import guide
 from jax_nbmem.agent.cgroups import ContainerNames
 from jax_nbmem.agent.hostproof import HostProof
 from jax_nbmem.agent.hostview import HostViewer
-from jax_nbmem.agent.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
+from jax_nbmem.agent.kubepods import NoPods, PodDirectory
 from jax_nbmem.agent.publish import (
-    PodVisibility,
     ResolutionWriter,
     clean_dead,
     write_resolution,
 )
 from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry
-from jax_nbmem.cli.webconfig import WebConfig, load_web_config
+from jax_nbmem.cli.exporter_settings import (  # the command's names, as before
+    DEFAULT_LISTEN,
+    ENV_NODE_NAME,
+    ExporterSettings,
+    is_loopback,
+    parse_listen,
+)
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.exposition import ScrapeCache
@@ -75,37 +79,15 @@ __all__ = [
     "DEFAULT_LISTEN",
     "ENV_NODE_NAME",
     "Exporter",
+    "ExporterSettings",
     "is_loopback",
     "parse_listen",
 ]
 
 log = logging.getLogger("jax_nbmem.exporter")  # at INFO on stderr when run as a command
 
-DEFAULT_LISTEN = "127.0.0.1:9840"
 DEFAULT_AGENT_PORT = 9842  # 9840: metrics, 9841: the culler's metrics
-ENV_NODE_NAME = "JAX_NBMEM_NODE_NAME"
 PROVEN_LOG_EVERY_S = 600.0  # the count of proven kernels in the log, at least this often
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an IP address or localhost) is reachable from this machine only."""
-    return host == "localhost" or ipaddress.ip_address(host).is_loopback
-
-
-def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9840`` for IPv6) as (host, port); ValueError when malformed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{flag} wants HOST:PORT, e.g. {DEFAULT_LISTEN}; got {text!r}")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise ValueError(f"{flag} wants an IP address or localhost; got {host!r}") from None
-    if not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (said at start)
-        raise ValueError(f"{flag} wants a port from 0 to 65535; got {port!r}")
-    return host, int(port)
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
@@ -136,58 +118,34 @@ class Exporter:
     """The snapshot thread and the HTTP server (see the module)."""
 
     def __init__(
-        self,
-        listen: str = DEFAULT_LISTEN,
-        interval: float = 5.0,
-        share_dir=None,
-        *,
-        stale_after: float | None = None,
-        defer_to_servers: bool = False,
-        web_config: str | None = None,
-        insecure: bool = False,
-        agent: bool = True,
-        agent_listen: str | None = None,
-        kubernetes: str = "auto",
-        node_name: str | None = None,
-        pod_names_visible: str = "own",
-        pods: PodDirectory | NoPods | None = None,
+        self, settings: ExporterSettings | None = None, *, pods: PodDirectory | NoPods | None = None
     ):
-        if interval <= 0:
-            raise ValueError(f"--interval must be positive, not {interval}")
-        self.stale_after = 3 * interval if stale_after is None else stale_after
-        if self.stale_after < interval:
-            raise ValueError(f"--stale-after must be at least --interval ({interval} s)")
-        self.host, self.port = parse_listen(listen)
-        self.web = load_web_config(web_config) if web_config else WebConfig()
-        if not is_loopback(self.host) and not insecure:
-            parts = (("TLS", self.web.tls), ("basic auth", self.web.users))
-            missing = [what for what, part in parts if part is None]
-            if missing:
-                raise ValueError(
-                    f"--listen {listen} is reachable from other machines: it needs "
-                    f"{' and '.join(missing)} from --web.config.file "
-                    f"({guide.page('metrics.md', 'Exposure')}), or --insecure"
-                    " to serve every user's notebook names in the clear"
-                )
-        self.insecure = insecure
-        self.interval = interval
-        self.share_dir = share_dir
-        self.defer_to_servers = defer_to_servers
+        """``settings``: the command's options, already checked (default: every default).
+
+        ``pods`` stands for the Kubernetes API's pods (default: as ``--kubernetes`` says).
+        """
+        settings = ExporterSettings() if settings is None else settings
+        self.settings = settings
+        self.stale_after = settings.stale_after_s
+        self.host, self.port = settings.host, settings.port
+        self.web = settings.web
+        self.insecure = settings.insecure
+        self.interval = settings.interval
+        self.share_dir = settings.share_dir
+        self.defer_to_servers = settings.defer_to_servers
         self._latest: Snapshot | None = None
         self._culled: CullCounts | None = None  # the node's culler's counts (shared directory)
         self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
         self.agent: AgentServer | None = None
-        self._agent_wanted = agent
+        self._agent_wanted = settings.agent
         self._agent_problem: str | None = None
         self._proven_said: tuple[int | None, float] = (None, 0.0)  # (count, when) last logged
-        self.agent_tcp = parse_listen(agent_listen, "--agent-listen") if agent_listen else None
-        if kubernetes not in ("auto", "on", "off"):
-            raise ValueError(f"--kubernetes wants auto, on or off, not {kubernetes!r}")
-        self.pods = pods if pods is not None else _pod_directory(kubernetes, node_name)
+        self.agent_tcp = settings.agent_tcp
+        self.pods = pods if pods is not None else settings.pod_directory()
         self.viewer = HostViewer(names=ContainerNames(pods=self.pods))
-        self._resolution = ResolutionWriter(PodVisibility(pod_names_visible))
+        self._resolution = ResolutionWriter(settings.visibility)
 
     def latest(self) -> Snapshot | None:
         """The last snapshot, or None before the first."""
@@ -426,26 +384,3 @@ class Exporter:
 def _shown(address: tuple[str, int]) -> str:
     host, port = address[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | NoPods | None:
-    """The pods' directory for ``--kubernetes`` (auto: in a pod only); ValueError when it can't."""
-    if kubernetes == "off":
-        return None
-    try:
-        api = KubeAPI.in_cluster()
-    except KubeError as error:
-        if kubernetes == "on":
-            raise ValueError(f"--kubernetes on: {error.reason}") from None
-        return None
-    node = node_name or os.environ.get(ENV_NODE_NAME) or ""
-    if not node:
-        why = (
-            f"the node's name is needed to list its pods: --node-name or ${ENV_NODE_NAME} "
-            "(the downward API's spec.nodeName), or --kubernetes off"
-        )
-        if kubernetes == "on":
-            raise ValueError(f"--kubernetes on: {why}")
-        log.warning("jax-nbmem exporter: pods unnamed: %s", why)
-        return NoPods("error", why)  # said in its report and metrics, not fatal
-    return PodDirectory(api, node)

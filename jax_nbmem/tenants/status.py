@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -121,38 +121,27 @@ def collect(
     """
     environ = os.environ if environ is None else environ
     own_pid = os.getpid() if own_pid is None else own_pid
-    gpus = nvml.gpus()
-    visible = visible_gpus(gpus, environ)
-    ours = set(visible.indices)
-    listings = nvml.process_lists(None)
-    processes = [p for listing in listings for p in listing.processes or ()]
-    # A GPU whose process list failed has unknown tenants, not none: its problem says so.
-    list_problems = {listing.gpu: listing.problem for listing in listings if listing.problem}
-    state = nvml.status()  # after the calls, so that it says whether they were slow
-    started = jaxstats.backend_initialized()
-    on_gpu = started and any(p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms())
+    look = _look_at_gpus(environ)
+    backend_started = jaxstats.backend_initialized()
+    on_gpu = backend_started and any(
+        p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms()
+    )
     dirs = beacon_dirs(share_dir)
     shared = share_dir or os.environ.get(ENV_SHARE_DIR) or None
     resolution = load_resolution(shared, agent_user=agent_user, environ=environ)
     identity = own_identity()
     in_container = in_initial_namespace(identity) is False
-    beacons = {}
-    if not in_container:  # NVML's PIDs are the host's: no name of a beacon here
-        beacons = read_beacons(dirs, pids={p.pid for p in processes})
+    if in_container:  # NVML's PIDs are the host's: resolved, or inferred
+        beacons = {own_pid: own} if own is not None else {}
+        tenants = from_container(look.processes, look.gpus, identity, resolution, dirs, beacons,
+                                 own_pid, environ, sessions)  # fmt: skip
+    else:
         if host is None and not in_kernel:
             host = host_proof(share_dir)
-        if host:  # the node agent's proven kernels, each checked again against the host's view
-            beacons = host.beacons(beacons, {p.pid for p in processes})
-        beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
-    if own is not None:
-        beacons[own_pid] = own
-    if in_container:  # NVML's PIDs are the host's: resolved, or inferred
-        tenants = from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid,
-                                 environ, sessions)  # fmt: skip
-    else:
+        beacons = _host_beacons(look, dirs, host, own_pid, own)
         tenants = attribute(
-            processes,
-            gpus,
+            look.processes,
+            look.gpus,
             own_pid=own_pid,
             environ=environ,
             own_on_gpu=on_gpu if in_kernel else None,
@@ -164,67 +153,32 @@ def collect(
         )
     if own is not None:
         tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
-    notes = [visible.note] if visible.note else []
-    caps, cap_problems = caps_by_gpu(environ, gpus)  # MPS's or HAMi's, in this environment
+    notes = [look.visible.note] if look.visible.note else []
+    caps, cap_problems = caps_by_gpu(environ, look.gpus)  # MPS's or HAMi's, in this environment
     notes += cap_problems
     tenants = [
         replace(t, memory_cap_bytes=caps[t.gpu].bytes) if t.pid == own_pid and t.gpu in caps else t
         for t in tenants
     ]
-
-    fraction = None
-    if in_kernel and not started:
-        pending = effective(environ)
-        if pending.preallocate and pending.allocator != "platform" and not pending.error:
-            fraction = pending.fraction
-    in_use, reserved = _own_jax_bytes() if in_kernel and started else (None, None)
-    our_gpus = [g for g in gpus if g.index in ours]
+    ours = set(look.visible.indices)
     warnings = warnings_for(
         [t for t in tenants if t.gpu in ours],
-        our_gpus,
-        own_backend_started=started if in_kernel else True,
-        own_requested_fraction=fraction,
-        own_jax_in_use=in_use,
-        own_reserved=reserved,
+        [g for g in look.gpus if g.index in ours],
+        **_own_allocator_facts(environ, in_kernel, backend_started),
         own_name=own_name,
         agent=resolution,
         read_at=read_at,
         own_caps=caps,
     )
-    # A pod given the agent's address that has not heard from it: said (a plain host is not).
-    unheard = resolution.state == "absent" and not shared and network_configured(environ)
-    if resolution.state in ("untrusted", "malformed") or unheard:
-        notes.append(f"Node agent: {resolution.reason}.")
-    host_pid = own_pid
-    if in_container:
-        host_pid = next((t.pid for t in tenants if t.kind == "self"), None)
-        if host_pid is None and resolution.fresh and (row := resolution.own_row(identity)):
-            host_pid = row.pid
+    notes += _agent_notes(resolution, shared, environ)
+    host_pid = _own_host_pid(tenants, resolution, identity) if in_container else own_pid
     report = StatusReport(
         nvml={
-            "available": state.available,
-            "reason": state.reason,
-            "driver_version": nvml.driver_version() if state.available else None,
+            "available": look.state.available,
+            "reason": look.state.reason,
+            "driver_version": nvml.driver_version() if look.state.available else None,
         },
-        gpus=[
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "label": g.label,
-                "mig": mig_dict(g.mig),
-                "mig_mode": g.mig_mode,
-                "total_bytes": g.total_bytes,
-                "used_bytes": g.used_bytes,
-                "reserved_bytes": g.reserved_bytes,
-                "free_bytes": g.free_bytes,
-                "ours": g.index in ours,
-                "problem": nvml.gpu_problem(g.problem, list_problems.get(g.index)),
-                "memory_cap_bytes": caps[g.index].bytes if g.index in caps else None,
-                "memory_cap": caps[g.index].to_dict() if g.index in caps else None,
-            }
-            for g in gpus
-        ],
+        gpus=[_gpu_entry(g, ours, caps, look.list_problems) for g in look.gpus],
         processes=[t.to_dict() for t in tenants],
         warnings=[w.to_dict() for w in warnings],
         notes=notes,
@@ -233,37 +187,147 @@ def collect(
         agent=resolution.to_dict(),
     )
     if host:
-        host.annotate(report["processes"])
-        contained = any(p.get("container") or p.get("pid_in_container") is not None
-                        for p in report["processes"])  # fmt: skip
-        if host.resolution_reason and contained:  # their modes and idle times are the agent's
-            notes.append(agent_not_consulted(host.resolution_reason, read_at == AT_SHELL))
+        _annotate_from_host(report, host, notes, read_at)
     for process in report["processes"]:
         process.setdefault("pid_in_container", None)
         process.setdefault("container", None)
     if in_kernel and host_pid is not None:  # the node's GPU culler may have warned this kernel
         key = beacon_key(identity) if in_container else None
-        started = _own_start()
-        notice = read_notice(dirs, host_pid, started, key=key)
-        if notice is None:  # a pod has no share directory: the agent relays its notice
-            notice = relayed_notice(network_notice(), host_pid, started, key=key)
-        own_gpu = next((t.gpu for t in tenants if t.kind == "self"), None)
-        pending = notice_warning(notice, host_pid, own_gpu)
+        pending = _pending_cull(dirs, host_pid, key, tenants)
         if pending is not None:
             report["warnings"].insert(0, pending)
     report._tenants = tenants
-    report._gpu_memory = gpus
+    report._gpu_memory = look.gpus
     report._own_name = own_name
     if control is not None:
         report["allocator"] = control.report().to_dict()
-    if not gpus and not in_kernel:
+    if not look.gpus and not in_kernel:
         report["host"] = None  # the key stays; a CLI's own host memory would tell nothing
-    elif not gpus:  # a kernel's own host memory, what it shows instead of a GPU
-        report["host"] = {
-            "rss_bytes": jaxstats.host_rss_bytes(),
-            "live_array_bytes": jaxstats.live_array_bytes() if started else None,
-        }
+    elif not look.gpus:  # a kernel's own host memory, what it shows instead of a GPU
+        report["host"] = _own_host_memory(backend_started)
     return report
+
+
+def _agent_notes(resolution, shared: str | None, environ: Mapping[str, str]) -> list[str]:
+    """What the report notes of the node agent: a resolution untrusted or malformed.
+
+    Also a pod given the agent's address that has not heard from it (a plain host without
+    one is not).
+    """
+    unheard = resolution.state == "absent" and not shared and network_configured(environ)
+    if resolution.state in ("untrusted", "malformed") or unheard:
+        return [f"Node agent: {resolution.reason}."]
+    return []
+
+
+def _own_host_pid(tenants, resolution, identity) -> int | None:
+    """In a container: this process's host PID, from its own row or the agent's resolution."""
+    host_pid = next((t.pid for t in tenants if t.kind == "self"), None)
+    if host_pid is None and resolution.fresh and (row := resolution.own_row(identity)):
+        host_pid = row.pid
+    return host_pid
+
+
+@dataclass(frozen=True)
+class _GpuLook:
+    """One look at NVML: the GPUs, which of them this process sees, and their processes."""
+
+    gpus: list
+    visible: Any
+    processes: list
+    list_problems: dict[int, str]
+    state: Any
+
+
+def _look_at_gpus(environ: Mapping[str, str]) -> _GpuLook:
+    gpus = nvml.gpus()
+    listings = nvml.process_lists(None)
+    return _GpuLook(
+        gpus=gpus,
+        visible=visible_gpus(gpus, environ),
+        processes=[p for listing in listings for p in listing.processes or ()],
+        # A GPU whose process list failed has unknown tenants, not none: its problem says so.
+        list_problems={listing.gpu: listing.problem for listing in listings if listing.problem},
+        state=nvml.status(),  # after the calls, so that it says whether they were slow
+    )
+
+
+def _host_beacons(look: _GpuLook, dirs, host, own_pid: int, own) -> dict:
+    """On the host: the beacons of the GPU's processes, checked by the node agent's proofs.
+
+    No beacon file is ever believed about this process: its own (``own``) is its session's.
+    """
+    beacons = read_beacons(dirs, pids={p.pid for p in look.processes})
+    if host:  # the node agent's proven kernels, each checked again against the host's view
+        beacons = host.beacons(beacons, {p.pid for p in look.processes})
+    beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
+    if own is not None:
+        beacons[own_pid] = own
+    return beacons
+
+
+def _own_allocator_facts(
+    environ: Mapping[str, str], in_kernel: bool, backend_started: bool
+) -> dict[str, Any]:
+    """What this kernel's own warnings weigh: its backend, its pending pool, JAX's bytes."""
+    fraction = None
+    if in_kernel and not backend_started:
+        pending = effective(environ)
+        if pending.preallocate and pending.allocator != "platform" and not pending.error:
+            fraction = pending.fraction
+    in_use, reserved = _own_jax_bytes() if in_kernel and backend_started else (None, None)
+    return {
+        "own_backend_started": backend_started if in_kernel else True,
+        "own_requested_fraction": fraction,
+        "own_jax_in_use": in_use,
+        "own_reserved": reserved,
+    }
+
+
+def _gpu_entry(gpu, ours: set[int], caps, list_problems: dict[int, str]) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "label": gpu.label,
+        "mig": mig_dict(gpu.mig),
+        "mig_mode": gpu.mig_mode,
+        "total_bytes": gpu.total_bytes,
+        "used_bytes": gpu.used_bytes,
+        "reserved_bytes": gpu.reserved_bytes,
+        "free_bytes": gpu.free_bytes,
+        "ours": gpu.index in ours,
+        "problem": nvml.gpu_problem(gpu.problem, list_problems.get(gpu.index)),
+        "memory_cap_bytes": caps[gpu.index].bytes if gpu.index in caps else None,
+        "memory_cap": caps[gpu.index].to_dict() if gpu.index in caps else None,
+    }
+
+
+def _annotate_from_host(report: StatusReport, host, notes: list[str], read_at: str) -> None:
+    """The host's view of each process (its container, its PID there), from the node agent."""
+    host.annotate(report["processes"])
+    contained = any(p.get("container") or p.get("pid_in_container") is not None
+                    for p in report["processes"])  # fmt: skip
+    if host.resolution_reason and contained:  # their modes and idle times are the agent's
+        notes.append(agent_not_consulted(host.resolution_reason, read_at == AT_SHELL))
+
+
+def _pending_cull(dirs, host_pid: int, key: str | None, tenants) -> dict | None:
+    """The warning of the node's GPU culler to this kernel, if it was warned."""
+    own_start = _own_start()
+    notice = read_notice(dirs, host_pid, own_start, key=key)
+    if notice is None:  # a pod has no share directory: the agent relays its notice
+        notice = relayed_notice(network_notice(), host_pid, own_start, key=key)
+    own_gpu = next((t.gpu for t in tenants if t.kind == "self"), None)
+    return notice_warning(notice, host_pid, own_gpu)
+
+
+def _own_host_memory(backend_started: bool) -> dict[str, Any]:
+    """A kernel's own host memory: what it shows instead of a GPU."""
+    return {
+        "rss_bytes": jaxstats.host_rss_bytes(),
+        "live_array_bytes": jaxstats.live_array_bytes() if backend_started else None,
+    }
 
 
 def _from_session(tenant):

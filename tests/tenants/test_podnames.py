@@ -15,7 +15,7 @@ from jax_nbmem.agent.hostproof import HostProof
 from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.kubepods import KubeAPI, PodDirectory
 from jax_nbmem.agent.publish import HIDDEN_REASON, PodVisibility, ResolutionWriter
-from jax_nbmem.cli.exporter import Exporter
+from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import _process_line
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
@@ -167,7 +167,7 @@ def test_a_view_read_before_its_pod_was_listed_is_named_once_it_is(proc, tmp_pat
 
 
 def test_the_agent_answers_each_caller_with_its_own_namespace_s_view(proc, directory):
-    exporter = Exporter("127.0.0.1:0", kubernetes="off", pods=directory)
+    exporter = Exporter(ExporterSettings("127.0.0.1:0", kubernetes="off"), pods=directory)
     exporter.viewer.proc = str(proc)  # the synthetic host
     exporter._resolution.text(REPORT, {}, exporter.viewer.view, interval_s=5)
     alice = containers(exporter._resolution_for(500)[1])
@@ -181,21 +181,25 @@ def test_the_agent_answers_each_caller_with_its_own_namespace_s_view(proc, direc
 def test_bad_kubernetes_settings_are_refused_with_a_reason(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ValueError, match="--agent-listen wants"):
-        Exporter(agent_listen="nowhere", kubernetes="off")
+        ExporterSettings(agent_listen="nowhere", kubernetes="off")
     with pytest.raises(ValueError, match="--kubernetes on: not in a Kubernetes pod"):
-        Exporter(kubernetes="on")
+        Exporter(ExporterSettings(kubernetes="on"))
     with pytest.raises(ValueError, match="--kubernetes wants"):
-        Exporter(kubernetes="maybe")
+        ExporterSettings(kubernetes="maybe")
     with pytest.raises(ValueError, match="--pod-names-visible"):
-        Exporter(kubernetes="off", pod_names_visible="all,none")
-    assert Exporter(kubernetes="auto").pods is None  # outside a cluster: nothing asked
+        ExporterSettings(kubernetes="off", pod_names_visible="all,none")
+    assert (
+        Exporter(ExporterSettings(kubernetes="auto")).pods is None
+    )  # outside a cluster: nothing asked
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.delenv("JAX_NBMEM_NODE_NAME", raising=False)
     with pytest.raises(ValueError, match="--kubernetes on: the node's name is needed"):
-        Exporter(kubernetes="on")
-    unnamed = Exporter(kubernetes="auto").pods  # auto: it runs, and says why pods are unnamed
+        Exporter(ExporterSettings(kubernetes="on"))
+    unnamed = Exporter(
+        ExporterSettings(kubernetes="auto")
+    ).pods  # auto: it runs, and says why pods are unnamed
     assert unnamed.lookup(ALICE_UID) is None
     assert unnamed.health()["state"] == "error" and "JAX_NBMEM_NODE_NAME" in (
         unnamed.health()["reason"])  # fmt: skip
     monkeypatch.setenv("JAX_NBMEM_NODE_NAME", "gpu-node-9")
-    assert Exporter(kubernetes="auto").pods.node == "gpu-node-9"
+    assert Exporter(ExporterSettings(kubernetes="auto")).pods.node == "gpu-node-9"

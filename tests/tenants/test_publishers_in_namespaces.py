@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from jax_nbmem.cli.exporter import Exporter
+from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.tenants.publishers import published_pids
 from tests.tenants.namespaces import contained, need_namespaces
 from tests.waiting import wait_for
@@ -70,7 +70,9 @@ def test_the_host_defers_a_container_server_s_own_kernels_and_nothing_forged(
         assert name == f"jax_nbmem-publisher-{content['identity']['pid_ns'][1]}-1.json"
         # The host finds the server from its identity, and its kernel by PID in the container.
         assert published_pids([str(share)]) == {kernel: "http://alice-box:8888/"}
-        exporter = Exporter(share_dir=str(share), defer_to_servers=True, agent=False)
+        exporter = Exporter(
+            ExporterSettings(share_dir=str(share), defer_to_servers=True, agent=False)
+        )
         assert exporter.take_snapshot().deferred_pids == frozenset({kernel})
 
         forged = tmp_path / "forged"

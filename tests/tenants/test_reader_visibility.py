@@ -15,7 +15,7 @@ from jax_nbmem.agent.publish import (
     write_resolution,
 )
 from jax_nbmem.agent.registry import Registration
-from jax_nbmem.cli.exporter import Exporter
+from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.tenants.beacons import SCHEMA
 from jax_nbmem.tenants.resolution import load_resolution
 from tests.tenants import test_podnames as podnames
@@ -108,7 +108,7 @@ def test_the_training_job_in_ml_is_hidden_from_jhub_too(proc, directory):
 
 def test_the_agent_answers_a_tcp_caller_as_its_own_namespace_may_see(proc, directory):
     """What the exporter hands the TCP server for a proven caller: by the caller's pod."""
-    exporter = Exporter(kubernetes="off", pods=directory)
+    exporter = Exporter(ExporterSettings(kubernetes="off"), pods=directory)
     exporter.viewer = viewer_for(proc, directory)
     exporter._resolution, _ = writer_with_alice(proc, directory)
     _, for_ml = exporter._resolution_for(600)  # the training job's kernel, in ml
