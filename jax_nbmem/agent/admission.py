@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 from collections import Counter
 
-__all__ = ["Admission", "unix_group"]
+__all__ = ["Admission", "enough_descriptors", "unix_group"]
 
 _NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
 _MAX_NESTING = 32  # the kernel's own bound on PID namespace nesting
@@ -116,3 +117,14 @@ def _said(group: tuple) -> str:
     if kind == "net_ns":
         return "network namespace"
     return f"address {group[1]}"
+
+
+def enough_descriptors(wanted: int) -> None:
+    """Raise this process's soft limit on open files towards ``wanted`` (up to the hard one)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    except (OSError, ValueError):
+        pass  # the limit stays; accept says EMFILE when it is reached
