@@ -5,17 +5,25 @@
 Root's interpreter may live where another user cannot read it (/root is 0700), so the script
 is read first, then the process drops to ``UID``/``GID`` (no supplementary groups) and runs
 it as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``: a process of that user, as the agent
-sees it (its socket's UID, its ``/proc`` owner).
+sees it (its socket's UID, its ``/proc`` owner). The scripts use the standard modules
+imported here only.
 """
 
+import importlib
 import os
 import sys
+
+# What the scripts import, imported before the drop: root's standard library may be
+# unreadable to the user afterwards.
+_THEIR_MODULES = ("fcntl", "json", "select", "signal", "socket", "time")
 
 
 def main() -> None:
     uid, gid, script = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     with open(script, encoding="utf-8") as file:
         source = file.read()
+    for name in _THEIR_MODULES:
+        importlib.import_module(name)
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)

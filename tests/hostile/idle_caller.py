@@ -1,22 +1,25 @@
 """Many idle connections to the node agent's socket, as an attacker holds them (a script).
 
-    python idle_caller.py SOCKET COUNT
+    python idle_caller.py SOCKET COUNT PROCESSES
 
-Opens COUNT connections and sends nothing; prints ``{"opened": N}`` (those the kernel
-accepted), then each connection's first line from the agent within a second, counted as
-``{"refused": R, "reasons": [...]}`` (the agent refuses at accept, before any line), then
-READY, and holds the rest open until killed.
+Forks PROCESSES processes (the agent allows a few connections per process), each opening its
+share of COUNT connections and sending nothing. Each prints ``{"opened": N}``, then
+``{"refused": REASON}`` for each connection the agent refuses (at accept, before any line),
+and holds the rest open until killed.
 """
 
 import json
+import os
 import select
 import socket
 import sys
-import time
 
 
-def main() -> None:
-    path, count = sys.argv[1], int(sys.argv[2])
+def _say(what: dict) -> None:
+    os.write(1, json.dumps(what).encode() + b"\n")  # one write: the processes share stdout
+
+
+def _hold(path: str, count: int) -> None:
     held = []
     for _ in range(count):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -26,23 +29,28 @@ def main() -> None:
             sock.close()
             continue
         held.append(sock)
-    print(json.dumps({"opened": len(held)}), flush=True)
-    refused, reasons, waiting = 0, set(), list(held)
-    deadline = time.monotonic() + 5
-    while waiting and time.monotonic() < deadline:
-        readable, _, _ = select.select(waiting, [], [], 0.5)
+    _say({"opened": len(held)})
+    while True:
+        readable, _, _ = select.select(held, [], []) if held else select.select([0], [], [])
         for sock in readable:
-            waiting.remove(sock)
+            held.remove(sock)
             line = sock.recv(65536).split(b"\n")[0]
             if line:
-                refused += 1
-                reasons.add(json.loads(line)["reason"])
-        if not readable and len(waiting) < len(held):
-            break  # the refusals came at once; the rest were let in
-    print(json.dumps({"refused": refused, "reasons": sorted(reasons)}), flush=True)
-    print("READY", flush=True)
-    while True:
-        time.sleep(60)
+                _say({"refused": json.loads(line)["reason"]})
+            sock.close()
+
+
+def main() -> None:
+    path, count, processes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    children = []
+    for number in range(processes):
+        child = os.fork()
+        if child == 0:
+            _hold(path, count // processes + (number < count % processes))
+            os._exit(0)
+        children.append(child)
+    for child in children:
+        os.waitpid(child, 0)
 
 
 if __name__ == "__main__":
