@@ -9,11 +9,12 @@ agent runs as a process of its own (its RSS is read from ``/proc``), on a share 
 on TCP at the host's end of a veth pair, with a node resolution of 4 MiB. Then, all at once,
 one user (mallory, a real user):
 
-- holds ``--idle`` idle TCP connections to it from her network namespace;
-- keeps ``--sockets`` sockets open in that namespace (what makes the search for a TCP caller's
-  process cost: the TCP table, and her processes' file descriptors);
-- floods first lines from it, ``--flood-width`` connections at a time, each a beacon line on a
-  new connection, again and again;
+- holds ``--idle`` idle TCP connections to it from a network namespace of hers (a pod);
+- keeps ``--sockets`` sockets open in a second one (what makes the search for a TCP caller's
+  process cost: the namespace's TCP table, and her processes' file descriptors);
+- floods first lines from that second one, ``--flood-width`` connections at a time, each a
+  beacon line on a new connection, again and again: each is admitted (her second pod has
+  connections to spare) and makes the agent search 12,000 sockets;
 - keeps ``--unread`` connections (from 5 PID namespaces of hers) that prove their process, ask
   for the resolution, and never read it.
 
@@ -55,7 +56,9 @@ def serve(share: str, host: str) -> None:
     agent.start()
     print(json.dumps({"path": agent.path, "port": agent.tcp_address[1]}), flush=True)
     sys.stdin.read()
-    print(json.dumps({"refused": agent.refused, "connections": agent.connections}), flush=True)
+    counts = {"refused": agent.refused, "connections": agent.connections,
+              "lines_judged": agent.lookups.done}  # fmt: skip
+    print(json.dumps(counts), flush=True)
     agent.stop()
 
 
@@ -69,9 +72,9 @@ class Bench:
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen] = []
         self.user = f"jnatk{os.getpid() % 100000}"
-        self.netns = f"jnatk{os.getpid() % 100000}"
-        self.veth = f"jnatk{os.getpid() % 100000}"[:12] + "h"
-        self.network = f"10.{random.randrange(200, 255)}.{random.randrange(256)}"
+        self.netns = [f"jnatk{os.getpid() % 100000}-{n}" for n in range(2)]
+        self.veth = f"jnatk{os.getpid() % 100000}"[:11]
+        self.network = f"10.{random.randrange(200, 255)}.{random.randrange(256)}"  # two /30s
         self.top = Path(tempfile.mkdtemp(prefix="jn-attack-"))
 
     def setup(self) -> None:
@@ -81,15 +84,20 @@ class Bench:
         self.share = self.top / "share"
         self.share.mkdir()
         self.share.chmod(0o1777)
-        _run("ip", "netns", "add", self.netns)
-        _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth-jnatk")
-        _run("ip", "link", "set", "eth-jnatk", "netns", self.netns)
-        _run("ip", "addr", "add", f"{self.network}.1/24", "dev", self.veth)
-        _run("ip", "link", "set", self.veth, "up")
-        inside = ["ip", "netns", "exec", self.netns, "ip"]
-        _run(*inside, "addr", "add", f"{self.network}.2/24", "dev", "eth-jnatk")
-        _run(*inside, "link", "set", "eth-jnatk", "up")
-        _run(*inside, "link", "set", "lo", "up")
+        # Two pods of hers: one holds the idle connections, the other the sockets and the flood.
+        for number, netns in enumerate(self.netns):
+            veth, inner = f"{self.veth}{number}", "eth0"
+            _run("ip", "netns", "add", netns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+            _run("ip", "link", "set", f"{veth}p", "netns", netns)
+            _run("ip", "addr", "add", f"{self.network}.{number * 4 + 1}/30", "dev", veth)
+            _run("ip", "link", "set", veth, "up")
+            inside = ["ip", "netns", "exec", netns, "ip"]
+            _run(*inside, "link", "set", f"{veth}p", "name", inner)
+            _run(*inside, "addr", "add", f"{self.network}.{number * 4 + 2}/30", "dev", inner)
+            _run(*inside, "link", "set", inner, "up")
+            _run(*inside, "link", "set", "lo", "up")
+            _run(*inside, "route", "add", "default", "via", f"{self.network}.{number * 4 + 1}")
 
     def start(self, args: list[str], *, ready: bool = True) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -102,8 +110,8 @@ class Bench:
                 raise SystemExit(f"{args[:6]} did not start: {line!r}")
         return popen
 
-    def caller(self, user: str, *args, netns: bool = False, pid_ns: bool = False) -> list:
-        prefix = ["ip", "netns", "exec", self.netns] if netns else []
+    def caller(self, user: str, *args, netns: int | None = None, pid_ns: bool = False) -> list:
+        prefix = ["ip", "netns", "exec", self.netns[netns]] if netns is not None else []
         prefix += ["unshare", "--pid", "--fork", "--mount-proc"] if pid_ns else []
         return [*prefix, sys.executable, str(CALLER), user, *map(str, args)]
 
@@ -114,8 +122,9 @@ class Bench:
             except ProcessLookupError:
                 pass
             popen.wait(30)
-        subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        for number, netns in enumerate(self.netns):
+            subprocess.run(["ip", "link", "del", f"{self.veth}{number}"], capture_output=True)
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         subprocess.run(["userdel", self.user], capture_output=True)
         shutil.rmtree(self.top, ignore_errors=True)
 
@@ -169,9 +178,9 @@ def main() -> None:
         quiet = _registrations(bench, path, options.registrations)
         rss_before = _rss_mib(agent.pid)
         began = time.monotonic()
-        bench.start(bench.caller(bench.uid, "sockets", options.sockets, netns=True))
-        bench.start(bench.caller(bench.uid, "idle", host, port, options.idle, netns=True))
-        bench.start(bench.caller(bench.uid, "flood", host, port, options.flood_width, netns=True))
+        bench.start(bench.caller(bench.uid, "idle", host, port, options.idle, netns=0))
+        bench.start(bench.caller(bench.uid, "sockets", options.sockets, netns=1))
+        bench.start(bench.caller(bench.uid, "flood", host, port, options.flood_width, netns=1))
         per_ns = max(1, options.unread // 20)  # 5 namespaces x per_ns processes x 4 connections
         for _ in range(5):
             bench.start(bench.caller(bench.uid, "unread", path, per_ns, 4, pid_ns=True))

@@ -64,6 +64,7 @@ class Lookups:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self._refill_in: float | None = None
+        self.done = 0  # jobs run
 
     def start(self) -> None:
         """Start the workers (again after :meth:`stop`)."""
@@ -145,6 +146,7 @@ class Lookups:
             with self._ready:
                 group.running = False
                 group.tokens -= cost  # kept (the group stays listed) until it refills
+                self.done += 1
                 self._ready.notify()
             try:
                 self.deliver(token, result)

@@ -122,25 +122,42 @@ def _hex_ends(end: tuple[Address, int]) -> tuple[str, ...]:
     return tuple(shown)
 
 
-def sockets_with_local_end(text: str, end: tuple[Address, int]) -> list[Socket]:
-    """The sockets of a TCP table text whose local end is ``end``.
+def sockets_with_local_end(data: bytes, end: tuple[Address, int]) -> list[Socket]:
+    """The sockets of (whole lines of) a TCP table whose local end is ``end``.
 
-    Found without parsing the whole table (one with 12,000 sockets is a couple of MiB): the
-    end is searched as the table writes it.
+    Found without parsing every line (a table of 12,000 sockets is a couple of MiB): the end
+    is searched as the table writes it.
     """
     found = []
     for shown in _hex_ends(end):
-        needle = f" {shown} "
-        start = text.find(needle)
+        needle = f" {shown} ".encode()
+        start = data.find(needle)
         while start >= 0:
-            line_start = text.rfind("\n", 0, start) + 1
-            line_end = text.find("\n", start)
-            line = text[line_start : len(text) if line_end < 0 else line_end]
-            parsed = _parse_line(line)
+            line_start = data.rfind(b"\n", 0, start) + 1
+            line_end = data.find(b"\n", start)
+            line = data[line_start : len(data) if line_end < 0 else line_end]
+            parsed = _parse_line(line.decode("ascii", "replace"))
             if parsed is not None and parsed.local == end:
                 found.append(parsed)
-            start = text.find(needle, start + len(needle))
+            start = data.find(needle, start + len(needle))
     return found
+
+
+def _table_sockets(path: str, end: tuple[Address, int]) -> list[Socket]:
+    """:func:`sockets_with_local_end` of a table file, read and searched 64 KiB at a time.
+
+    Never the whole table in memory at once: a large buffer, freed, stays in the agent's
+    resident memory (the allocator keeps it), and a flood of callers would make it so.
+    """
+    found, carry, size = [], b"", 0
+    with open(path, "rb", buffering=0) as file:
+        while size < _MAX_TABLE_BYTES and (chunk := file.read(65536)):
+            size += len(chunk)
+            block = carry + chunk
+            cut = block.rfind(b"\n") + 1
+            found += sockets_with_local_end(block[:cut], end)
+            carry = block[cut:]
+    return found + sockets_with_local_end(carry, end)
 
 
 def _read(path: str) -> str:
@@ -304,7 +321,7 @@ class PeerFinder:
             sockets, read = [], False
             for name in ("tcp", "tcp6"):
                 try:
-                    sockets += sockets_with_local_end(_read(f"{self.proc}/{pid}/net/{name}"), far)
+                    sockets += _table_sockets(f"{self.proc}/{pid}/net/{name}", far)
                     read = True
                 except OSError:
                     continue

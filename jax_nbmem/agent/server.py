@@ -140,7 +140,7 @@ class AgentServer(TcpSide, Judging):
         self.path = ""
         self._listener: socket.socket | None = None
         self._tcp_listener: socket.socket | None = None
-        self._answers: dict[tuple[float, int], tuple[str, bytes]] = {}
+        self._answers: dict[tuple[float, int], tuple[str, tuple]] = {}
         self._selector: selectors.BaseSelector | None = None
         self._connections: dict[int, Connection] = {}
         self._per_pid: Counter = Counter()

@@ -153,11 +153,10 @@ class TcpSide:
             answer = {"ok": True, "written_at": written_at, "unchanged": True}
             answer = answer if notice is None else {**answer, "notice": notice}
             return (json.dumps(answer).encode() + b"\n",)
-        line = self._encoded(written_at, text)
-        if notice is None:
-            return (line,)
-        # First, before the resolution encoded for every caller (queued by reference).
-        return (b'{"notice":' + json.dumps(notice).encode() + b",", memoryview(line)[1:])
+        head, body, tail = self._encoded(written_at, text)
+        if notice is not None:  # first, before the resolution encoded for every caller
+            head = b'{"notice":' + json.dumps(notice).encode() + b"," + head[1:]
+        return head, body, tail
 
     def _notice_for(self, connection: Connection) -> dict | None:
         """The culler's notice for the kernel proven on ``connection``, or None (see the module).
@@ -180,17 +179,18 @@ class TcpSide:
             return None  # another process's (an earlier one of that key)
         return notice_content(notice)
 
-    def _encoded(self, written_at: float, text: str) -> bytes:
-        """The answer line for a resolution text, encoded once per pass and text.
+    def _encoded(self, written_at: float, text: str) -> tuple[bytes, bytes, bytes]:
+        """The answer line for a resolution text: (head, the text encoded, tail).
 
-        Not once per ask: 200 kernels asking for a resolution of a few MiB would encode it
-        200 times.
+        Encoded once per pass and text, and queued by reference. Not once per ask: 200
+        kernels asking for a resolution of a few MiB would encode it 200 times; and not
+        joined: the join would be another copy of it.
         """
         if self._answers and next(iter(self._answers))[0] != written_at:
             self._answers.clear()
         key = (written_at, id(text))
         found = self._answers.get(key)
         if found is None or found[0] is not text:
-            head = b'{"ok":true,"written_at":' + json.dumps(written_at).encode()
-            found = self._answers[key] = (text, head + b',"resolution":' + text.encode() + b"}\n")
+            head = b'{"ok":true,"written_at":' + json.dumps(written_at).encode() + b',"resolution":'
+            found = self._answers[key] = (text, (head, text.encode(), b"}\n"))
         return found[1]
