@@ -12,7 +12,8 @@ what it needs (root's standard library may be unreadable to that user). Modes:
 - ``unread SOCKET PROCESSES CONNECTIONS``: PROCESSES processes with CONNECTIONS each: every
   connection proves its process, asks for the resolution and never reads it.
 - ``kernel SOCKET COUNT``: an honest kernel: COUNT registrations, each a new connection, one
-  line and its answer; prints each registration's seconds, as JSON, then the answers' set.
+  line and its answer; prints, as JSON, each one's seconds to its answer, the answers' set
+  and how many proved it.
 
 Each mode prints READY once set up (``kernel`` prints its figures and exits).
 """
@@ -113,7 +114,7 @@ def unread(path: str, processes: int, connections: int) -> None:
 
 
 def kernel(path: str, count: int) -> None:
-    took, answers = [], set()
+    took, answers, proven = [], set(), 0
     for _ in range(count):
         line = json.dumps(patched(claims(), {})).encode() + b"\n"
         began = time.perf_counter()
@@ -126,12 +127,14 @@ def kernel(path: str, count: int) -> None:
             took.append(time.perf_counter() - began)
             said = json.loads(answer) if answer else {"ok": False, "reason": "closed"}
             answers.add("ok" if said.get("ok") else said.get("reason"))
+            proven += said.get("ok") is True
         except OSError as error:
             answers.add(f"failed: {error}")
         finally:
             sock.close()
         time.sleep(0.05)  # a kernel registers now and then, not in a loop
-    print(json.dumps({"seconds": took, "answers": sorted(answers)}), flush=True)
+    said = {"seconds": took, "answers": sorted(answers), "proven": proven}
+    print(json.dumps(said), flush=True)
 
 
 def main() -> None:
