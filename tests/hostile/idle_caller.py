@@ -11,6 +11,7 @@ and holds the rest open until killed.
 import json
 import os
 import select
+import signal
 import socket
 import sys
 
@@ -30,14 +31,15 @@ def _hold(path: str, count: int) -> None:
             continue
         held.append(sock)
     _say({"opened": len(held)})
-    while True:
-        readable, _, _ = select.select(held, [], []) if held else select.select([0], [], [])
+    while held:
+        readable, _, _ = select.select(held, [], [])
         for sock in readable:
             held.remove(sock)
             line = sock.recv(65536).split(b"\n")[0]
             if line:
                 _say({"refused": json.loads(line)["reason"]})
             sock.close()
+    signal.pause()  # every connection refused: held until killed all the same
 
 
 def main() -> None:
