@@ -24,12 +24,11 @@ way a line ``{"request": "resolution"}`` is answered with ``{"ok": true, "writte
 gives ``(written_at, its text)``), only to a caller that is a process on this node; with
 ``"since": W`` of the one it has, ``{"ok": true, "written_at": W, "unchanged": true}``.
 
-It keeps serving while a user attacks it. One selector loop on a daemon thread accepts, reads,
-parses and writes, nothing more: connections are limited at accept, before any line, per
-caller group (a PID namespace, a host user, a network namespace or address:
-:mod:`.admission`), with a share of the slots kept for groups with none open, and per host
-PID; each line's judgement (the host's view, a TCP caller's socket search) is a job for
-:mod:`.lookups`' workers, one at a time per group, groups in turn, each with a CPU budget.
+It keeps serving under attack. One selector loop on a thread accepts, reads, parses, writes:
+connections are limited at accept, before any line, per caller group (a PID namespace, a host
+user, a network namespace or address: :mod:`.admission`), with a share of the slots kept for
+groups with none open, and per host PID; each line's judgement (the host's view, a TCP
+caller's socket search) is a job for :mod:`.lookups`' workers, one at a time per group.
 Lines are at most 64 KiB (else, or not a JSON object: refused, closed); a proof must come
 within 30 s, a started line finish within 10 s; answers are queued by reference
 (:mod:`.connection`), and a peer that leaves them unread (``write_s``) is dropped.
