@@ -7,44 +7,32 @@ must prove nothing, and its refusal must say nothing of bob's process. Real user
 """
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.hostile.agents import reachable_share, users
 from tests.jupyterlab import REPO_ROOT
-from tests.tenants.namespaces import need_namespaces
-from tests.users import add_user, remove_user
 
 DRIVER = Path(__file__).with_name("pid_reuse.py")
 
 
-@pytest.fixture(scope="module")
-def users():
-    need_namespaces()
-    mallory, bob = add_user("mallory"), add_user("bob")
-    yield mallory, bob
-    remove_user(mallory)
-    remove_user(bob)
+__all__ = ["reachable_share", "users"]  # fixtures
 
 
 @pytest.mark.parametrize("bound_by", ["pidfd", "ticks"])
-def test_a_reused_pid_is_not_proven_by_the_connection_its_first_owner_left(users, bound_by):
+def test_a_reused_pid_is_not_proven_by_the_connection_its_first_owner_left(
+    users, reachable_share, bound_by
+):
     mallory, bob = users
-    share = Path(tempfile.mkdtemp(prefix="jn-reuse-")) / "share"  # a folder they can reach
-    share.parent.chmod(0o755)
-    share.mkdir()
-    share.chmod(0o1777)
-    args = [str(share), f"{mallory.uid}:{mallory.gid}", f"{bob.uid}:{bob.gid}", bound_by]
+    args = [str(reachable_share), f"{mallory.uid}:{mallory.gid}", f"{bob.uid}:{bob.gid}", bound_by]
     done = subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(DRIVER), *args],
         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
-    shutil.rmtree(share.parent)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["first"] == {"ok": True, "pid": report["mallory"]}  # her proof held, once
