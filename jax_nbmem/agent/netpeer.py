@@ -37,10 +37,11 @@ import ipaddress
 import os
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["PeerFinder", "Socket", "family_of", "parse_tcp_table"]
+__all__ = ["PeerFinder", "Socket", "family_of", "parse_tcp_table", "sockets_with_local_end"]
 
 _ESTABLISHED = "01"
 _MAP_FRESH_S = 0.25
@@ -92,13 +93,71 @@ def parse_tcp_table(text: str) -> list[Socket]:
     """The sockets of a ``/proc/PID/net/tcp`` or ``tcp6`` text; malformed lines are skipped."""
     found = []
     for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or not fields[9].isdigit():
-            continue
-        local, remote = _end(fields[1]), _end(fields[2])
-        if local is not None and remote is not None:
-            found.append(Socket(local, remote, fields[3], int(fields[9])))
+        parsed = _parse_line(line)
+        if parsed is not None:
+            found.append(parsed)
     return found
+
+
+def _parse_line(line: str) -> Socket | None:
+    fields = line.split()
+    if len(fields) < 10 or not fields[9].isdigit():
+        return None
+    local, remote = _end(fields[1]), _end(fields[2])
+    if local is None or remote is None:
+        return None
+    return Socket(local, remote, fields[3], int(fields[9]))
+
+
+def _hex_ends(end: tuple[Address, int]) -> tuple[str, ...]:
+    """How ``/proc/net/tcp{,6}`` writes the end ``end`` (an IPv4 one also as IPv4-mapped)."""
+    address, port = end
+    forms = [address.packed]
+    if address.version == 4:
+        forms.append(ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + address.packed).packed)
+    shown = []
+    for packed in forms:
+        words = struct.unpack(f"={len(packed) // 4}I", packed)
+        shown.append("".join(f"{word:08X}" for word in words) + f":{port:04X}")
+    return tuple(shown)
+
+
+def sockets_with_local_end(data: bytes, end: tuple[Address, int]) -> list[Socket]:
+    """The sockets of (whole lines of) a TCP table whose local end is ``end``.
+
+    Found without parsing every line (a table of 12,000 sockets is a couple of MiB): the end
+    is searched as the table writes it.
+    """
+    found = []
+    for shown in _hex_ends(end):
+        needle = f" {shown} ".encode()
+        start = data.find(needle)
+        while start >= 0:
+            line_start = data.rfind(b"\n", 0, start) + 1
+            line_end = data.find(b"\n", start)
+            line = data[line_start : len(data) if line_end < 0 else line_end]
+            parsed = _parse_line(line.decode("ascii", "replace"))
+            if parsed is not None and parsed.local == end:
+                found.append(parsed)
+            start = data.find(needle, start + len(needle))
+    return found
+
+
+def _table_sockets(path: str, end: tuple[Address, int]) -> list[Socket]:
+    """:func:`sockets_with_local_end` of a table file, read and searched 64 KiB at a time.
+
+    Never the whole table in memory at once: a large buffer, freed, stays in the agent's
+    resident memory (the allocator keeps it), and a flood of callers would make it so.
+    """
+    found, carry, size = [], b"", 0
+    with open(path, "rb", buffering=0) as file:
+        while size < _MAX_TABLE_BYTES and (chunk := file.read(65536)):
+            size += len(chunk)
+            block = carry + chunk
+            cut = block.rfind(b"\n") + 1
+            found += sockets_with_local_end(block[:cut], end)
+            carry = block[cut:]
+    return found + sockets_with_local_end(carry, end)
 
 
 def _read(path: str) -> str:
@@ -125,7 +184,26 @@ class PeerFinder:
         self._groups: dict[int, list[int]] = {}
         self._by_address: dict[Address, list[int]] = {}
         self._map_at = -float("inf")
+        self._map_lock = threading.Lock()  # the agent's look-up workers share one finder
         self.maps_made = 0
+
+    def namespace_of(self, address: str) -> int | None:
+        """The network namespace (inode) that owns ``address`` in the map as it stands.
+
+        No ``/proc`` walk (the agent asks at accept, on its serving thread): None when the map
+        does not know the address yet, or more than one namespace has it.
+        """
+        try:
+            found = _plain(ipaddress.ip_address(address.split("%")[0]))
+        except ValueError:
+            return None
+        if found.is_loopback:
+            try:
+                return os.stat(f"{self.proc}/{os.getpid()}/ns/net").st_ino
+            except OSError:
+                return None
+        inodes = self._by_address.get(found, ())
+        return inodes[0] if len(inodes) == 1 else None
 
     def namespaces(self) -> dict[int, list[int]]:
         """Every readable network namespace (its inode), with the host PIDs in it."""
@@ -175,8 +253,9 @@ class PeerFinder:
         if len({inode for inode, _, _ in matches}) > 1:
             return [], f"{len(matches)} sockets on this node have the end {_shown(far)}"
         inode, namespace, pids = matches[0]
-        # The namespace's processes now (the map's list may predate the caller's process).
-        held = self._holding(inode, self.namespaces().get(namespace) or pids)
+        held = self._holding(inode, pids)
+        if not held:  # the map's list may predate the caller's process: the namespace's now
+            held = self._holding(inode, self.namespaces().get(namespace) or [])
         if not held:
             return [], f"no process holds the connecting socket (inode {inode}) any more"
         return held, None
@@ -186,8 +265,8 @@ class PeerFinder:
         exact: list[tuple[int, int, list[int]]] = []
         loose: list[tuple[int, int, list[int]]] = []
         for namespace, pids in owners:
-            for found in self._table(pids):
-                if found.state != _ESTABLISHED or found.local != far:
+            for found in self._table(pids, far):
+                if found.state != _ESTABLISHED:
                     continue
                 matched = (found.inode, namespace, pids)
                 (exact if found.remote == near else loose).append(matched)
@@ -213,13 +292,14 @@ class PeerFinder:
         return [(inode, self._groups[inode]) for inode in inodes if inode in self._groups]
 
     def _make_map(self) -> None:
-        groups, by_address = self.namespaces(), {}
-        for inode, pids in groups.items():
-            for address in self._addresses(pids):
-                by_address.setdefault(address, []).append(inode)
-        self._groups, self._by_address = groups, by_address
-        self._map_at = time.monotonic()
-        self.maps_made += 1
+        with self._map_lock:
+            groups, by_address = self.namespaces(), {}
+            for inode, pids in groups.items():
+                for address in self._addresses(pids):
+                    by_address.setdefault(address, []).append(inode)
+            self._groups, self._by_address = groups, by_address
+            self._map_at = time.monotonic()
+            self.maps_made += 1
 
     def _addresses(self, pids: list[int]) -> set[Address]:
         """The addresses a network namespace has as its own (read through one of its PIDs)."""
@@ -235,13 +315,13 @@ class PeerFinder:
             return found
         return set()
 
-    def _table(self, pids: list[int]) -> list[Socket]:
-        """The TCP sockets of the network namespace that ``pids`` share (read through one)."""
+    def _table(self, pids: list[int], far: tuple[Address, int]) -> list[Socket]:
+        """The sockets with the local end ``far`` in the network namespace ``pids`` share."""
         for pid in pids:
             sockets, read = [], False
             for name in ("tcp", "tcp6"):
                 try:
-                    sockets += parse_tcp_table(_read(f"{self.proc}/{pid}/net/{name}"))
+                    sockets += _table_sockets(f"{self.proc}/{pid}/net/{name}", far)
                     read = True
                 except OSError:
                     continue

@@ -3,8 +3,10 @@
 A kernel's beacon line (see :mod:`.server`) carries its ``identity`` claims; :class:`Registry`
 checks them against the host's view of the socket peer's host PID (:mod:`.hostview`): PID
 namespace (device, inode), innermost NSpid, start ticks, boot id, and the beacon's own PID.
-All equal: the content is proven for that host PID until its connection closes. Nothing a
-caller claims is trusted beyond that; a beacon *file* never is.
+All equal, and the process the one its connection is bound to (:mod:`.binding`), with the
+socket's UID as its owner: the content is proven for that host PID until its connection
+closes or its process ends (a reused PID starts from nothing). Nothing a caller claims is
+trusted beyond that; a beacon *file* never is.
 
 :func:`prepare_agent_dir` makes ``S/agent`` (0755) or accepts it only if it is safely ours.
 """
@@ -19,12 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jax_nbmem.agent.binding import PROCESS_ENDED
 from jax_nbmem.agent.hostview import HostView, HostViewer, beacon_key, boot_id
 from jax_nbmem.tenants import beacons as _beacons
 from jax_nbmem.tenants.beacons import Beacon
 
 __all__ = [
     "AGENT_DIR",
+    "PROCESS_ENDED",
     "AgentDirError",
     "Registration",
     "Registry",
@@ -130,39 +134,22 @@ class Registry:
             return None, None, f"host PID {pid} cannot be read on the host (gone?)"
         if view.pid_ns is None:
             return view, None, f"host PID {pid}: {view.pid_ns_reason}"
+        # A refusal names the claim that failed and what was claimed, never what the host
+        # sees: that would tell the caller what to claim (of another process, if the PID was
+        # reused).
         ns = claims.get("pid_ns")
         if not (isinstance(ns, list) and len(ns) == 2 and all(map(_is_int, ns))):
             return view, None, "pid_ns is not [device, inode]"
         if tuple(ns) != view.pid_ns:
-            return (
-                view,
-                None,
-                (
-                    f"pid_ns {ns} is not the namespace the host sees for host PID {pid} "
-                    f"{list(view.pid_ns)}"
-                ),
-            )
+            return view, None, f"pid_ns {ns} is not the namespace the host sees for host PID {pid}"
         in_ns = claims.get("pid_in_ns")
         if in_ns != view.pid_in_ns or not _is_int(in_ns):
-            return (
-                view,
-                None,
-                (
-                    f"pid_in_ns {in_ns!r} is not host PID {pid}'s PID in its namespace "
-                    f"({view.pid_in_ns})"
-                ),
-            )
+            return view, None, f"pid_in_ns {in_ns!r} is not host PID {pid}'s PID in its namespace"
         if content.get("pid") is not None and content.get("pid") != view.pid_in_ns:
-            return view, None, f"the beacon's pid {content.get('pid')!r} is not {view.pid_in_ns}"
+            return view, None, f"the beacon's pid {content.get('pid')!r} is not its PID"
         if claims.get("start_ticks") != view.start_ticks or not _is_int(claims["start_ticks"]):
-            return (
-                view,
-                None,
-                (
-                    f"start_ticks {claims.get('start_ticks')!r} is not host PID {pid}'s start "
-                    f"({view.start_ticks})"
-                ),
-            )
+            said = claims.get("start_ticks")
+            return view, None, f"start_ticks {said!r} is not host PID {pid}'s start"
         if self.boot_id is None or claims.get("boot_id") != self.boot_id:
             return view, None, f"boot_id {claims.get('boot_id')!r} is not this boot's"
         beacon = beacon_from_content(content, pid)
@@ -170,14 +157,33 @@ class Registry:
             return view, None, "not a beacon (schema, pid and started_at are needed)"
         return view, beacon, None
 
-    def register(self, pid: int, uid: int, content: Any, connection: int) -> str | None:
-        """Prove and register ``content`` for host PID ``pid``; None, or the reason refused."""
+    def register(
+        self,
+        pid: int,
+        uid: int,
+        content: Any,
+        connection: int,
+        *,
+        start_ticks: int | None = None,
+        socket_uid: int | None = None,
+    ) -> str | None:
+        """Prove and register ``content`` for host PID ``pid``; None, or the reason refused.
+
+        ``start_ticks``: the start of the process the connection is bound to (see
+        :mod:`.binding`); another start is another process, refused with
+        :data:`PROCESS_ENDED`. ``socket_uid``: the UID the kernel gave the socket (Unix), which
+        must be the process's owner.
+        """
         view, beacon, reason = self.check(pid, content)
+        if view is not None and start_ticks is not None and view.start_ticks != start_ticks:
+            return PROCESS_ENDED
         if reason is not None:
             return reason
+        if socket_uid is not None and view.uid != socket_uid:
+            return "this connection's user (its socket's UID) is not its process's owner"
         registration = Registration(pid, uid, view, content, beacon, time.time(), connection)
         with self._lock:
-            self._by_pid[pid] = registration
+            self._by_pid[pid] = registration  # a reused PID's old registration is replaced
         return None
 
     def drop(self, connection: int) -> list[Registration]:

@@ -3,34 +3,39 @@
 Every container runs as the same ``jovyan``, so a beacon file proves nothing: any container
 can write any claim. The agent listens on ``S/agent/agent.sock`` (a Unix socket, mode 0666,
 in a directory only the agent can write). At accept it reads the peer's credentials with
-SO_PEERCRED: the kernel's *host* PID, whatever PID namespace it connects from. Each line the
+SO_PEERCRED: the kernel's *host* PID, whatever PID namespace it connects from, and binds the
+connection to that very process (:mod:`.binding`: a pidfd, and its start ticks). Each line the
 kernel sends is its beacon (JSON, at most 64 KiB), with its ``identity`` claims; the
-:class:`Registry` checks them against the host's view of that very PID (:mod:`.hostview`):
-PID namespace (device, inode), innermost NSpid, start ticks and boot id, all equal. Then the
-content is *proven* for that host PID while the connection stays open; it is dropped when the
-connection closes (a killed kernel's socket closes with it). Each line is answered with one
-line: ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": "..."}``.
+:class:`Registry` checks them against the host's view of that PID (:mod:`.hostview`): PID
+namespace (device, inode), innermost NSpid, start ticks and boot id, all equal, the process
+the connection is bound to, owned by the socket's UID. Then the content is *proven* for that
+host PID while the connection stays open and its process lives; it is dropped when either
+ends (a connection whose process ended is closed). Each line is answered with one line:
+``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": "..."}``; a refusal names the
+caller's claim that failed, never what the host sees of any process.
 
 Over TCP (``tcp=(host, port)``, the command's ``--agent-listen``: kernels in pods that have
 neither the host's PID namespace nor the share directory) the lines and answers are the same;
 no credentials come with a TCP connection, so the caller is the host process that holds the
 connecting socket, found from the host's side (:mod:`.netpeer`) at its first line, never
-what it says. Either way a line ``{"request": "resolution"}`` is answered with
-``{"ok": true, "written_at": W, "resolution": {...}}``: the node's resolution as the caller may
-see it (``resolution(host_pid)`` gives ``(written_at, its text)``; a pod's kernel has no share
-directory to read it from), only to a caller that is a process on this node; with
+what it says, and bound by its start ticks (and a pidfd where ``pidfd_open`` works). Either
+way a line ``{"request": "resolution"}`` is answered with ``{"ok": true, "written_at": W,
+"resolution": {...}}``: the node's resolution as the caller may see it (``resolution(host_pid)``
+gives ``(written_at, its text)``), only to a caller that is a process on this node; with
 ``"since": W`` of the one it has, ``{"ok": true, "written_at": W, "unchanged": true}``.
 
-The server is one selector loop on a daemon thread, with limits: connections in all and per
-peer PID, 64 KiB lines (a longer one, or one that is not a JSON object, is refused and the
-connection closed), a first line within 30 s, a started line finished within 10 s, and a peer
-that does not read its answers is let go.
+It keeps serving under attack. One selector loop on a thread accepts, reads, parses, writes:
+connections are limited at accept, before any line, per caller group (a PID namespace, a host
+user, a network namespace or address: :mod:`.admission`), with a share of the slots kept for
+groups with none open, and per host PID; each line's judgement (the host's view, a TCP
+caller's socket search) is a job for :mod:`.lookups`' workers, one at a time per group.
+Lines are at most 64 KiB (else, or not a JSON object: refused, closed); a proof must come
+within 30 s, a started line finish within 10 s; answers are queued by reference
+(:mod:`.connection`), and a peer that leaves them unread (``write_s``) is dropped.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
 import os
 import selectors
@@ -39,8 +44,20 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 
+from jax_nbmem.agent.admission import Admission, enough_descriptors, unix_group
+from jax_nbmem.agent.binding import PROCESS_ENDED, bind_unix
+from jax_nbmem.agent.connection import Connection
+from jax_nbmem.agent.judging import (
+    MAX_ANSWER_BYTES,
+    RESOLUTION_REQUEST,
+    Ended,
+    Judging,
+    release,
+)
+from jax_nbmem.agent.lookups import Lookups
 from jax_nbmem.agent.netpeer import PeerFinder
 from jax_nbmem.agent.registry import (
     AGENT_DIR,
@@ -50,7 +67,7 @@ from jax_nbmem.agent.registry import (
     beacon_from_content,
     prepare_agent_dir,
 )
-from jax_nbmem.agent.tcp import LISTENER_TCP, Connection, TcpSide
+from jax_nbmem.agent.tcp import LISTENER_TCP, MAX_LINE_BYTES, TcpSide
 
 __all__ = [
     "AGENT_DIR",
@@ -69,19 +86,18 @@ __all__ = [
 log = logging.getLogger("jax_nbmem")
 
 SOCKET_NAME = "agent.sock"
-MAX_LINE_BYTES = 64 * 1024
-# A resolution answer may be long (8 GPUs x 200 kernels' beacons); a peer that leaves more
-# than this unread is let go.
-MAX_ANSWER_BYTES = 32 << 20
-RESOLUTION_REQUEST = "resolution"
 _UNIX = "unix"
+_WAKE = "wake"
 _PEERCRED = struct.Struct("3i")
+_EXPIRE_EVERY_S = 0.25
 
 
-class AgentServer(TcpSide):
+class AgentServer(TcpSide, Judging):
     """Listens on ``S/agent/agent.sock`` and feeds a :class:`Registry` (see the module).
 
     ``on_change`` is called (on the server's thread) after a registration came or went.
+    ``reserved`` slots of ``max_connections`` (a quarter unless given) are kept for groups
+    with none open; ``peer_pidfd=False`` binds by start ticks alone.
     """
 
     def __init__(
@@ -91,12 +107,18 @@ class AgentServer(TcpSide):
         *,
         max_connections: int = 1024,
         max_per_pid: int = 4,
+        max_per_group: int = 64,
+        reserved: int | None = None,
         first_line_s: float = 30.0,
         line_s: float = 10.0,
+        write_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
         tcp: tuple[str, int] | None = None,
         peers: PeerFinder | None = None,
         resolution: Callable[[int], tuple[float, str] | None] | None = None,
+        lookup_workers: int = 4,
+        lookup_budget_s: float = 1.0,
+        peer_pidfd: bool = True,
     ) -> None:
         self.share_dir = share_dir
         self.tcp = tcp
@@ -106,19 +128,28 @@ class AgentServer(TcpSide):
         self.registry = registry
         self.max_connections = max_connections
         self.max_per_pid = max_per_pid
+        reserve = max_connections // 4 if reserved is None else reserved
+        self.admission = Admission(max_connections, max_per_group, reserve)
         self.first_line_s = first_line_s
         self.line_s = line_s
+        self.write_s = write_s
         self.on_change = on_change
+        self.peer_pidfd = peer_pidfd
         self.directory = ""
         self.path = ""
         self._listener: socket.socket | None = None
         self._tcp_listener: socket.socket | None = None
-        self._answers: dict[tuple[float, int], tuple[str, bytes]] = {}
+        self._answers: dict[tuple[float, int], tuple[str, tuple]] = {}
         self._selector: selectors.BaseSelector | None = None
         self._connections: dict[int, Connection] = {}
+        self._per_pid: Counter = Counter()
         self._numbers = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._done: deque = deque()  # (connection, verdict) from the look-up workers
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self.lookups = Lookups(self._delivered, workers=lookup_workers, budget_s=lookup_budget_s)
+        self._expired_at = self._swept_at = 0.0
         self.refused = 0
 
     def start(self) -> str:
@@ -132,7 +163,12 @@ class AgentServer(TcpSide):
             return self.path
         if self.share_dir is None and self.tcp is None:
             raise AgentDirError("neither a share directory nor a TCP address to listen on")
+        enough_descriptors(2 * self.max_connections + 64)  # a socket and a pidfd each
         self._selector = selectors.DefaultSelector()
+        self._wake = socket.socketpair()
+        for end in self._wake:
+            end.setblocking(False)
+        self._selector.register(self._wake[0], selectors.EVENT_READ, _WAKE)
         try:
             if self.share_dir is not None:
                 self._listen_unix()
@@ -142,6 +178,7 @@ class AgentServer(TcpSide):
             self.stop()  # what was made is undone: the socket, the selector
             raise
         self._stop.clear()
+        self.lookups.start()
         self._thread = threading.Thread(target=self._serve, name="jax-nbmem-agent", daemon=True)
         self._thread.start()
         return self.path
@@ -154,7 +191,7 @@ class AgentServer(TcpSide):
         try:
             listener.bind(self.path)
             os.chmod(self.path, 0o666)  # every container's kernel may connect
-            listener.listen(128)
+            listener.listen(1024)  # a burst of connections is accepted and judged, not lost
             listener.setblocking(False)
         except OSError as error:
             listener.close()
@@ -170,11 +207,14 @@ class AgentServer(TcpSide):
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(5.0)
+        self.lookups.stop()
         for connection in list(self._connections.values()):
+            connection.busy = False  # the workers are gone
             self._close(connection)
-        if self._tcp_listener is not None:
-            self._tcp_listener.close()
-            self._tcp_listener = None
+        for listener in (self._tcp_listener, *(self._wake or ())):
+            if listener is not None:
+                listener.close()
+        self._tcp_listener = self._wake = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -221,9 +261,17 @@ class AgentServer(TcpSide):
                     self._accept()
                 elif key.data == LISTENER_TCP:
                     self._accept_tcp()
-                else:
+                elif key.data == _WAKE:
+                    self._take_verdicts()
+                elif isinstance(key.data, Ended):
+                    if key.data.connection.number in self._connections:
+                        self._refuse(key.data.connection, PROCESS_ENDED, close=True)
+                elif key.data.number in self._connections:
                     self._service(key.data, mask)
-            self._expire(time.monotonic())
+            now = time.monotonic()
+            if now - self._expired_at > _EXPIRE_EVERY_S:
+                self._expired_at = now
+                self._expire(now)
 
     def _accept(self) -> None:
         for _ in range(64):  # what is waiting now, bounded
@@ -243,23 +291,50 @@ class AgentServer(TcpSide):
                 sock.close()
                 continue
             self._numbers += 1
-            connection = Connection(sock, self._numbers, pid, uid, time.monotonic(),
-                                     bytearray(), bytearray())  # fmt: skip
+            connection = Connection(sock, self._numbers, pid, uid, time.monotonic(), bytearray())
             reason = self._admit(connection)
-            self._connections[connection.number] = connection
-            self._selector.register(sock, selectors.EVENT_READ, connection)
-            if reason is not None:
-                self._refuse(connection, reason, close=True)
+            if reason is None:
+                connection.binding = bind_unix(
+                    sock, pid, self.registry.viewer, pidfd=self.peer_pidfd
+                )
+                if connection.binding is None:
+                    reason = PROCESS_ENDED
+            self._open(connection, reason)
 
     def _admit(self, connection: Connection) -> str | None:
         if connection.pid <= 0:
             return "your PID is not visible from the agent's PID namespace"
-        if len(self._connections) >= self.max_connections:
-            return f"the agent has {self.max_connections} connections already"
-        same = sum(1 for c in self._connections.values() if c.pid == connection.pid)
-        if same >= self.max_per_pid:
-            return f"host PID {connection.pid} has {same} connections already"
-        return None
+        connection.group = unix_group(self.registry.viewer.proc, connection.pid, connection.uid)
+        reason = self.admission.refusal(connection.group)
+        if reason is None and self._per_pid[connection.pid] >= self.max_per_pid:
+            reason = f"host PID {connection.pid} has {self.max_per_pid} connections already"
+        return reason
+
+    def _open(self, connection: Connection, reason: str | None) -> None:
+        """Serve ``connection``, or refuse it with ``reason`` (counted in no limit)."""
+        self._connections[connection.number] = connection
+        self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+        if reason is not None:
+            connection.group = ()
+            self._refuse(connection, reason, close=True)
+            return
+        self.admission.opened(connection.group)
+        self._count_pid(connection)
+        if connection.binding is not None and connection.binding.pidfd is not None:
+            self._selector.register(connection.binding.pidfd, selectors.EVENT_READ,
+                                    Ended(connection))  # fmt: skip
+
+    def _count_pid(self, connection: Connection) -> None:
+        """Keep ``_per_pid`` right after the connection's host PID was learnt or changed."""
+        counted = connection.counted_pid
+        if counted != connection.pid:
+            if counted:
+                self._per_pid[counted] -= 1
+                if self._per_pid[counted] <= 0:
+                    del self._per_pid[counted]
+            if connection.pid > 0:
+                self._per_pid[connection.pid] += 1
+            connection.counted_pid = connection.pid
 
     def _service(self, connection: Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
@@ -276,7 +351,11 @@ class AgentServer(TcpSide):
             self._close(connection)
             return
         connection.inbox += data
-        while not connection.closing:
+        self._lines(connection)
+
+    def _lines(self, connection: Connection) -> None:
+        """Judge the connection's next complete line, unless one is being judged."""
+        while not connection.closing and not connection.busy:
             end = connection.inbox.find(b"\n")
             if end < 0:
                 break
@@ -286,110 +365,30 @@ class AgentServer(TcpSide):
         if connection.closing:
             return
         if len(connection.inbox) > MAX_LINE_BYTES:
-            self._refuse(connection, "a line over 64 KiB", close=True)
-        else:
+            why = "a line over 64 KiB" if not connection.busy else "64 KiB sent before an answer"
+            self._refuse(connection, why, close=True)
+        elif not connection.busy:
             connection.line_since = time.monotonic() if connection.inbox else None
-
-    def _line(self, connection: Connection, line: bytes) -> None:
-        if len(line) > MAX_LINE_BYTES:
-            self._refuse(connection, "a line over 64 KiB", close=True)
-            return
-        try:
-            content = json.loads(line)
-        except (ValueError, RecursionError):
-            content = None
-        if not isinstance(content, dict):
-            self._refuse(connection, "not a JSON object", close=True)
-            return
-        if connection.peer is not None:
-            reason = self._holders(connection)
-            if reason is not None:
-                self._refuse(connection, reason, close=True)
-                return
-        if content.get("request") == RESOLUTION_REQUEST:
-            self._answer_resolution(connection, content.get("since"))
-            return
-        reason = self._register(connection, content)
-        if reason is not None:
-            if connection.proven and self.registry.drop(connection.number):
-                connection.proven = False  # what it proved before no longer stands
-                self._changed()
-            self._refuse(connection, reason, close=False)
-            return
-        connection.proven = True
-        self._send(connection, {"ok": True, "pid": connection.pid})
-        self._changed()
-
-    def _register(self, connection: Connection, content: dict) -> str | None:
-        """Prove ``content`` for the caller's host PID (over TCP: one holder of its socket)."""
-        candidates = connection.holders or (connection.pid,)
-        reason = None
-        for pid in candidates:  # after a fork several hold it: the claims say which one
-            uid = connection.uid
-            if connection.peer is not None:
-                seen = self.registry.viewer.view(pid)
-                uid = seen.uid if seen is not None and seen.uid is not None else -1
-            reason = self.registry.register(pid, uid, content, connection.number)
-            if reason is None:
-                connection.pid = pid
-                return None
-        return reason
-
-    def _refuse(self, connection: Connection, reason: str, *, close: bool) -> None:
-        self.refused += 1
-        log.info("jax-nbmem agent: refused host PID %s: %s", connection.pid, reason)
-        self._send(connection, {"ok": False, "reason": reason})
-        if close:
-            connection.closing = True
-            self._flush(connection)
-            self._close(connection)
-
-    def _send(self, connection: Connection, answer: dict) -> None:
-        self._send_raw(connection, json.dumps(answer).encode() + b"\n")
-
-    def _send_raw(self, connection: Connection, line: bytes) -> None:
-        if len(connection.outbox) > MAX_LINE_BYTES:  # it does not read its answers
-            self._close(connection)
-            return
-        if len(connection.outbox) + len(line) > MAX_ANSWER_BYTES:
-            line = json.dumps({"ok": False, "reason": "the answer is too long"}).encode() + b"\n"
-        connection.outbox += line
-        self._flush(connection)
-
-    def _flush(self, connection: Connection) -> None:
-        if connection.number not in self._connections:
-            return
-        try:
-            sent = connection.sock.send(connection.outbox) if connection.outbox else 0
-            del connection.outbox[:sent]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as error:
-            if error.errno not in (errno.EAGAIN,):
-                self._close(connection)
-                return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.outbox else 0)
-        try:
-            self._selector.modify(connection.sock, events, connection)
-        except (KeyError, ValueError, OSError):
-            pass
-
-    def _expire(self, now: float) -> None:
-        for connection in list(self._connections.values()):
-            if connection.line_since is not None and now - connection.line_since > self.line_s:
-                self._refuse(connection, f"a line unfinished after {self.line_s:g} s", close=True)
-            elif not connection.proven and now - connection.accepted_at > self.first_line_s:
-                self._refuse(connection, f"nothing proven after {self.first_line_s:g} s",
-                             close=True)  # fmt: skip
 
     def _close(self, connection: Connection) -> None:
         if self._connections.pop(connection.number, None) is None:
             return
-        try:
-            self._selector.unregister(connection.sock)
-        except (KeyError, ValueError, OSError, AttributeError):
-            pass
+        connection.closing = True
+        if connection.outbox:  # a last refusal: sent if the socket takes it now
+            connection.flush()
+        for fd in (connection.sock, connection.binding and connection.binding.pidfd):
+            try:
+                if fd is not None:
+                    self._selector.unregister(fd)
+            except (KeyError, ValueError, OSError, AttributeError):
+                pass
         connection.sock.close()
+        if not connection.busy:  # else a worker may still poll its pidfd: released after
+            release(connection)
+        if connection.group:
+            self.admission.closed(connection.group)
+            connection.pid = 0
+            self._count_pid(connection)
         if self.registry.drop(connection.number):
             self._changed()
 

@@ -132,7 +132,7 @@ def test_forged_claims_over_tcp_are_refused_with_their_reason(agent_on, subnet):
         assert "pid_in_ns 7 is not" in said[0]["reason"]
         assert "start_ticks 12345 is not" in said[1]["reason"]
         assert "pid_ns [1, 2] is not the namespace" in said[2]["reason"]
-        assert "the beacon's pid 99 is not 1" in said[3]["reason"]
+        assert "the beacon's pid 99 is not its PID" in said[3]["reason"]
         assert agent.registry.proven() == {}
         assert agent.refused >= 4
 

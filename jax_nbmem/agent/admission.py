@@ -1,0 +1,130 @@
+"""Who may open a connection to the node agent: limits at accept, before the first line.
+
+A caller's *group* is what a limit counts, read from the host's side at accept (nothing the
+caller says yet):
+
+- Unix socket: its PID namespace, the outermost one below the host's (a container's, or a
+  pod's; namespaces a caller nests inside it count as that one), read through
+  ``/proc/PID/ns/pid`` and the kernel's ``NS_GET_PARENT``. A process in the host's own PID
+  namespace is grouped by its UID instead: on a plain host users are distinct, whereas every
+  container runs as the same ``jovyan`` (uid 1000), so a per-user limit there would make one
+  container's quota every container's.
+- TCP: the network namespace that owns the source address (the peer finder's map, as it
+  stands: no ``/proc`` walk at accept), else the address itself.
+
+:class:`Admission` counts open connections by group and admits a new one unless the agent is
+full, its group has ``per_group`` already, or only the reserved share of the slots is left
+and its group already has one open (the reserve is kept for callers with none). Refusals
+name the caller's own group only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+from collections import Counter
+
+__all__ = ["Admission", "enough_descriptors", "unix_group"]
+
+_NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
+_MAX_NESTING = 32  # the kernel's own bound on PID namespace nesting
+
+
+def unix_group(proc: str, pid: int, uid: int) -> tuple:
+    """The group of a Unix-socket caller (host PID ``pid``, socket UID ``uid``); see the module."""
+    try:
+        fd = os.open(f"{proc}/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ("uid", uid)  # unreadable (gone, or no ptrace access): counted as its user
+    try:
+        outer = os.fstat(fd).st_ino
+        own_ino = os.stat(f"{proc}/{os.getpid()}/ns/pid").st_ino
+        if outer == own_ino:
+            return ("uid", uid)
+        for _ in range(_MAX_NESTING):  # up to the namespace whose parent is the agent's
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:
+                break  # the parent is outside the agent's namespace, or no NS_GET_PARENT
+            try:
+                parent_ino = os.fstat(parent).st_ino
+            finally:
+                os.close(fd)
+                fd = parent
+            if parent_ino == own_ino:
+                break
+            outer = parent_ino
+        return ("pid_ns", outer)
+    except OSError:
+        return ("uid", uid)
+    finally:
+        os.close(fd)
+
+
+class Admission:
+    """Open connections by group, and whether one more may open (see the module).
+
+    ``reserve`` slots of ``limit`` are kept for groups with no connection open.
+    """
+
+    def __init__(self, limit: int, per_group: int, reserve: int) -> None:
+        if not 0 <= reserve < limit or per_group < 1:
+            raise ValueError("admission wants 0 <= reserve < limit and per_group >= 1")
+        self.limit = limit
+        self.per_group = per_group
+        self.reserve = reserve
+        self._open: Counter = Counter()
+        self.total = 0
+
+    def refusal(self, group: tuple) -> str | None:
+        """Why a connection of ``group`` may not open now, or None (it may)."""
+        mine = self._open[group]
+        if self.total >= self.limit:
+            return f"the agent has {self.limit} connections already"
+        if mine >= self.per_group:
+            return f"your {_said(group)} has {mine} connections to the agent already"
+        if mine and self.total >= self.limit - self.reserve:
+            return (
+                f"the agent keeps its last {self.reserve} connections for callers with none "
+                f"open, and your {_said(group)} has {mine}"
+            )
+        return None
+
+    def opened(self, group: tuple) -> None:
+        """Count a connection of ``group`` as open."""
+        self._open[group] += 1
+        self.total += 1
+
+    def closed(self, group: tuple) -> None:
+        """A connection of ``group`` closed."""
+        self._open[group] -= 1
+        if self._open[group] <= 0:
+            del self._open[group]
+        self.total -= 1
+
+    def open_in(self, group: tuple) -> int:
+        """How many connections ``group`` has open."""
+        return self._open[group]
+
+
+def _said(group: tuple) -> str:
+    kind = group[0]
+    if kind == "uid":
+        return f"user (uid {group[1]})"
+    if kind == "pid_ns":
+        return "PID namespace"
+    if kind == "net_ns":
+        return "network namespace"
+    return f"address {group[1]}"
+
+
+def enough_descriptors(wanted: int) -> None:
+    """Raise this process's soft limit on open files towards ``wanted`` (up to the hard one)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    except (OSError, ValueError):
+        pass  # the limit stays; accept says EMFILE when it is reached
