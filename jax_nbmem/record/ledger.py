@@ -6,11 +6,17 @@ the readings that cannot block (JAX's GPU allocator counters, through the sample
 :meth:`~jax_nbmem.record.sampler.Sampler.quick_gpu_reading`, where there are any), takes the
 sampler's latest sample as "before", and leaves the complete reading after the cell to the
 sampler's thread (the cell queues itself; see ``Sampler.read_after_cells``), which is folded into
-the record when it arrives, with its delay. When cells
-follow each other faster than that reading (Run All), the first cell's "after" is read while the
-next one runs and the next cell's "before" is the latest reading from before it started, which
-may be from inside the previous cell: both records say so in their ``notes``, as does a record
-read before its reading arrived. Never a guess. Neither method raises: IPython prints a
+the record when it arrives, with its delay.
+
+The invariant: a cell's "after" is read after it ends and before the next cell starts, so no
+cell is ever charged with another's memory. When the next cell starts before the sampler's
+thread has delivered that reading (Run All: cells back to back), the start claims the previous
+cell and takes the reading itself (:meth:`Sampler.boundary_reading`): one reading per boundary,
+which is both the previous cell's "after" and this cell's "before"; a reading of the thread's
+that arrives later is not used for it. When readings are slow (NVML hangs), the start does not
+wait: the two cells become one span, said by the later record's ``span_start`` (and the
+earlier one's ``notes``). JAX's counters are read at both ends of every cell by the hooks
+themselves, so they are always the cell's own. Never a guess. Neither method raises: IPython prints a
 traceback after every cell when a callback raises. Nothing of a cell's exception is kept but its
 type and message, so a failed cell's frames (and the arrays they hold) are not kept alive by the
 ledger.
@@ -45,6 +51,10 @@ _ERROR_MESSAGE_CHARS = 300
 _STALE_BEFORE_S = 1.0
 _AFTER_WAITING = "GPU figures after the cell: not read yet (the sampler reads them next)"
 _AFTER_MISSED = "GPU figures after the cell: not read (the sampler could not be asked)"
+_AFTER_SPANNED = (
+    "figures after the cell: not read (the next cell started while NVML was slow); "
+    "the next cell's record covers both (its span_start)"
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,18 @@ class CellRecord:
     exactly. A peak is never below its cell's before or after. ``free_at_start`` and
     ``free_min`` are the GPU's free memory (all processes). ``error`` is the exception's type
     name and ``error_message`` its message (shortened); the exception itself is not kept.
+
+    Every "before" and "after" is read between cells (see the module's docstring), except in a
+    span: ``span_start`` is ``None`` for a record of this cell alone, else the execution count
+    of the first cell of a run of cells that had no reading between them (NVML was too slow
+    to read at the boundary). Then the NVML and host figures (``gpu_self_*``, ``free_*``,
+    ``host_rss_*``, ``live_array_*``) are the span's: "before" is read before its first cell,
+    and the earlier cells' "after" is ``None``; JAX's ``jax_in_use_*`` stay the cell's own.
+
+    ``live_array_bytes_before``/``_after`` are only figures walked at that boundary (walking
+    ``jax.live_arrays()`` costs time per array, so it is done there only while it is cheap);
+    otherwise they are ``None`` and ``live_array_bytes_seen`` is the latest walk's total at
+    the cell's end, taken at ``live_array_seen_at`` (``time.time()``): never the cell's.
     """
 
     execution_count: int | None
@@ -92,6 +114,9 @@ class CellRecord:
     error_message: str | None = None
     gpu_after_delay_s: float | None = None
     notes: tuple[str, ...] = ()
+    span_start: int | None = None
+    live_array_bytes_seen: int | None = None
+    live_array_seen_at: float | None = None
 
     @property
     def gpu_self_retained(self) -> int | None:
@@ -138,10 +163,11 @@ class _Cell:
     peaks: Any = None
     after: Any = None
     after_started: float | None = None
-    # "none" (no sampler to ask), "waiting", "taken" or "missed".
+    # "none" (no sampler to ask), "waiting", "claimed" (the next cell's start reads it),
+    # "taken", "missed" or "spanned" (the next cell started and nothing could be read).
     after_state = "none"
-    next_started: float | None = None
-    before_early = False  # "before" was read before the previous cell had ended
+    previous_ended_at: float | None = None  # time.time() the cell before this one ended
+    span_from: _Cell | None = None  # the first cell of this cell's span, if in one
     # The sampler's count of samples at both ends: equal when none came while it ran.
     samples_at_start = 0
     samples_at_end = 0
@@ -232,9 +258,12 @@ class Ledger:
             return
         records = self._records
         previous = records[-1] if records else None
-        if type(previous) is _Cell and previous.after_state == "waiting":
-            previous.next_started = cell.started_mono
-        else:
+        if type(previous) is _Cell:
+            cell.previous_ended_at = previous.ended_at
+            if previous.after_state != "waiting":
+                previous = None
+        else:  # a record built already, or none (the cell that loaded the extension)
+            cell.previous_ended_at = self.last_finished_at
             previous = None
         self._open = cell
         sampler = self._sampler
@@ -243,19 +272,51 @@ class Ledger:
         try:
             if sampler.quick_gpus:
                 cell.quick_before = sampler.quick_gpu_reading()
-            # Between cells nothing of ours changes, so the sampler's latest sample stands
-            # for "before" (it carries its own time). Without its thread, one is taken here.
-            before = sampler.latest_sample
-            if before is None and not sampler.running:
-                before = sampler.sample_now()
-            cell.before = before
+            if previous is not None:  # back to back: its reading has not come
+                cell.before = self._read_boundary(previous, cell, sampler)
+            else:
+                # Between cells nothing of ours changes, so the sampler's latest sample
+                # stands for "before" (it carries its own time). Without its thread, one is
+                # taken here.
+                before = sampler.latest_sample
+                if before is None and not sampler.running:
+                    before = sampler.sample_now()
+                cell.before = before
             cell.samples_at_start = sampler.samples_taken
-            if previous is not None and before is not None and previous.ended_at is not None:
-                # The previous cell's own reading has not come yet: the latest is older.
-                cell.before_early = before.t < previous.ended_at
             sampler.busy = True
         except Exception as exc:
             self._remember(exc)
+
+    def _read_boundary(self, previous: _Cell, cell: _Cell, sampler: Any) -> Any:
+        """The reading between *previous* (still waiting for its "after") and *cell*.
+
+        Claims *previous* under the lock, so that the sampler's thread, which may be delivering
+        a reading begun before this start, cannot hand it over once this cell may have run:
+        either the thread delivered first (then its reading, the latest sample, is "before"
+        too) or this start reads. Returns the sample that stands for *cell*'s "before".
+        """
+        with self._lock:
+            claimed = previous.after_state == "waiting"
+            if claimed:
+                previous.after_state = "claimed"
+        if not claimed:
+            return sampler.latest_sample
+        try:
+            reading = sampler.boundary_reading()
+        except Exception as exc:
+            self._remember(exc)
+            reading = None
+        with self._lock:
+            if reading is None:  # too slow to read now: the two cells are one span
+                previous.after_state = "spanned"
+                cell.span_from = previous.span_from or previous
+                before = cell.span_from.before
+            else:
+                began, before = reading
+                previous.after, previous.after_started = before, began
+                previous.after_state = "taken"
+            self._arrived.notify_all()
+        return before
 
     def cell_finished(
         self,
@@ -311,7 +372,11 @@ class Ledger:
                 cell.after_state = "missed"
 
     def _has_unread(self) -> bool:
-        return bool(self._unread)
+        # The sampler's thread asks; cells a start has read for are dropped here, on it.
+        unread = self._unread
+        while unread and unread[0].after_state != "waiting":
+            unread.popleft()
+        return bool(unread)
 
     def _readings_arrived(self, sample: Any, started: float) -> None:
         """A reading that began at monotonic *started*: it is "after" for the cells that ended.
@@ -331,7 +396,8 @@ class Ledger:
         """The sampler's reading after ``cell`` (its thread, or ours without a thread).
 
         The cell's peaks are worked out here, from the samples the sampler kept while the
-        cell ran: off the cell's path, once per cell.
+        cell ran: off the cell's path, once per cell. Only a cell still waiting takes it:
+        one that the next cell's start claimed has its reading from there.
         """
         peaks = self._peaks(cell)
         with self._lock:
@@ -368,13 +434,13 @@ class Ledger:
             if isinstance(entry, CellRecord):
                 return entry
             try:
-                if entry.after_state == "waiting" and entry.peaks is None:
-                    entry.peaks = self._peaks(entry)  # what the samples say so far
+                if entry.peaks is None:  # still waiting, or read at the next start
+                    entry.peaks = self._peaks(entry)  # what the samples say (so far)
                 record = _build_record(entry)
             except Exception as exc:
                 self._remember(exc)
                 return None
-            if entry.after_state != "waiting":
+            if entry.after_state not in ("waiting", "claimed"):
                 self._records[index] = record  # final: the samples it came from can go
             return record
 
@@ -386,7 +452,9 @@ class Ledger:
         """
 
         def settled() -> bool:
-            return not any(isinstance(e, _Cell) and e.after_state == "waiting" for e in tail)
+            return not any(
+                isinstance(e, _Cell) and e.after_state in ("waiting", "claimed") for e in tail
+            )
 
         with self._arrived:
             # Only the newest cells can still be waiting: their readings come in order.
@@ -428,24 +496,24 @@ def _message(error: BaseException) -> str | None:
 def _build_record(cell: _Cell) -> CellRecord:
     before, peaks = cell.before, cell.peaks
     after = cell.after if cell.after_state == "taken" else None
+    span = cell.span_from
     quick_before, quick_after = cell.quick_before, cell.quick_after
     indices = sorted(
         {g.index for sample in (before, after) if sample is not None for g in sample.gpus}
         | {g.index for g in (peaks.gpus if peaks is not None else ())}
     )
     notes = []
-    if cell.after_state == "waiting":
+    if cell.after_state in ("waiting", "claimed"):
         notes.append(_AFTER_WAITING)
     elif cell.after_state == "missed":
         notes.append(_AFTER_MISSED)
-    elif cell.next_started is not None and (cell.after_started or 0.0) > cell.next_started:
-        into = format_duration(cell.after_started - cell.next_started)
-        notes.append(f"GPU figures after the cell: read {into} after the next cell started")
-    if cell.before_early and indices and before is not None:
-        age = format_duration(cell.started_at - before.t)
+    elif cell.after_state == "spanned":
+        notes.append(_AFTER_SPANNED)
+    if span is not None:
         notes.append(
-            f"GPU figures before the cell: read {age} before it started, while the previous "
-            "cell still ran"
+            "figures before the cell: read before cell "
+            f"[{MISSING if span.execution_count is None else span.execution_count}], "
+            "the first of a span with no reading between its cells (NVML was slow)"
         )
     elif before is not None and indices and cell.started_at - before.t > _STALE_BEFORE_S:
         age = format_duration(cell.started_at - before.t)
@@ -460,6 +528,11 @@ def _build_record(cell: _Cell) -> CellRecord:
     )
     host_before = before.host if before is not None else None
     host_after = after.host if after is not None else None
+    began = span.previous_ended_at if span is not None else cell.previous_ended_at
+    live_before = _walked_since(host_before, began)
+    live_after = _walked_since(host_after, cell.ended_at)
+    seen = host_after if host_after is not None else host_before
+    seen_bytes = getattr(seen, "live_array_bytes", None) if live_after is None else None
     rss_before = getattr(host_before, "rss_bytes", None)
     rss_after = getattr(host_after, "rss_bytes", None)
     ended = cell.ended_mono
@@ -484,12 +557,30 @@ def _build_record(cell: _Cell) -> CellRecord:
         host_rss_before=rss_before,
         host_rss_peak=extreme([getattr(peaks, "max_rss_bytes", None), rss_before, rss_after]),
         host_rss_after=rss_after,
-        live_array_bytes_before=getattr(host_before, "live_array_bytes", None),
-        live_array_bytes_after=getattr(host_after, "live_array_bytes", None),
+        live_array_bytes_before=live_before,
+        live_array_bytes_after=live_after,
         error_message=cell.error_message,
         gpu_after_delay_s=delay,
         notes=tuple(notes),
+        span_start=None if span is None else span.execution_count,
+        live_array_bytes_seen=seen_bytes,
+        live_array_seen_at=None if seen_bytes is None else seen.live_array_at,
     )
+
+
+def _walked_since(host: Any, since: float | None) -> int | None:
+    """The live arrays' bytes in *host* if they were walked at or after *since*, else None.
+
+    A sample carries the latest walk's total, which may be older than the sample: only a
+    walk after a cell's boundary tells what was live at it. *since* ``None`` (no cell before
+    this one): any walk in the sample is from before this cell started, so it stands.
+    """
+    if host is None or host.live_array_bytes is None:
+        return None
+    at = getattr(host, "live_array_at", None)
+    if since is None or (at is not None and at >= since):
+        return host.live_array_bytes
+    return None
 
 
 def _first_line(source: str | None) -> str:
