@@ -52,8 +52,8 @@ _STALE_BEFORE_S = 1.0
 _AFTER_WAITING = "GPU figures after the cell: not read yet (the sampler reads them next)"
 _AFTER_MISSED = "GPU figures after the cell: not read (the sampler could not be asked)"
 _AFTER_SPANNED = (
-    "figures after the cell: not read (the next cell started while NVML was slow); "
-    "the next cell's record covers both (its span_start)"
+    "figures after the cell: not read (the next cell started while the sampler's readings "
+    "were slow: its first, or a slow NVML); the next cell's record covers both (its span_start)"
 )
 
 
@@ -274,13 +274,18 @@ class Ledger:
                 cell.quick_before = sampler.quick_gpu_reading()
             if previous is not None:  # back to back: its reading has not come
                 cell.before = self._read_boundary(previous, cell, sampler)
+                # The cell's own time begins once the boundary is read.
+                cell.started_at, cell.started_mono = self._clock(), self._monotonic()
             else:
                 # Between cells nothing of ours changes, so the sampler's latest sample
-                # stands for "before" (it carries its own time). Without its thread, one is
-                # taken here.
+                # stands for "before" (it carries its own time). Before the thread's first
+                # one (the cell after the extension's), one is taken here.
                 before = sampler.latest_sample
                 if before is None and not sampler.running:
                     before = sampler.sample_now()
+                elif before is None:  # unless NVML is slow: then "before" is unknown
+                    timed = sampler.boundary_reading()
+                    before = timed[1] if timed is not None else None
                 cell.before = before
             cell.samples_at_start = sampler.samples_taken
             sampler.busy = True
@@ -513,7 +518,7 @@ def _build_record(cell: _Cell) -> CellRecord:
         notes.append(
             "figures before the cell: read before cell "
             f"[{MISSING if span.execution_count is None else span.execution_count}], "
-            "the first of a span with no reading between its cells (NVML was slow)"
+            "the first of a span with no reading between its cells (readings were slow)"
         )
     elif before is not None and indices and cell.started_at - before.t > _STALE_BEFORE_S:
         age = format_duration(cell.started_at - before.t)
@@ -605,6 +610,15 @@ def _status(record: CellRecord) -> str:
     return "ok"
 
 
+def _live_arrays(record: CellRecord) -> str:
+    """The live arrays after the cell, or the latest walk's total "as of" its time."""
+    if record.live_array_bytes_after is not None or record.live_array_bytes_seen is None:
+        return format_bytes(record.live_array_bytes_after)
+    at = record.live_array_seen_at
+    when = MISSING if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+    return f"{format_bytes(record.live_array_bytes_seen)} as of {when}"
+
+
 def format_table(records: Iterable[CellRecord]) -> str:
     """Render records as a text table for ``%jaxmem cells``; unknown values show as "—".
 
@@ -622,8 +636,11 @@ def format_table(records: Iterable[CellRecord]) -> str:
                   "retained", "live arrays"]  # fmt: skip
     rows = []
     for r in rows_in:
+        number = MISSING if r.execution_count is None else str(r.execution_count)
+        if r.span_start is not None:  # its memory figures are the span's
+            number = f"{r.span_start}–{number}"
         row = [
-            MISSING if r.execution_count is None else str(r.execution_count),
+            number,
             printable(_truncate(r.first_line, _TABLE_CELL_CHARS)),
             format_duration(r.duration_s),
             _status(r),
@@ -638,7 +655,7 @@ def format_table(records: Iterable[CellRecord]) -> str:
         else:
             row += [format_bytes(r.host_rss_before), format_bytes(r.host_rss_peak),
                     format_bytes(r.host_rss_after), format_bytes_delta(r.host_rss_retained),
-                    format_bytes(r.live_array_bytes_after)]  # fmt: skip
+                    _live_arrays(r)]  # fmt: skip
         rows.append(row)
     widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
     left_aligned = {1, 3}
@@ -655,4 +672,9 @@ def format_table(records: Iterable[CellRecord]) -> str:
         lines.append("GPU = this process per NVML; peaks are sampled; ≥ = JAX peak at least this.")
     else:
         lines.append("No GPU seen: host memory of this process (RSS) instead of GPU memory.")
+    if any(r.span_start is not None for r in rows_in):
+        lines.append(
+            "a–b = cells with no reading between them (readings were slow): memory figures "
+            "for them together."
+        )
     return "\n".join(lines)

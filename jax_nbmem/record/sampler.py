@@ -136,9 +136,11 @@ class Sampler:
         # cell's start can tell whether the latest reading began after the previous cell ended.
         self.latest_timed: tuple[float, Sample] | None = None
         # When the reading under way began (monotonic; None when none is), and how long the
-        # last one took: a cell's start takes a reading itself only while they are quick.
+        # last two took: a cell's start takes a reading itself only while they are quick (one
+        # slow reading is not enough: the first one imports and starts NVML).
         self.reading_since: float | None = None
         self.last_reading_s = 0.0
+        self._reading_before_last_s = 0.0
         self.quick_gpus = True
         self.samples_taken = 0  # grows by one per sample: tells whether any came meanwhile
         self.busy = False  # a cell runs: see set_busy
@@ -151,7 +153,7 @@ class Sampler:
         self._process_read_at = -math.inf
         self._live_bytes: int | None = None
         self._live_at: float | None = None
-        self._live_cost = math.inf  # what the last walk of the live arrays took (s)
+        self._live_cost = 0.0  # what the last walk of the live arrays took (s); none yet
         self._live_due = -math.inf
         self.live_array_budget = live_array_budget
         self.last_error: str | None = None
@@ -362,13 +364,13 @@ class Sampler:
 
         For a cell's start when the previous cell's reading has not come (Run All): returns
         (monotonic time it began, sample), or ``None`` without asking anything when readings
-        are slow (one under way or the last one took ``_BOUNDARY_BUDGET_S`` or more: NVML
-        hangs), so that a cell never waits for a slow NVML. The live arrays are walked only
+        are slow (one under way for ``_BOUNDARY_BUDGET_S`` or more, or the last two took that
+        long: NVML hangs), so that a cell never waits for a slow NVML. The live arrays are walked only
         while that is cheap; the process list only when some GPU's used bytes moved.
         """
         since = self.reading_since
         began = self._monotonic()
-        if self.last_reading_s >= _BOUNDARY_BUDGET_S or (
+        if min(self.last_reading_s, self._reading_before_last_s) >= _BOUNDARY_BUDGET_S or (
             since is not None and began - since >= _BOUNDARY_BUDGET_S
         ):
             return None
@@ -448,6 +450,7 @@ class Sampler:
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
+        self._reading_before_last_s = self.last_reading_s
         self.last_reading_s = self._monotonic() - began
         self.reading_since = None
         with self._lock:
