@@ -58,7 +58,7 @@ _LIVE_ARRAY_BUDGET = 0.005
 # A reading at a cell's boundary is taken on the cell's path (the next cell's start) only
 # while readings take less than this; a slower NVML leaves the boundary unread (the ledger
 # then joins the two cells into one span) rather than hold up the cell.
-_BOUNDARY_BUDGET_S = 0.02
+_BOUNDARY_BUDGET_S = 0.05
 # Walking jax.live_arrays() is part of a reading at a cell's boundary while it costs less
 # than this (a few thousand arrays); beyond, the value is the latest walk's, with its time.
 _BOUNDARY_LIVE_COST_S = 0.0005

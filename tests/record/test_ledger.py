@@ -7,6 +7,7 @@ import pytest
 
 from jax_nbmem.record.ledger import CellRecord, Ledger, format_table
 from jax_nbmem.record.sampler import Sampler
+from tests.waiting import wait_for
 from tests.record.test_sampler import DRIVER_BYTES, GIB, MIB, OUR_PID, FakeClock, GpuWorld, jax_gpu
 
 
@@ -333,6 +334,8 @@ def test_with_the_thread_serving_a_cells_end_asks_nothing_and_its_reading_still_
     ledger = Ledger(sampler)
     sampler.start()
     try:
+        # Its first reading imports NVML's module: cells during it would be one span.
+        wait_for("the sampler's first reading", lambda: sampler.latest_sample)
         for count in (1, 2, 3):  # Run All: cells end faster than a reading
             ledger.cell_started(count, f"x = {count}")
             ledger.cell_finished(True, None, count)
