@@ -16,10 +16,11 @@ which is both the previous cell's "after" and this cell's "before"; a reading of
 that arrives later is not used for it. When readings are slow (NVML hangs), the start does not
 wait: the two cells become one span, said by the later record's ``span_start`` (and the
 earlier one's ``notes``). JAX's counters are read at both ends of every cell by the hooks
-themselves, so they are always the cell's own. Never a guess. Neither method raises: IPython prints a
-traceback after every cell when a callback raises. Nothing of a cell's exception is kept but its
-type and message, so a failed cell's frames (and the arrays they hold) are not kept alive by the
-ledger.
+themselves, so they are always the cell's own. Never a guess.
+
+Neither method raises: IPython prints a traceback after every cell when a callback raises.
+Nothing of a cell's exception is kept but its type and message, so a failed cell's frames (and
+the arrays they hold) are not kept alive by the ledger.
 
 GPU fields are totals over this kernel's GPUs. With one GPU (the usual case) they are that
 GPU's values; with several, each peak or minimum is the sum of per-GPU peaks or minima, which

@@ -365,8 +365,8 @@ class Sampler:
         For a cell's start when the previous cell's reading has not come (Run All): returns
         (monotonic time it began, sample), or ``None`` without asking anything when readings
         are slow (one under way for ``_BOUNDARY_BUDGET_S`` or more, or the last two took that
-        long: NVML hangs), so that a cell never waits for a slow NVML. The live arrays are walked only
-        while that is cheap; the process list only when some GPU's used bytes moved.
+        long: NVML hangs), so that a cell never waits for a slow NVML. The live arrays are
+        walked only while that is cheap; the process list only when some GPU's used bytes moved.
         """
         since = self.reading_since
         began = self._monotonic()

@@ -7,8 +7,8 @@ import pytest
 
 from jax_nbmem.record.ledger import CellRecord, Ledger, format_table
 from jax_nbmem.record.sampler import Sampler
-from tests.waiting import wait_for
 from tests.record.test_sampler import DRIVER_BYTES, GIB, MIB, OUR_PID, FakeClock, GpuWorld, jax_gpu
+from tests.waiting import wait_for
 
 
 class Notebook:
