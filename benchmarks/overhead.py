@@ -81,13 +81,14 @@ SHELL = textwrap.dedent(
                       "last": times[-(count // 10 or 1):], "cpu": sorted(cpu)[count // 2]}
         elif "paced" in command:  # cells a person's pace apart: the pause is not measured
             code, count, pause = command.get("code", "x = 1"), command["paced"], command["pause"]
-            times = []
+            times, cpu = [], []
             for _ in range(count):
                 time.sleep(pause)
-                began = time.perf_counter()
+                began, began_cpu = time.perf_counter(), time.thread_time()
                 shell.run_cell(code, store_history=True)
+                cpu.append(time.thread_time() - began_cpu)
                 times.append(time.perf_counter() - began)
-            answer = {"median": sorted(times)[count // 2]}
+            answer = {"median": sorted(times)[count // 2], "cpu": sorted(cpu)[count // 2]}
         elif "count" in command:  # under callgrind: the cells' instructions, per thread
             import ctypes
             marks = ctypes.CDLL(command["marks"])
@@ -333,18 +334,25 @@ def paced(env: dict[str, str], cells: int, rounds: int, pause: float) -> dict:
         for side in (bare, loaded):
             side.ask(paced=max(5, cells // 10), pause=pause)  # warm the path
         plain, ours, ratios = [], [], []
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         for round_ in range(rounds):
-            order = [(bare, plain), (loaded, ours)]
-            for side, times in order if round_ % 2 == 0 else order[::-1]:
-                times.append(side.ask(paced=cells, pause=pause)["median"])
+            order = [(bare, plain, False), (loaded, ours, True)]
+            for side, times, on in order if round_ % 2 == 0 else order[::-1]:
+                answer = side.ask(paced=cells, pause=pause)
+                times.append(answer["median"])
+                cpu[on].append(answer["cpu"])
             ratios.append(ours[-1] / plain[-1])
     finally:
         bare.close()
         loaded.close()
+    pairs = zip(cpu[True], cpu[False], strict=True)
     return {
         "bare_s": statistics.median(plain),
         "loaded_s": statistics.median(ours),
         "ratio": statistics.median(ratios),
+        "bare_cpu_s": statistics.median(cpu[False]),
+        "loaded_cpu_s": statistics.median(cpu[True]),
+        "cpu_ratio": statistics.median(a / b for a, b in pairs),
     }
 
 

@@ -32,150 +32,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from jax_nbmem.gpu import jaxstats
-from jax_nbmem.record.combine import block_jax_peak, difference, extreme, gpu_total, peak_total
+from jax_nbmem.record.cells import CellRecord, OpenCell, build_record, error_message_of
 from jax_nbmem.record.sampler import Peaks
-from jax_nbmem.text import printable
-from jax_nbmem.units import MISSING, format_bytes, format_bytes_delta, format_duration
+from jax_nbmem.record.table import format_table
 
 __all__ = ["CellRecord", "Ledger", "format_table"]
-
-_FIRST_LINE_CHARS = 60
-_TABLE_CELL_CHARS = 28
-_ERROR_MESSAGE_CHARS = 300
-# A "before" sample older than this (seconds) is worth a note: NVML may be slow.
-_STALE_BEFORE_S = 1.0
-_AFTER_WAITING = "GPU figures after the cell: not read yet (the sampler reads them next)"
-_AFTER_MISSED = "GPU figures after the cell: not read (the sampler could not be asked)"
-_AFTER_SPANNED = (
-    "figures after the cell: not read (the next cell started while the sampler's readings "
-    "were slow: its first, or a slow NVML); the next cell's record covers both (its span_start)"
-)
-
-
-@dataclass(frozen=True)
-class CellRecord:
-    """One executed cell. Byte counts are ``None`` when unknown, never a guessed 0.
-
-    ``success`` is ``None`` for a cell whose end was never reported (another cell started
-    first). ``gpu_count`` is how many GPUs the GPU fields add up (0: no GPU was seen; then
-    only the ``host_*`` and ``live_array_*`` fields, which describe host memory, say anything).
-
-    ``gpu_self_*`` is this process's memory per NVML; ``jax_in_use_*`` is JAX's allocator,
-    read exactly at the cell's two ends. ``gpu_self_after`` comes from the sampler's first
-    complete reading after the cell, taken ``gpu_after_delay_s`` seconds after it ended
-    (``None`` until it arrives, and for good when it never came; ``notes`` then say why).
-    Peaks come from the sampler's samples, so a spike shorter than its interval can be
-    missed, except ``jax_in_use_peak`` when ``peak_exact``: JAX's own ``peak_bytes_in_use``
-    rose during the cell (or the backend started in it), so that new peak is the cell's peak
-    exactly. A peak is never below its cell's before or after. ``free_at_start`` and
-    ``free_min`` are the GPU's free memory (all processes). ``error`` is the exception's type
-    name and ``error_message`` its message (shortened); the exception itself is not kept.
-
-    Every "before" and "after" is read between cells (see the module's docstring), except in a
-    span: ``span_start`` is ``None`` for a record of this cell alone, else the execution count
-    of the first cell of a run of cells that had no reading between them (NVML was too slow
-    to read at the boundary). Then the NVML and host figures (``gpu_self_*``, ``free_*``,
-    ``host_rss_*``, ``live_array_*``) are the span's: "before" is read before its first cell,
-    and the earlier cells' "after" is ``None``; JAX's ``jax_in_use_*`` stay the cell's own.
-
-    ``live_array_bytes_before``/``_after`` are only figures walked at that boundary (walking
-    ``jax.live_arrays()`` costs time per array, so it is done there only while it is cheap);
-    otherwise they are ``None`` and ``live_array_bytes_seen`` is the latest walk's total at
-    the cell's end, taken at ``live_array_seen_at`` (``time.time()``): never the cell's.
-    """
-
-    execution_count: int | None
-    first_line: str
-    started_at: float
-    duration_s: float | None
-    success: bool | None
-    error: str | None
-    oom: bool
-    gpu_count: int
-    gpu_self_before: int | None
-    gpu_self_peak: int | None
-    gpu_self_after: int | None
-    jax_in_use_before: int | None
-    jax_in_use_peak: int | None
-    jax_in_use_after: int | None
-    peak_exact: bool
-    free_at_start: int | None
-    free_min: int | None
-    host_rss_before: int | None
-    host_rss_peak: int | None
-    host_rss_after: int | None
-    live_array_bytes_before: int | None
-    live_array_bytes_after: int | None
-    error_message: str | None = None
-    gpu_after_delay_s: float | None = None
-    notes: tuple[str, ...] = ()
-    span_start: int | None = None
-    live_array_bytes_seen: int | None = None
-    live_array_seen_at: float | None = None
-
-    @property
-    def gpu_self_retained(self) -> int | None:
-        """Bytes this process held on the GPU after the cell minus before (may be negative)."""
-        return difference(self.gpu_self_after, self.gpu_self_before)
-
-    @property
-    def jax_retained(self) -> int | None:
-        """JAX's bytes in use after the cell minus before (may be negative)."""
-        return difference(self.jax_in_use_after, self.jax_in_use_before)
-
-    @property
-    def host_rss_retained(self) -> int | None:
-        """Host resident memory after the cell minus before (may be negative)."""
-        return difference(self.host_rss_after, self.host_rss_before)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-friendly dict of every field plus the ``*_retained`` values."""
-        data = asdict(self)
-        data["notes"] = list(self.notes)
-        data["gpu_self_retained"] = self.gpu_self_retained
-        data["jax_retained"] = self.jax_retained
-        data["host_rss_retained"] = self.host_rss_retained
-        return data
-
-
-class _Cell:
-    """One cell while its record forms. The after reading arrives on the sampler's thread.
-
-    Attributes a cell only sometimes gets are class-level defaults, and the hook that opens
-    it sets the others itself (no ``__init__``: a call less per cell): ``execution_count``,
-    ``source``, ``started_at`` and ``started_mono``.
-    """
-
-    quick_before: Any = None
-    before: Any = None
-    ended_mono: float | None = None
-    ended_at: float | None = None
-    success: bool | None = None
-    error: str | None = None
-    error_message: str | None = None
-    oom = False
-    quick_after: Any = None
-    peaks: Any = None
-    after: Any = None
-    after_started: float | None = None
-    # "none" (no sampler to ask), "waiting", "claimed" (the next cell's start reads it),
-    # "taken", "missed" or "spanned" (the next cell started and nothing could be read).
-    after_state = "none"
-    previous_ended_at: float | None = None  # time.time() the cell before this one ended
-    span_from: _Cell | None = None  # the first cell of this cell's span, if in one
-    # The sampler's count of samples at both ends: equal when none came while it ran.
-    samples_at_start = 0
-    samples_at_end = 0
-    execution_count: int | None = None
-    source = ""  # its first line is found when the record is built
-    started_at = 0.0
-    started_mono = 0.0
 
 
 class Ledger:
@@ -201,15 +67,15 @@ class Ledger:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
-        self._records: deque[CellRecord | _Cell] = deque(maxlen=max_records)
-        self._open: _Cell | None = None
+        self._records: deque[CellRecord | OpenCell] = deque(maxlen=max_records)
+        self._open: OpenCell | None = None
         self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
         self._ended_unrecorded_at: float | None = None
         self.last_error: str | None = None
         # Cells whose reading after them has not come, oldest first: while the sampler's
         # thread serves, a cell's end only queues itself here (no call), and the thread,
         # which asks _has_unread at every wake and tick, hands each one its reading.
-        self._unread: deque[_Cell] = deque()
+        self._unread: deque[OpenCell] = deque()
         self._reads_unread = False
         if sampler is not None:
             try:
@@ -248,7 +114,7 @@ class Ledger:
         """
         if self._open is not None:
             self.cell_finished(None, None)  # its end was never reported; keep what we know
-        cell = _Cell()
+        cell = OpenCell()
         cell.execution_count = execution_count
         cell.source = source or ""
         try:
@@ -259,7 +125,7 @@ class Ledger:
             return
         records = self._records
         previous = records[-1] if records else None
-        if type(previous) is _Cell:
+        if type(previous) is OpenCell:
             cell.previous_ended_at = previous.ended_at
             if previous.after_state != "waiting":
                 previous = None
@@ -293,7 +159,7 @@ class Ledger:
         except Exception as exc:
             self._remember(exc)
 
-    def _read_boundary(self, previous: _Cell, cell: _Cell, sampler: Any) -> Any:
+    def _read_boundary(self, previous: OpenCell, cell: OpenCell, sampler: Any) -> Any:
         """The reading between *previous* (still waiting for its "after") and *cell*.
 
         Claims *previous* under the lock, so that the sampler's thread, which may be delivering
@@ -349,7 +215,7 @@ class Ledger:
             cell.success = success
             if error is not None:
                 cell.error = type(error).__name__
-                cell.error_message = _message(error)
+                cell.error_message = error_message_of(error)
                 cell.oom = jaxstats.is_resource_exhausted(error)
         except Exception as exc:
             self._remember(exc)
@@ -398,7 +264,7 @@ class Ledger:
             unread.popleft()
             self._after_arrived(cell, sample, started)
 
-    def _after_arrived(self, cell: _Cell, sample: Any, started: float) -> None:
+    def _after_arrived(self, cell: OpenCell, sample: Any, started: float) -> None:
         """The sampler's reading after ``cell`` (its thread, or ours without a thread).
 
         The cell's peaks are worked out here, from the samples the sampler kept while the
@@ -413,7 +279,7 @@ class Ledger:
             cell.peaks = peaks
             self._arrived.notify_all()
 
-    def _peaks(self, cell: _Cell) -> Any:
+    def _peaks(self, cell: OpenCell) -> Any:
         """Extremes of the sampler's samples from the cell's start to its end.
 
         Most cells are shorter than a sample interval: then no sample came while it ran
@@ -442,7 +308,7 @@ class Ledger:
             try:
                 if entry.peaks is None:  # still waiting, or read at the next start
                     entry.peaks = self._peaks(entry)  # what the samples say (so far)
-                record = _build_record(entry)
+                record = build_record(entry)
             except Exception as exc:
                 self._remember(exc)
                 return None
@@ -459,7 +325,7 @@ class Ledger:
 
         def settled() -> bool:
             return not any(
-                isinstance(e, _Cell) and e.after_state in ("waiting", "claimed") for e in tail
+                isinstance(e, OpenCell) and e.after_state in ("waiting", "claimed") for e in tail
             )
 
         with self._arrived:
@@ -489,193 +355,3 @@ class Ledger:
 
     def _remember(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
-
-
-def _message(error: BaseException) -> str | None:
-    try:
-        text = str(error)
-    except Exception:
-        return None
-    return _truncate(" ".join(text.split()), _ERROR_MESSAGE_CHARS) or None
-
-
-def _build_record(cell: _Cell) -> CellRecord:
-    before, peaks = cell.before, cell.peaks
-    after = cell.after if cell.after_state == "taken" else None
-    span = cell.span_from
-    quick_before, quick_after = cell.quick_before, cell.quick_after
-    indices = sorted(
-        {g.index for sample in (before, after) if sample is not None for g in sample.gpus}
-        | {g.index for g in (peaks.gpus if peaks is not None else ())}
-    )
-    notes = []
-    if cell.after_state in ("waiting", "claimed"):
-        notes.append(_AFTER_WAITING)
-    elif cell.after_state == "missed":
-        notes.append(_AFTER_MISSED)
-    elif cell.after_state == "spanned":
-        notes.append(_AFTER_SPANNED)
-    if span is not None:
-        notes.append(
-            "figures before the cell: read before cell "
-            f"[{MISSING if span.execution_count is None else span.execution_count}], "
-            "the first of a span with no reading between its cells (readings were slow)"
-        )
-    elif before is not None and indices and cell.started_at - before.t > _STALE_BEFORE_S:
-        age = format_duration(cell.started_at - before.t)
-        notes.append(f"GPU figures before the cell: read {age} before it started")
-    delay = None
-    if after is not None and cell.after_started is not None and cell.ended_mono is not None:
-        delay = max(0.0, cell.after_started - cell.ended_mono)
-    jax_before = quick_before.jax_in_use() if quick_before is not None else None
-    jax_after = quick_after.jax_in_use() if quick_after is not None else None
-    jax_peak, exact = block_jax_peak(
-        quick_before, quick_after, peaks, indices, jax_before, jax_after
-    )
-    host_before = before.host if before is not None else None
-    host_after = after.host if after is not None else None
-    began = span.previous_ended_at if span is not None else cell.previous_ended_at
-    live_before = _walked_since(host_before, began)
-    live_after = _walked_since(host_after, cell.ended_at)
-    seen = host_after if host_after is not None else host_before
-    seen_bytes = getattr(seen, "live_array_bytes", None) if live_after is None else None
-    rss_before = getattr(host_before, "rss_bytes", None)
-    rss_after = getattr(host_after, "rss_bytes", None)
-    ended = cell.ended_mono
-    return CellRecord(
-        execution_count=cell.execution_count,
-        first_line=_first_line(cell.source),
-        started_at=cell.started_at,
-        duration_s=None if ended is None else max(0.0, ended - cell.started_mono),
-        success=cell.success,
-        error=cell.error,
-        oom=cell.oom,
-        gpu_count=len(indices),
-        gpu_self_before=gpu_total(before, indices, "self_bytes"),
-        gpu_self_peak=peak_total(peaks, indices, "max_self_bytes", before, after, "self_bytes"),
-        gpu_self_after=gpu_total(after, indices, "self_bytes"),
-        jax_in_use_before=jax_before,
-        jax_in_use_peak=jax_peak,
-        jax_in_use_after=jax_after,
-        peak_exact=exact,
-        free_at_start=gpu_total(before, indices, "free_bytes"),
-        free_min=peak_total(peaks, indices, "min_free_bytes", before, after, "free_bytes", min),
-        host_rss_before=rss_before,
-        host_rss_peak=extreme([getattr(peaks, "max_rss_bytes", None), rss_before, rss_after]),
-        host_rss_after=rss_after,
-        live_array_bytes_before=live_before,
-        live_array_bytes_after=live_after,
-        error_message=cell.error_message,
-        gpu_after_delay_s=delay,
-        notes=tuple(notes),
-        span_start=None if span is None else span.execution_count,
-        live_array_bytes_seen=seen_bytes,
-        live_array_seen_at=None if seen_bytes is None else seen.live_array_at,
-    )
-
-
-def _walked_since(host: Any, since: float | None) -> int | None:
-    """The live arrays' bytes in *host* if they were walked at or after *since*, else None.
-
-    A sample carries the latest walk's total, which may be older than the sample: only a
-    walk after a cell's boundary tells what was live at it. *since* ``None`` (no cell before
-    this one): any walk in the sample is from before this cell started, so it stands.
-    """
-    if host is None or host.live_array_bytes is None:
-        return None
-    at = getattr(host, "live_array_at", None)
-    if since is None or (at is not None and at >= since):
-        return host.live_array_bytes
-    return None
-
-
-def _first_line(source: str | None) -> str:
-    for line in (source or "").splitlines():
-        text = line.strip()
-        if text:
-            return _truncate(text, _FIRST_LINE_CHARS)
-    return ""
-
-
-def _truncate(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _status(record: CellRecord) -> str:
-    if record.oom:
-        return "OOM"
-    if record.success is None:
-        return "unfinished"
-    if not record.success:
-        return f"error: {record.error}" if record.error else "error"
-    return "ok"
-
-
-def _live_arrays(record: CellRecord) -> str:
-    """The live arrays after the cell, or the latest walk's total "as of" its time."""
-    if record.live_array_bytes_after is not None or record.live_array_bytes_seen is None:
-        return format_bytes(record.live_array_bytes_after)
-    at = record.live_array_seen_at
-    when = MISSING if at is None else time.strftime("%H:%M:%S", time.localtime(at))
-    return f"{format_bytes(record.live_array_bytes_seen)} as of {when}"
-
-
-def format_table(records: Iterable[CellRecord]) -> str:
-    """Render records as a text table for ``%jaxmem cells``; unknown values show as "—".
-
-    Shows this process's GPU memory when any record saw a GPU, else host memory (RSS).
-    """
-    rows_in = list(records)
-    if not rows_in:
-        return "No cells recorded yet."
-    on_gpu = any(r.gpu_count > 0 for r in rows_in)
-    if on_gpu:
-        header = ["#", "cell", "duration", "status", "GPU before", "GPU peak", "GPU after",
-                  "retained", "JAX peak", "free min"]  # fmt: skip
-    else:
-        header = ["#", "cell", "duration", "status", "RSS before", "RSS peak", "RSS after",
-                  "retained", "live arrays"]  # fmt: skip
-    rows = []
-    for r in rows_in:
-        number = MISSING if r.execution_count is None else str(r.execution_count)
-        if r.span_start is not None:  # its memory figures are the span's
-            number = f"{r.span_start}–{number}"
-        row = [
-            number,
-            printable(_truncate(r.first_line, _TABLE_CELL_CHARS)),
-            format_duration(r.duration_s),
-            _status(r),
-        ]
-        if on_gpu:
-            jax_peak = format_bytes(r.jax_in_use_peak)
-            if r.jax_in_use_peak is not None and not r.peak_exact:
-                jax_peak = "≥" + jax_peak
-            row += [format_bytes(r.gpu_self_before), format_bytes(r.gpu_self_peak),
-                    format_bytes(r.gpu_self_after), format_bytes_delta(r.gpu_self_retained),
-                    jax_peak, format_bytes(r.free_min)]  # fmt: skip
-        else:
-            row += [format_bytes(r.host_rss_before), format_bytes(r.host_rss_peak),
-                    format_bytes(r.host_rss_after), format_bytes_delta(r.host_rss_retained),
-                    _live_arrays(r)]  # fmt: skip
-        rows.append(row)
-    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
-    left_aligned = {1, 3}
-
-    def render(cells: list[str]) -> str:
-        parts = [
-            c.ljust(w) if i in left_aligned else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    lines = [render(header), "  ".join("-" * w for w in widths), *map(render, rows)]
-    if on_gpu:
-        lines.append("GPU = this process per NVML; peaks are sampled; ≥ = JAX peak at least this.")
-    else:
-        lines.append("No GPU seen: host memory of this process (RSS) instead of GPU memory.")
-    if any(r.span_start is not None for r in rows_in):
-        lines.append(
-            "a–b = cells with no reading between them (readings were slow): memory figures "
-            "for them together."
-        )
-    return "\n".join(lines)

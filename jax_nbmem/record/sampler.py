@@ -554,13 +554,20 @@ class Sampler:
     def _loop(self, stop_event: threading.Event) -> None:
         deadline = self._monotonic()
         while not stop_event.is_set():
+            served = False
             try:
-                if not self._serve_after():  # nothing waits for a reading: the schedule's
+                served = self._serve_after()
+                if not served:  # nothing waits for a reading: the schedule's
                     self.tick()
             except BaseException as exc:  # never out of the thread, whatever happens
                 self._remember(exc)
             now = self._monotonic()
-            if now >= deadline:
+            if served:
+                # The reading after a cell stands for a tick: the schedule starts again from
+                # it, so that while cells come at a person's pace (each read after it ends)
+                # no tick lands on the next cell and takes the GIL from it.
+                deadline = now + self.interval
+            elif now >= deadline:
                 deadline = _next_deadline(deadline, now, self.interval)
             self._wake.wait(max(0.0, deadline - now))
             self._wake.clear()
