@@ -239,6 +239,21 @@ class KernelSession:
         if listener in self._cell_listeners:
             self._cell_listeners.remove(listener)
 
+    def add_record_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Call ``listener(record)`` with each cell's :class:`CellRecord` once it is final.
+
+        The point to update a view of the cells: the record's "after" reading is in (taken
+        between that cell and the next). It is called on the sampler's thread, or on the main
+        thread at the next cell's start (Run All) or at the cell's end (no sampler thread):
+        it should only note the record or schedule its work. Errors are swallowed. See
+        :meth:`jax_nbmem.record.ledger.Ledger.add_closed_listener`.
+        """
+        self.ledger.add_closed_listener(listener)
+
+    def remove_record_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        self.ledger.remove_closed_listener(listener)
+
     def cell_callbacks(
         self, execution_count: Callable[[], int | None], failed: Callable[[str], None]
     ) -> tuple[Callable[..., None], Callable[..., None]]:

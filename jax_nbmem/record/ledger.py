@@ -76,6 +76,8 @@ class Ledger:
         # thread serves, a cell's end only queues itself here (no call), and the thread,
         # which asks _has_unread at every wake and tick, hands each one its reading.
         self._unread: deque[OpenCell] = deque()
+        # Called with each record once final (see add_closed_listener); replaced, not changed.
+        self._closed_listeners: list[Callable[[CellRecord], Any]] = []
         self._reads_unread = False
         if sampler is not None:
             try:
@@ -188,6 +190,8 @@ class Ledger:
                 previous.after, previous.after_started = before, began
                 previous.after_state = "taken"
             self._arrived.notify_all()
+        if self._closed_listeners:
+            self._tell_closed(previous)
         return before
 
     def cell_finished(
@@ -242,6 +246,8 @@ class Ledger:
             except Exception as exc:
                 self._remember(exc)
                 cell.after_state = "missed"
+        if cell.after_state in ("none", "missed") and self._closed_listeners:
+            self._tell_closed(cell)  # nothing more will come for it
 
     def _has_unread(self) -> bool:
         # The sampler's thread asks; cells a start has read for are dropped here, on it.
@@ -278,6 +284,39 @@ class Ledger:
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
             cell.peaks = peaks
             self._arrived.notify_all()
+        if self._closed_listeners:
+            self._tell_closed(cell)
+
+    def add_closed_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Call ``listener(record)`` with each cell's record once it is final.
+
+        Final: its "after" reading is in (or known not to come; a span's first cell then).
+        That is on the sampler's thread when its reading came between the cells, and on the
+        main thread at the next cell's start when that start read the boundary itself (or
+        at the cell's end without a sampler thread). A listener runs on a cell's path there:
+        it should only note the record (or schedule its work). Errors are swallowed (and
+        kept in ``last_error``); registering one twice calls it once.
+        """
+        if listener not in self._closed_listeners:
+            self._closed_listeners = [*self._closed_listeners, listener]
+
+    def remove_closed_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        self._closed_listeners = [x for x in self._closed_listeners if x != listener]
+
+    def _tell_closed(self, cell: OpenCell) -> None:
+        try:
+            if cell.peaks is None:
+                cell.peaks = self._peaks(cell)
+            record = build_record(cell)
+        except Exception as exc:
+            self._remember(exc)
+            return
+        for listener in self._closed_listeners:
+            try:
+                listener(record)
+            except Exception as exc:
+                self._remember(exc)
 
     def _peaks(self, cell: OpenCell) -> Any:
         """Extremes of the sampler's samples from the cell's start to its end.

@@ -449,3 +449,28 @@ def test_live_arrays_are_the_cells_only_when_walked_at_its_boundaries():
     assert first.live_array_bytes_seen == 3 * GIB
     assert first.live_array_seen_at == pytest.approx(walked_at)
     assert "3.00 GiB as of" in format_table([first])
+
+
+def test_a_listener_hears_each_record_once_its_after_reading_is_in():
+    nb = serving_notebook()
+    held = {"bytes": GIB}
+    nb.world.hold(0, OUR_PID, lambda t: held["bytes"])
+    nb.sampler.tick()
+    heard = []
+    nb.ledger.add_closed_listener(heard.append)
+    nb.ledger.add_closed_listener(heard.append)  # once only
+    nb.ledger.cell_started(1, "a = alloc()")
+    held["bytes"] = 2 * GIB
+    nb.ledger.cell_finished(True, None, 1)
+    assert heard == []  # its reading is not in yet
+    nb.clock.now += 0.0001
+    nb.ledger.cell_started(2, "x = 1")  # back to back: the start reads the boundary
+    assert [(r.execution_count, r.gpu_self_after) for r in heard] == [(1, 2 * GIB)]
+    nb.ledger.cell_finished(True, None, 2)
+    nb.clock.now += 0.5
+    assert nb.sampler._serve_after()  # the thread's reading, between cells
+    assert [(r.execution_count, r.gpu_self_retained) for r in heard] == [(1, GIB), (2, 0)]
+    nb.ledger.remove_closed_listener(heard.append)
+    nb.run_cell("y = 2")
+    nb.sampler._serve_after()
+    assert len(heard) == 2
