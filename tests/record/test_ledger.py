@@ -352,17 +352,19 @@ def test_with_the_thread_serving_a_cells_end_asks_nothing_and_its_reading_still_
 
 def serving_notebook():
     """A notebook whose sampler acts as if its thread served (cells queue for a reading),
-    while the test plays the thread by calling ``_serve_after`` itself."""
+    while the test plays the thread by calling ``_serve_after`` itself. This process holds
+    ``nb.held["bytes"]`` on GPU 0 (1 GiB to begin with), and a first sample is taken."""
     nb = Notebook()
     nb.sampler.serving = True
+    nb.held = {"bytes": GIB}
+    nb.world.hold(0, OUR_PID, lambda t: nb.held["bytes"])
+    nb.sampler.tick()
     return nb
 
 
 def test_a_cell_started_before_its_predecessors_reading_reads_the_boundary_itself():
     nb = serving_notebook()
-    held = {"bytes": GIB}
-    nb.world.hold(0, OUR_PID, lambda t: held["bytes"])
-    nb.sampler.tick()
+    held = nb.held
     nb.ledger.cell_started(1, "a = alloc()")
     held["bytes"] = 3 * GIB
     nb.ledger.cell_finished(True, None, 1)
@@ -382,9 +384,7 @@ def test_a_cell_started_before_its_predecessors_reading_reads_the_boundary_itsel
 
 def test_a_reading_the_thread_delivers_after_the_next_start_is_not_the_cells():
     nb = serving_notebook()
-    held = {"bytes": GIB}
-    nb.world.hold(0, OUR_PID, lambda t: held["bytes"])
-    nb.sampler.tick()
+    held = nb.held
     nb.ledger.cell_started(1, "x = 1")
     nb.ledger.cell_finished(True, None, 1)
     nb.clock.now += 0.001
@@ -402,9 +402,7 @@ def test_a_reading_the_thread_delivers_after_the_next_start_is_not_the_cells():
 
 def test_when_readings_are_slow_back_to_back_cells_are_one_span_said_as_such():
     nb = serving_notebook()
-    held = {"bytes": GIB}
-    nb.world.hold(0, OUR_PID, lambda t: held["bytes"])
-    nb.sampler.tick()
+    held = nb.held
     nb.ledger.cell_started(1, "a = alloc()")
     held["bytes"] = 3 * GIB
     nb.ledger.cell_finished(True, None, 1)
@@ -432,7 +430,8 @@ def test_when_readings_are_slow_back_to_back_cells_are_one_span_said_as_such():
 
 
 def test_live_arrays_are_the_cells_only_when_walked_at_its_boundaries():
-    nb = serving_notebook()
+    nb = Notebook()
+    nb.sampler.serving = True  # as in serving_notebook, on a kernel without a GPU
     nb.world.visible = ()
     nb.world.jax_up = True
     nb.sampler.tick()
@@ -453,9 +452,7 @@ def test_live_arrays_are_the_cells_only_when_walked_at_its_boundaries():
 
 def test_a_listener_hears_each_record_once_its_after_reading_is_in():
     nb = serving_notebook()
-    held = {"bytes": GIB}
-    nb.world.hold(0, OUR_PID, lambda t: held["bytes"])
-    nb.sampler.tick()
+    held = nb.held
     heard = []
     nb.ledger.add_closed_listener(heard.append)
     nb.ledger.add_closed_listener(heard.append)  # once only
