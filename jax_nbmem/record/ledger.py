@@ -76,6 +76,7 @@ class Ledger:
         # thread serves, a cell's end only queues itself here (no call), and the thread,
         # which asks _has_unread at every wake and tick, hands each one its reading.
         self._unread: deque[OpenCell] = deque()
+        self._back_to_back = False  # the last boundary was read at a cell's start
         # Called with each record once final (see add_closed_listener); replaced, not changed.
         self._closed_listeners: list[Callable[[CellRecord], Any]] = []
         self._reads_unread = False
@@ -189,6 +190,7 @@ class Ledger:
                 began, before = reading
                 previous.after, previous.after_started = before, began
                 previous.after_state = "taken"
+                self._back_to_back = True
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(previous)
@@ -239,7 +241,11 @@ class Ledger:
             try:
                 if self._reads_unread and sampler.serving:
                     self._unread.append(cell)
-                    if cell.ended_mono >= sampler.wake_after_at:
+                    # Back to back (the last boundary was read by a start), the next start
+                    # reads this one too: a woken thread would only take the GIL from it for
+                    # a reading of its own. Otherwise, or if no cell follows, the thread reads
+                    # (at its next tick at the latest).
+                    if not self._back_to_back and cell.ended_mono >= sampler.wake_after_at:
                         sampler.wake_for_reading()
                 else:  # no thread: the reading is taken now, on this thread
                     sampler.request_after(partial(self._after_arrived, cell))
@@ -283,6 +289,7 @@ class Ledger:
                 return
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
             cell.peaks = peaks
+            self._back_to_back = False  # the thread read between cells: they are paced
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(cell)

@@ -467,7 +467,10 @@ class Sampler:
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
-        if not self._gpu_set_final and (force or now + slack >= self._gpu_indices_due):
+        # A boundary's reading keeps the set on its schedule: only an edit of
+        # CUDA_VISIBLE_DEVICES before JAX starts changes it, and a cell's path should not pay.
+        refresh = force and not boundary
+        if not self._gpu_set_final and (refresh or now + slack >= self._gpu_indices_due):
             indices = self._read(source.gpu_indices, None)
             with self._lock:
                 self._gpu_indices = None if indices is None else tuple(indices)
