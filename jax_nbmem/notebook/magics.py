@@ -27,7 +27,7 @@ from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last
 from jax_nbmem.record.ledger import format_table
 from jax_nbmem.tenants.owners import SHUTDOWN_BOTH, SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 from jax_nbmem.text import parse_count, parse_number, printable
-from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
+from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 
 __all__ = ["JaxNbMemMagics", "load", "unload"]
 
