@@ -59,6 +59,9 @@ _LIVE_ARRAY_BUDGET = 0.005
 # while readings take less than this; a slower NVML leaves the boundary unread (the ledger
 # then joins the two cells into one span) rather than hold up the cell.
 _BOUNDARY_BUDGET_S = 0.05
+# A reading under way for this long is taken as stuck in NVML. Longer than the budget: on a
+# loaded machine the thread may wait that long for a core or for the GIL the cells hold.
+_STUCK_READING_S = 0.25
 # Walking jax.live_arrays() is part of a reading at a cell's boundary while it costs less
 # than this (a few thousand arrays); beyond, the value is the latest walk's, with its time.
 _BOUNDARY_LIVE_COST_S = 0.0005
@@ -364,14 +367,15 @@ class Sampler:
 
         For a cell's start when the previous cell's reading has not come (Run All): returns
         (monotonic time it began, sample), or ``None`` without asking anything when readings
-        are slow (one under way for ``_BOUNDARY_BUDGET_S`` or more, or the last two took that
-        long: NVML hangs), so that a cell never waits for a slow NVML. The live arrays are
-        walked only while that is cheap; the process list only when some GPU's used bytes moved.
+        are slow (the last two took ``_BOUNDARY_BUDGET_S`` or more, or one has been under way
+        for ``_STUCK_READING_S``: NVML hangs), so that a cell never waits for a slow NVML. The
+        live arrays are walked only while that is cheap; the process list only when some GPU's
+        used bytes moved.
         """
         since = self.reading_since
         began = self._monotonic()
         if min(self.last_reading_s, self._reading_before_last_s) >= _BOUNDARY_BUDGET_S or (
-            since is not None and began - since >= _BOUNDARY_BUDGET_S
+            since is not None and began - since >= _STUCK_READING_S
         ):
             return None
         return began, self._record(force=True, boundary=True)
