@@ -15,7 +15,11 @@ waiting for a core or the GIL; ``overhead_count.py`` counts the same cells' inst
 
 Rows (goals from the issue: <= 1.10x in-process, <= 1.05x through a kernel):
 
-- trivial cell ``x = 1`` with 0, 1,000, 10,000 and 50,000 live JAX arrays (JAX on the CPU);
+- trivial cell ``x = 1`` with 0, 1,000, 10,000 and 50,000 live JAX arrays (JAX on the CPU),
+  back to back: every cell pays for the reading at its start (the invariant: a cell's "after"
+  is read before the next cell starts; see docs/benchmarks.md);
+- paced: trivial cells 20 ms apart (a person's pace), in two shells, with and without the
+  extension, in turns (:func:`paced`): the sampler reads in the pause;
 - the same on a simulated GPU, and on 8 simulated GPUs x 200 processes whose memory moves
   (another process rewrites the GPUs' state every 100 ms);
 - the widget panel live, after 10,000 cells;
@@ -75,6 +79,16 @@ SHELL = textwrap.dedent(
             answer = {"median": sorted(times)[len(times) // 2], "mean": sum(times) / len(times),
                       "max": max(times), "first": times[: count // 10 or 1],
                       "last": times[-(count // 10 or 1):], "cpu": sorted(cpu)[count // 2]}
+        elif "paced" in command:  # cells a person's pace apart: the pause is not measured
+            code, count, pause = command.get("code", "x = 1"), command["paced"], command["pause"]
+            times, cpu = [], []
+            for _ in range(count):
+                time.sleep(pause)
+                began, began_cpu = time.perf_counter(), time.thread_time()
+                shell.run_cell(code, store_history=True)
+                cpu.append(time.thread_time() - began_cpu)
+                times.append(time.perf_counter() - began)
+            answer = {"median": sorted(times)[count // 2], "cpu": sorted(cpu)[count // 2]}
         elif "count" in command:  # under callgrind: the cells' instructions, per thread
             import ctypes
             marks = ctypes.CDLL(command["marks"])
@@ -304,6 +318,44 @@ def compare(make: Callable[[dict[str, str]], object], env, setup: str, loaded_se
     return figures
 
 
+def paced(env: dict[str, str], cells: int, rounds: int, pause: float) -> dict:
+    """Cells *pause* seconds apart, in two shells, one without the extension, in turns.
+
+    Unlike :func:`compare`, the two sides are separate processes (the extension is loaded in
+    one only, never put to sleep): between paced cells its sampler's thread wakes and reads,
+    and what that costs the next cell (a GIL hand-over, caches it cooled) is what is measured.
+    Rounds alternate which shell goes first; medians of the per-round medians and ratios.
+    """
+    bare, loaded = Shell(env), Shell(env)
+    try:
+        for side in (bare, loaded):
+            side.run(NO_MIRROR)
+        loaded.run("%load_ext jax_nbmem")
+        for side in (bare, loaded):
+            side.ask(paced=max(5, cells // 10), pause=pause)  # warm the path
+        plain, ours, ratios = [], [], []
+        cpu: dict[bool, list[float]] = {False: [], True: []}
+        for round_ in range(rounds):
+            order = [(bare, plain, False), (loaded, ours, True)]
+            for side, times, on in order if round_ % 2 == 0 else order[::-1]:
+                answer = side.ask(paced=cells, pause=pause)
+                times.append(answer["median"])
+                cpu[on].append(answer["cpu"])
+            ratios.append(ours[-1] / plain[-1])
+    finally:
+        bare.close()
+        loaded.close()
+    pairs = zip(cpu[True], cpu[False], strict=True)
+    return {
+        "bare_s": statistics.median(plain),
+        "loaded_s": statistics.median(ours),
+        "ratio": statistics.median(ratios),
+        "bare_cpu_s": statistics.median(cpu[False]),
+        "loaded_cpu_s": statistics.median(cpu[True]),
+        "cpu_ratio": statistics.median(a / b for a, b in pairs),
+    }
+
+
 def arrays(count: int) -> str:
     return f"import jax.numpy as jnp\n_live = [jnp.ones(4) for _ in range({count})]\n"
 
@@ -394,6 +446,11 @@ def main() -> None:
             lambda c=count: compare(Kernel, no_nvml, arrays(c), "", kernel_cells, rounds),
         )
     row("in-process, simulated GPU", lambda: compare(Shell, sim_env, "", "", cells, rounds))
+    paced_rounds = max(5, rounds // 8)
+    row("in-process paced (cells 20 ms apart), no GPU",
+        lambda: paced(no_nvml, cells, paced_rounds, 0.02))  # fmt: skip
+    row("in-process paced (cells 20 ms apart), simulated GPU",
+        lambda: paced(sim_env, cells, paced_rounds, 0.02))  # fmt: skip
     row("kernel, simulated GPU", lambda: compare(Kernel, sim_env, "", "", kernel_cells, rounds))
     if any(wanted(n) for n in ("8 GPUs", "sampler CPU")):
         mover = Mover(folder / "busy.state", gpus=8, processes=200)

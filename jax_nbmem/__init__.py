@@ -58,6 +58,8 @@ def cells(frame: bool = False):
     Each record has attributes (``execution_count``, ``gpu_self_before``/``peak``/``after``,
     ``jax_in_use_before``/``peak``/``after``, ``free_at_start``, ``free_min``, ``duration_s``,
     ``success``, ``oom``, ...) and ``to_dict()``. A value that could not be measured is None.
+    Each "after" is read after its cell and before the next one; ``span_start`` (None for a
+    cell alone) marks the rare record that covers several cells with no reading between them.
     With ``frame=True``: a pandas DataFrame, one row per cell and one column per key of
     ``to_dict()`` (byte counts as nullable integers); ImportError saying so without pandas.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jax_nbmem.allocator.modes import mode_forms
 from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
-from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
+from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 
 __all__ = ["help_texts"]
 

@@ -25,11 +25,9 @@ from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
 from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last_error_holders
 from jax_nbmem.record.ledger import format_table
-from jax_nbmem.tenants.attribution import PID_MAX
 from jax_nbmem.tenants.owners import SHUTDOWN_BOTH, SHUTDOWN_DRY_RUN, SHUTDOWN_YES
-from jax_nbmem.tenants.status import format_status
 from jax_nbmem.text import parse_count, parse_number, printable
-from jax_nbmem.tools.compare.run import DEFAULT_TIMEOUT_S
+from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 
 __all__ = ["JaxNbMemMagics", "load", "unload"]
 
@@ -293,6 +291,8 @@ class JaxNbMemMagics(Magics):
     def _status(self, args) -> None:
         self._no_more(args)
         report = self.session.status()
+        from jax_nbmem.tenants.status import format_status  # loaded when first asked
+
         text = format_status(report, self.session.own_name)
         print(json.dumps(report, indent=1) if args.json else text)
 
@@ -440,6 +440,8 @@ class JaxNbMemMagics(Magics):
         if len(args.rest) != 1:
             raise UsageError(f"%jaxmem shutdown: give one PID, {example}")
         try:
+            from jax_nbmem.tenants.attribution import PID_MAX
+
             pid = parse_count(args.rest[0], "the PID", high=PID_MAX)
         except ValueError as exc:
             raise UsageError(f"%jaxmem shutdown: {exc}, {example}") from None

@@ -2,6 +2,11 @@
 
 Plain Python: the magics module builds one `KernelSession` per loaded extension and forwards
 IPython's events to it. Everything called from event callbacks is safe there: it never raises.
+
+Loading the extension imports only what the cells' records need: who else is on the GPU
+(status, servers, beacons, the node agent's client) is imported when first asked, and the
+beacon and the status watch start on a thread of their own (``jax_nbmem-start``), so that
+``%load_ext`` stays within a tenth of a second.
 """
 
 from __future__ import annotations
@@ -9,27 +14,26 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
 from jax_nbmem.allocator.report import cap_report, format_applied, format_report, too_late
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
-from jax_nbmem.notebook.beacon import beacon_writer, own_beacon, share_dir
 from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
 from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
 from jax_nbmem.record.ledger import CellRecord, Ledger
 from jax_nbmem.record.sampler import Sampler, SamplerSource
-from jax_nbmem.tenants.advice import oom_diagnosis
-from jax_nbmem.tenants.auto import AutoChoice, Policy, PolicyError, decide
-from jax_nbmem.tenants.beacons import beacon_dirs
-from jax_nbmem.tenants.claims import claim_book
-from jax_nbmem.tenants.servers import ShutdownResult, shutdown_kernel
-from jax_nbmem.tenants.status import StatusReport, collect, warning_line
 from jax_nbmem.tenants.watch import StatusWatcher
 from jax_nbmem.tools.last_error import ErrorHold, hold_of, where_in_file
 from jax_nbmem.units import format_bytes
+
+if TYPE_CHECKING:
+    from jax_nbmem.tenants.auto import AutoChoice, Policy
+    from jax_nbmem.tenants.servers import ShutdownResult
+    from jax_nbmem.tenants.status import StatusReport
 
 __all__ = ["KernelSession"]
 
@@ -46,6 +50,14 @@ _ERROR_HOLD_WORTH_SAYING = 64 * 1024**2
 
 # Warnings that a mode just asked for will not fit: said right after `%jaxalloc` asks for it.
 _WILL_NOT_FIT = ("prealloc-will-fail", "prealloc-exceeds-cap")
+# How long closing waits for the thread that starts the beacon and the watch.
+_START_JOIN_S = 5.0
+
+
+def _warning_line(warning: dict) -> str:
+    from jax_nbmem.tenants.status import warning_line
+
+    return warning_line(warning)
 
 
 class KernelSession:
@@ -81,19 +93,45 @@ class KernelSession:
         self.user_namespace: dict | None = None
         self.where: Callable[[str, int | None], str] = where_in_file
         self.error_hold: ErrorHold | None = None
-        self.beacon = beacon_writer(self)
+        self.beacon: Any = None  # made by the start thread (None: none, or not yet)
+        self._starter: threading.Thread | None = None
+        self._closed = False
 
     def start(self) -> None:
-        """Start background sampling (not when sampling is off) and the beacon; idempotent."""
+        """Start background sampling (not when sampling is off), the watch and the beacon.
+
+        Idempotent. The sampler starts here; the beacon and the status watch on a thread, which
+        imports what they need (:meth:`close` waits for it).
+        """
         if self.sampler is not None:
             self.sampler.start()
-            self.watcher.start()
-        if self.beacon is not None:
-            self.beacon.start()  # removed at exit; when the kernel's parent dies, too:
-            at_hard_exit(self.beacon.discard)
+        if self._starter is None:
+            self._starter = threading.Thread(
+                target=self._start_background, name="jax_nbmem-start", daemon=True
+            )
+            self._starter.start()
+
+    def _start_background(self) -> None:
+        try:
+            from jax_nbmem.notebook.beacon import beacon_writer
+
+            beacon = beacon_writer(self)
+            if self._closed:
+                return
+            if self.sampler is not None:
+                self.watcher.start()
+            if beacon is not None:
+                self.beacon = beacon
+                beacon.start()  # removed at exit; when the kernel's parent dies, too:
+                at_hard_exit(beacon.discard)
+        except Exception:  # a beacon or watch less, said in the log; never a cell's error
+            log.warning("jax_nbmem: starting the beacon or the status watch failed", exc_info=True)
 
     def status(self) -> StatusReport:
         """A fresh status report as this kernel sees it (reads NVML and /proc; not for hooks)."""
+        from jax_nbmem.notebook.beacon import share_dir
+        from jax_nbmem.tenants.status import collect
+
         return collect(
             control=self.control,
             in_kernel=True,
@@ -116,6 +154,8 @@ class KernelSession:
     def _own_account(self):
         """This kernel as its session knows it, for its own status row (None if that fails)."""
         try:
+            from jax_nbmem.notebook.beacon import own_beacon
+
             return own_beacon(self)
         except Exception:  # the row is then judged from outside, as any process's
             log.debug("jax_nbmem: this kernel's own account failed", exc_info=True)
@@ -142,6 +182,8 @@ class KernelSession:
             return
         result = self.control.apply(mode, source)
         if reason and self.auto_choice is None:
+            from jax_nbmem.tenants.auto import AutoChoice
+
             self.auto_choice = AutoChoice(mode, reason, {})  # said in the beacon too
         if result.too_late:
             self._say(too_late(mode, self.control.report(), self.in_kernel))
@@ -172,7 +214,7 @@ class KernelSession:
             )
         elif report is not None:
             fits = [w for w in report.get("warnings", []) if w["kind"] in _WILL_NOT_FIT]
-            lines.extend(map(warning_line, fits))
+            lines.extend(map(_warning_line, fits))
         return result, "\n".join(lines)
 
     def cells(self) -> list[CellRecord]:
@@ -196,6 +238,21 @@ class KernelSession:
         """Stop calling ``listener``; unknown listeners are ignored."""
         if listener in self._cell_listeners:
             self._cell_listeners.remove(listener)
+
+    def add_record_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Call ``listener(record)`` with each cell's :class:`CellRecord` once it is final.
+
+        The point to update a view of the cells: the record's "after" reading is in (taken
+        between that cell and the next). It is called on the sampler's thread, or on the main
+        thread at the next cell's start (Run All) or at the cell's end (no sampler thread):
+        it should only note the record or schedule its work. Errors are swallowed. See
+        :meth:`jax_nbmem.record.ledger.Ledger.add_closed_listener`.
+        """
+        self.ledger.add_closed_listener(listener)
+
+    def remove_record_listener(self, listener: Callable[[CellRecord], Any]) -> None:
+        """Stop calling ``listener``; unknown listeners are ignored."""
+        self.ledger.remove_closed_listener(listener)
 
     def cell_callbacks(
         self, execution_count: Callable[[], int | None], failed: Callable[[str], None]
@@ -344,6 +401,8 @@ class KernelSession:
                 f"({report['nvml']['reason'] or 'no GPU visible'})."
             )
             return
+        from jax_nbmem.tenants.advice import oom_diagnosis
+
         self._say(oom_diagnosis(report.tenants(), gpus, self.own_name))
 
     def shutdown(self, pid: int, *, confirm: bool) -> ShutdownResult:
@@ -352,6 +411,8 @@ class KernelSession:
         ``pid`` is the host PID the status showed; in a container it is translated, through
         the node agent's resolution, to the PID of that process here, or refused.
         """
+        from jax_nbmem.tenants.servers import shutdown_kernel
+
         return shutdown_kernel(pid, self.status().tenants(), confirm=confirm)
 
     def elsewhere_pids(self) -> set[int]:
@@ -381,13 +442,15 @@ class KernelSession:
             messages.append(f"Sampler: {self.sampler.last_error}")
         if latest is not None:
             messages.extend(f"{g.label}: {g.problem}" for g in latest.gpus if g.problem)
-        messages.extend(map(warning_line, self.warnings()))
+        messages.extend(map(_warning_line, self.warnings()))
         if not self.control.backend_started():
             pending = self.control.report().pending
             messages.append(f"JAX has not started yet; it will start with: {pending.mode_name}.")
         return messages
 
     def _policy(self) -> Policy:
+        from jax_nbmem.tenants.auto import Policy
+
         try:
             return Policy.from_setting(getattr(self.settings, "policy", None))
         except ValueError as exc:
@@ -404,6 +467,12 @@ class KernelSession:
         """
         if self.control.backend_started():
             return mode, source  # too late in any case: said by the caller
+        if mode.name != "auto" and not getattr(self.settings, "policy", None):
+            return mode, source  # nothing to decide: no need to load the deciding code
+        from jax_nbmem.notebook.beacon import share_dir
+        from jax_nbmem.tenants.auto import PolicyError, decide
+        from jax_nbmem.tenants.beacons import beacon_dirs
+
         dirs = beacon_dirs(share_dir(self))
         directory = dirs[-1] if dirs else None  # the shared one when there is one
         try:
@@ -424,6 +493,8 @@ class KernelSession:
 
     def _release_claim(self) -> None:
         if self._claim_dir is not None:
+            from jax_nbmem.tenants.claims import claim_book
+
             with claim_book(self._claim_dir, wait_s=0.5) as book:
                 if book is not None:
                     book.release(os.getpid())
@@ -431,6 +502,10 @@ class KernelSession:
 
     def close(self) -> None:
         """Stop whatever runs in the background; the session is not used after this."""
+        self._closed = True
+        starter = self._starter
+        if starter is not None and starter is not threading.current_thread():
+            starter.join(_START_JOIN_S)
         self._release_claim()
         self._cell_listeners.clear()
         if self.beacon is not None:

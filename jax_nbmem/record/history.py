@@ -58,12 +58,15 @@ class GpuSample:
 class HostSample:
     """This process on the host: resident memory and the bytes of JAX's live arrays.
 
-    ``live_array_bytes`` is ``None`` until the JAX backend is up; it is re-read only every
-    ``live_array_interval`` seconds, so it may be that old.
+    ``live_array_bytes`` is ``None`` until the JAX backend is up; walking the arrays costs time
+    per array, so it is re-read only every ``live_array_interval`` seconds (and at a cell's
+    boundary only while that is cheap): ``live_array_at`` is the ``time.time()`` of the walk it
+    comes from, which may be older than the sample (``None`` when there is no value).
     """
 
     rss_bytes: int | None
     live_array_bytes: int | None
+    live_array_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ def _merge(first: Sample, second: Sample, span_s: float) -> Sample:
         host = HostSample(
             keep_extreme(max, first.host.rss_bytes, second.host.rss_bytes),
             keep_extreme(max, first.host.live_array_bytes, second.host.live_array_bytes),
+            keep_extreme(max, first.host.live_array_at, second.host.live_array_at),
         )
     return Sample(t=first.t, gpus=tuple(merged), host=host, span_s=span_s)
 

@@ -55,8 +55,16 @@ __all__ = [
 _GPU_SET_REFRESH_S = 10.0
 # Walking jax.live_arrays() may take at most this share of one core.
 _LIVE_ARRAY_BUDGET = 0.005
-# Cells that end in quick succession share one after-cell reading at most this often.
-_MIN_AFTER_GAP_S = 0.05
+# A reading at a cell's boundary is taken on the cell's path (the next cell's start) only
+# while readings take less than this; a slower NVML leaves the boundary unread (the ledger
+# then joins the two cells into one span) rather than hold up the cell.
+_BOUNDARY_BUDGET_S = 0.05
+# A reading under way for this long is taken as stuck in NVML. Longer than the budget: on a
+# loaded machine the thread may wait that long for a core or for the GIL the cells hold.
+_STUCK_READING_S = 0.25
+# Walking jax.live_arrays() is part of a reading at a cell's boundary while it costs less
+# than this (a few thousand arrays); beyond, the value is the latest walk's, with its time.
+_BOUNDARY_LIVE_COST_S = 0.0005
 
 
 class Sampler:
@@ -78,8 +86,9 @@ class Sampler:
     one per sample), ``busy`` (what :meth:`set_busy` sets), ``quick_gpus`` (False when a
     quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
     GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
-    ``serving`` (the thread runs and serves requests) and ``wake_after_at`` (the monotonic
-    time from which a cell's end should wake the thread: see :meth:`read_after_cells`).
+    ``serving`` (the thread runs and serves requests), ``wake_after_at`` (the monotonic
+    time from which a cell's end should wake the thread: see :meth:`read_after_cells`) and
+    ``latest_timed`` (the latest sample with the monotonic time its reading began).
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
@@ -115,10 +124,9 @@ class Sampler:
         # Appended by cell hooks and emptied by the thread, both without a lock (a deque's
         # append and popleft are atomic).
         self._after_requests: deque[Callable[[Sample, float], Any]] = deque()
-        # Cells in quick succession share a reading: the thread is woken for a reading after
-        # a cell no sooner than _MIN_AFTER_GAP_S after its last one began (it takes the cells
-        # that wait at its next tick then), and once until that reading begins (infinity).
-        # Every wake costs a cell a GIL hand-over.
+        # The thread is woken once for a reading after cells (infinity until that reading
+        # begins; then the time it began): every wake costs a cell a GIL hand-over, and the
+        # cells that end before the reading begins share it.
         self.wake_after_at = -math.inf
         # Whether the thread serves requests: set by start(), cleared by stop() and by the
         # thread's own end (it may die). A cell's request reads it instead of asking the
@@ -127,6 +135,15 @@ class Sampler:
         # (waiting, deliver) pairs: see read_after_cells.
         self._cell_readers: list[tuple[Callable[[], bool], Callable[[Sample, float], Any]]] = []
         self.latest_sample: Sample | None = None
+        # (monotonic time its reading began, latest_sample), published together, so that a
+        # cell's start can tell whether the latest reading began after the previous cell ended.
+        self.latest_timed: tuple[float, Sample] | None = None
+        # When the reading under way began (monotonic; None when none is), and how long the
+        # last two took: a cell's start takes a reading itself only while they are quick (one
+        # slow reading is not enough: the first one imports and starts NVML).
+        self.reading_since: float | None = None
+        self.last_reading_s = 0.0
+        self._reading_before_last_s = 0.0
         self.quick_gpus = True
         self.samples_taken = 0  # grows by one per sample: tells whether any came meanwhile
         self.busy = False  # a cell runs: see set_busy
@@ -138,6 +155,8 @@ class Sampler:
         self._process_due = -math.inf
         self._process_read_at = -math.inf
         self._live_bytes: int | None = None
+        self._live_at: float | None = None
+        self._live_cost = 0.0  # what the last walk of the live arrays took (s); none yet
         self._live_due = -math.inf
         self.live_array_budget = live_array_budget
         self.last_error: str | None = None
@@ -321,7 +340,7 @@ class Sampler:
         """
         if not self.serving:  # no thread, or it stopped or died
             started = self._monotonic()
-            self._deliver([callback], self._record(force=True), started)
+            self._deliver([callback], self._record(force=True, boundary=True), started)
             return
         self._after_requests.append(callback)
         if self._monotonic() >= self.wake_after_at:
@@ -342,6 +361,24 @@ class Sampler:
         """
         with self._lock:
             self._cell_readers = [*self._cell_readers, (waiting, deliver)]
+
+    def boundary_reading(self) -> tuple[float, Sample] | None:
+        """A complete reading taken now, on this thread, at the boundary between two cells.
+
+        For a cell's start when the previous cell's reading has not come (Run All): returns
+        (monotonic time it began, sample), or ``None`` without asking anything when readings
+        are slow (the last two took ``_BOUNDARY_BUDGET_S`` or more, or one has been under way
+        for ``_STUCK_READING_S``: NVML hangs), so that a cell never waits for a slow NVML. The
+        live arrays are walked only while that is cheap; the process list only when some GPU's
+        used bytes moved.
+        """
+        since = self.reading_since
+        began = self._monotonic()
+        if min(self.last_reading_s, self._reading_before_last_s) >= _BOUNDARY_BUDGET_S or (
+            since is not None and began - since >= _STUCK_READING_S
+        ):
+            return None
+        return began, self._record(force=True, boundary=True)
 
     def wake_for_reading(self) -> None:
         """Wake the thread for the reading that requests or cells wait for."""
@@ -387,8 +424,8 @@ class Sampler:
         if not requests and not readers:
             return False
         started = self._monotonic()
-        self.wake_after_at = started + _MIN_AFTER_GAP_S
-        sample = self._record(force=True)
+        self.wake_after_at = started
+        sample = self._record(force=True, boundary=True)
         self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
         return True
@@ -409,26 +446,35 @@ class Sampler:
                 self.callback_errors += 1
                 self._remember(exc)
 
-    def _record(self, force: bool, force_live: bool = False) -> Sample:
+    def _record(self, force: bool, force_live: bool = False, boundary: bool = False) -> Sample:
+        began = self._monotonic()
+        self.reading_since = began
         try:
-            sample = self._collect(self._monotonic(), force, force_live)
+            sample = self._collect(began, force, force_live, boundary)
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
+        self._reading_before_last_s = self.last_reading_s
+        self.last_reading_s = self._monotonic() - began
+        self.reading_since = None
         with self._lock:
             self._history.add(sample)
             self.latest_sample = sample
+            self.latest_timed = (began, sample)
             self.samples_taken += 1
             for tracker in self._trackers:
                 tracker.observe(sample)
         return sample
 
-    def _collect(self, now: float, force: bool, force_live: bool) -> Sample:
+    def _collect(self, now: float, force: bool, force_live: bool, boundary: bool) -> Sample:
         """Read everything that is due, outside the lock; publish the schedule under it."""
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
-        if not self._gpu_set_final and (force or now + slack >= self._gpu_indices_due):
+        # A boundary's reading keeps the set on its schedule: only an edit of
+        # CUDA_VISIBLE_DEVICES before JAX starts changes it, and a cell's path should not pay.
+        refresh = force and not boundary
+        if not self._gpu_set_final and (refresh or now + slack >= self._gpu_indices_due):
             indices = self._read(source.gpu_indices, None)
             with self._lock:
                 self._gpu_indices = None if indices is None else tuple(indices)
@@ -465,18 +511,23 @@ class Sampler:
         self.quick_gpus = bool(gpu_stats) or source.quick_device_stats is not gpu_stats_now
         if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
             # JAX's allocator counts its bytes itself: no need to walk every live array.
-            self._live_bytes = None
-        elif force_live or now + slack >= self._live_due:
+            self._live_bytes = self._live_at = None
+        elif (
+            force_live
+            or now + slack >= self._live_due
+            or (boundary and self._live_cost < _BOUNDARY_LIVE_COST_S)
+        ):
             began = time.perf_counter()
             self._live_bytes = self._read(source.live_array_bytes, None)
-            cost = time.perf_counter() - began
+            self._live_at = None if self._live_bytes is None else self._clock()
+            cost = self._live_cost = time.perf_counter() - began
             # Walking the arrays costs time per array: read them less often the more there
             # are, so that it never takes more than its budget of a core.
             self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
         gpus = gpu_samples(
             memory, indices, gpu_stats, self._split, self._used_at_process_read, self._remember
         )
-        host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes)
+        host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
 
     def _read(self, reader: Callable[..., Any], default: Any, *args: Any) -> Any:
@@ -510,13 +561,20 @@ class Sampler:
     def _loop(self, stop_event: threading.Event) -> None:
         deadline = self._monotonic()
         while not stop_event.is_set():
+            served = False
             try:
-                if not self._serve_after():  # nothing waits for a reading: the schedule's
+                served = self._serve_after()
+                if not served:  # nothing waits for a reading: the schedule's
                     self.tick()
             except BaseException as exc:  # never out of the thread, whatever happens
                 self._remember(exc)
             now = self._monotonic()
-            if now >= deadline:
+            if served:
+                # The reading after a cell stands for a tick: the schedule starts again from
+                # it, so that while cells come at a person's pace (each read after it ends)
+                # no tick lands on the next cell and takes the GIL from it.
+                deadline = now + self.interval
+            elif now >= deadline:
                 deadline = _next_deadline(deadline, now, self.interval)
             self._wake.wait(max(0.0, deadline - now))
             self._wake.clear()

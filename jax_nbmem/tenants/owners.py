@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from jax_nbmem.tenants.servers import current_user
-
 __all__ = [
     "ENV_HUB_USER",
     "SHUTDOWN_BOTH",
@@ -45,6 +43,10 @@ def is_someone_else(user: str | None, hub_user: str | None) -> bool:
 
     Another Unix user is; so is the same Unix user (``jovyan``) under another hub name.
     """
+    # Imported here: the kernel's extension loads this module for its help texts, and the
+    # servers module (psutil, jupyter_core) is not needed to load it (issue 38).
+    from jax_nbmem.tenants.servers import current_user
+
     if user and user != current_user():
         return True
     own_hub = hub_user_of(os.environ)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from jax_nbmem.tenants.status import StatusReport
+if TYPE_CHECKING:  # the kernel's session loads without the status code (issue 38)
+    from jax_nbmem.tenants.status import StatusReport
 
 __all__ = ["StatusWatcher"]
 

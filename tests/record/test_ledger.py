@@ -8,6 +8,7 @@ import pytest
 from jax_nbmem.record.ledger import CellRecord, Ledger, format_table
 from jax_nbmem.record.sampler import Sampler
 from tests.record.test_sampler import DRIVER_BYTES, GIB, MIB, OUR_PID, FakeClock, GpuWorld, jax_gpu
+from tests.waiting import wait_for
 
 
 class Notebook:
@@ -333,6 +334,8 @@ def test_with_the_thread_serving_a_cells_end_asks_nothing_and_its_reading_still_
     ledger = Ledger(sampler)
     sampler.start()
     try:
+        # Its first reading imports NVML's module: cells during it would be one span.
+        wait_for("the sampler's first reading", lambda: sampler.latest_sample)
         for count in (1, 2, 3):  # Run All: cells end faster than a reading
             ledger.cell_started(count, f"x = {count}")
             ledger.cell_finished(True, None, count)
@@ -345,3 +348,126 @@ def test_with_the_thread_serving_a_cells_end_asks_nothing_and_its_reading_still_
             assert not any("not read" in note for note in record.notes), record
     finally:
         sampler.stop()
+
+
+def serving_notebook():
+    """A notebook whose sampler acts as if its thread served (cells queue for a reading),
+    while the test plays the thread by calling ``_serve_after`` itself. This process holds
+    ``nb.held["bytes"]`` on GPU 0 (1 GiB to begin with), and a first sample is taken."""
+    nb = Notebook()
+    nb.sampler.serving = True
+    nb.held = {"bytes": GIB}
+    nb.world.hold(0, OUR_PID, lambda t: nb.held["bytes"])
+    nb.sampler.tick()
+    return nb
+
+
+def test_a_cell_started_before_its_predecessors_reading_reads_the_boundary_itself():
+    nb = serving_notebook()
+    held = nb.held
+    nb.ledger.cell_started(1, "a = alloc()")
+    held["bytes"] = 3 * GIB
+    nb.ledger.cell_finished(True, None, 1)
+    nb.clock.now += 0.0001  # Run All: the next cell a tenth of a millisecond later
+    nb.ledger.cell_started(2, "del a")
+    held["bytes"] = GIB
+    nb.ledger.cell_finished(True, None, 2)
+    # The thread's reading, begun now, is after cell 2: cell 1 must not take it.
+    assert nb.sampler._serve_after()
+    first, second = nb.ledger.records()
+    assert (first.gpu_self_before, first.gpu_self_after) == (GIB, 3 * GIB)
+    assert (second.gpu_self_before, second.gpu_self_after) == (3 * GIB, GIB)
+    assert first.gpu_self_retained == 2 * GIB and second.gpu_self_retained == -2 * GIB
+    assert first.notes == () and second.notes == ()
+    assert first.span_start is None and second.span_start is None
+
+
+def test_a_reading_the_thread_delivers_after_the_next_start_is_not_the_cells():
+    nb = serving_notebook()
+    held = nb.held
+    nb.ledger.cell_started(1, "x = 1")
+    nb.ledger.cell_finished(True, None, 1)
+    nb.clock.now += 0.001
+    # The thread's reading began after cell 1 ended, but it hands the reading over only
+    # after cell 2 started (and allocated): the start claimed cell 1 and read it itself.
+    began = nb.clock.now
+    nb.ledger.cell_started(2, "b = alloc()")
+    held["bytes"] = 5 * GIB
+    late = nb.sampler.sample_now()
+    nb.ledger._readings_arrived(late, began)
+    nb.ledger.cell_finished(True, None, 2)
+    first = nb.ledger.records()[0]
+    assert (first.gpu_self_after, first.gpu_self_retained) == (GIB, 0)
+
+
+def test_when_readings_are_slow_back_to_back_cells_are_one_span_said_as_such():
+    nb = serving_notebook()
+    held = nb.held
+    nb.ledger.cell_started(1, "a = alloc()")
+    held["bytes"] = 3 * GIB
+    nb.ledger.cell_finished(True, None, 1)
+    memory_calls = nb.world.calls["memory"]
+    nb.sampler.reading_since = nb.clock.now - 2.0  # the thread is 2 s into an NVML call
+    nb.ledger.cell_started(2, "del a")
+    assert nb.world.calls["memory"] == memory_calls  # the cell did not wait for NVML
+    nb.sampler.reading_since = None
+    held["bytes"] = 2 * GIB
+    nb.ledger.cell_finished(True, None, 2)
+    nb.clock.now += 0.5
+    assert nb.sampler._serve_after()
+    first, second = nb.ledger.records()
+    assert first.gpu_self_after is None and first.gpu_self_retained is None  # not another's
+    assert "covers both" in first.notes[0]
+    assert second.span_start == 1
+    assert (second.gpu_self_before, second.gpu_self_after) == (GIB, 2 * GIB)
+    assert "first of a span" in second.notes[0]
+    assert second.to_dict()["span_start"] == 1
+    text = format_table([first, second])
+    assert text.splitlines()[-1].startswith("a–b = cells with no reading between them")
+    rows = table_rows(text.rsplit("\n", 1)[0])
+    assert (rows[0]["#"], rows[1]["#"]) == ("1", "1–2")
+    assert rows[0]["retained"] == "—" and rows[1]["retained"] == "+1.00 GiB"
+
+
+def test_live_arrays_are_the_cells_only_when_walked_at_its_boundaries():
+    nb = Notebook()
+    nb.sampler.serving = True  # as in serving_notebook, on a kernel without a GPU
+    nb.world.visible = ()
+    nb.world.jax_up = True
+    nb.sampler.tick()
+    nb.sampler._live_cost = 1.0  # very many arrays: the boundaries do not walk them
+    walked_at = nb.wall()
+    nb.ledger.cell_started(1, "x = 1")
+    nb.clock.now += 0.01
+    nb.ledger.cell_finished(True, None, 1)
+    nb.clock.now += 0.01
+    nb.ledger.cell_started(2, "y = 2")
+    nb.ledger.cell_finished(True, None, 2)
+    first = nb.ledger.records()[0]
+    assert first.live_array_bytes_after is None  # the last walk was before the cell
+    assert first.live_array_bytes_seen == 3 * GIB
+    assert first.live_array_seen_at == pytest.approx(walked_at)
+    assert "3.00 GiB as of" in format_table([first])
+
+
+def test_a_listener_hears_each_record_once_its_after_reading_is_in():
+    nb = serving_notebook()
+    held = nb.held
+    heard = []
+    nb.ledger.add_closed_listener(heard.append)
+    nb.ledger.add_closed_listener(heard.append)  # once only
+    nb.ledger.cell_started(1, "a = alloc()")
+    held["bytes"] = 2 * GIB
+    nb.ledger.cell_finished(True, None, 1)
+    assert heard == []  # its reading is not in yet
+    nb.clock.now += 0.0001
+    nb.ledger.cell_started(2, "x = 1")  # back to back: the start reads the boundary
+    assert [(r.execution_count, r.gpu_self_after) for r in heard] == [(1, 2 * GIB)]
+    nb.ledger.cell_finished(True, None, 2)
+    nb.clock.now += 0.5
+    assert nb.sampler._serve_after()  # the thread's reading, between cells
+    assert [(r.execution_count, r.gpu_self_retained) for r in heard] == [(1, GIB), (2, 0)]
+    nb.ledger.remove_closed_listener(heard.append)
+    nb.run_cell("y = 2")
+    nb.sampler._serve_after()
+    assert len(heard) == 2

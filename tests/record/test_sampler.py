@@ -691,7 +691,7 @@ def test_cells_are_read_after_without_a_request_each_and_only_by_a_later_reading
             time.sleep(0.01)
         started, answered, sample = delivered[0]
         assert len(answered) == 3 and all(t <= started for t in answered)
-        assert sample.gpu(0) is not None and sampler.wake_after_at == started + 0.05
+        assert sample.gpu(0) is not None and sampler.wake_after_at == started  # a later end wakes
         assert sampler._after_requests == deque()  # nothing was asked per cell
     finally:
         sampler.stop()

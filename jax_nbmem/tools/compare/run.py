@@ -31,6 +31,7 @@ from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables
 from jax_nbmem.allocator.modes import parse_mode as _parse_mode
 from jax_nbmem.gpu import nvml
+from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 from jax_nbmem.tools.compare.advice import recommend
 from jax_nbmem.tools.compare.results import CompareResult, ModeResult
 from jax_nbmem.units import format_bytes, format_duration
@@ -47,7 +48,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEFAULT_MODES = ("on", "off", "platform")
-DEFAULT_TIMEOUT_S = 600.0
 SELF_CONTAINED = (
     "the cell runs in a fresh Python process per mode, so it must be self-contained: "
     "import and define everything it uses inside the cell (IPython magics and ! commands "
