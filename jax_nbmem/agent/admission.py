@@ -24,8 +24,30 @@ import fcntl
 import os
 import resource
 from collections import Counter
+from dataclasses import dataclass
 
-__all__ = ["Admission", "enough_descriptors", "unix_group"]
+__all__ = ["Admission", "ServingLimits", "enough_descriptors", "unix_group"]
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """How much the agent serves at once, and how long it waits (see :mod:`.server`).
+
+    ``reserved`` slots of ``max_connections`` (a quarter unless given) are kept for groups
+    with none open; ``peer_pidfd=False`` binds a connection by start ticks alone.
+    """
+
+    max_connections: int = 1024
+    max_per_pid: int = 4
+    max_per_group: int = 64
+    reserved: int | None = None
+    first_line_s: float = 30.0
+    line_s: float = 10.0
+    write_s: float = 10.0
+    lookup_workers: int = 4
+    lookup_budget_s: float = 1.0
+    peer_pidfd: bool = True
+
 
 _NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
 _MAX_NESTING = 32  # the kernel's own bound on PID namespace nesting

@@ -46,8 +46,9 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
-from jax_nbmem.agent.admission import Admission, enough_descriptors, unix_group
+from jax_nbmem.agent.admission import Admission, ServingLimits, enough_descriptors, unix_group
 from jax_nbmem.agent.binding import PROCESS_ENDED, bind_unix
 from jax_nbmem.agent.connection import Connection
 from jax_nbmem.agent.judging import (
@@ -95,9 +96,8 @@ _EXPIRE_EVERY_S = 0.25
 class AgentServer(TcpSide, Judging):
     """Listens on ``S/agent/agent.sock`` and feeds a :class:`Registry` (see the module).
 
-    ``on_change`` is called (on the server's thread) after a registration came or went.
-    ``reserved`` slots of ``max_connections`` (a quarter unless given) are kept for groups
-    with none open; ``peer_pidfd=False`` binds by start ticks alone.
+    ``on_change`` is called (on the server's thread) after a registration came or went; how
+    much it serves at once and how long it waits are its :class:`ServingLimits`.
     """
 
     def __init__(
@@ -105,36 +105,30 @@ class AgentServer(TcpSide, Judging):
         share_dir: str | None,
         registry: Registry,
         *,
-        max_connections: int = 1024,
-        max_per_pid: int = 4,
-        max_per_group: int = 64,
-        reserved: int | None = None,
-        first_line_s: float = 30.0,
-        line_s: float = 10.0,
-        write_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
         tcp: tuple[str, int] | None = None,
         peers: PeerFinder | None = None,
         resolution: Callable[[int], tuple[float, str] | None] | None = None,
-        lookup_workers: int = 4,
-        lookup_budget_s: float = 1.0,
-        peer_pidfd: bool = True,
+        **limits: Any,
     ) -> None:
+        """``limits``: the fields of :class:`ServingLimits` (a TypeError names any other)."""
+        limits = ServingLimits(**limits)
+        self.limits = limits
         self.share_dir = share_dir
         self.tcp = tcp
         self.tcp_address: tuple[str, int] | None = None  # where it listens (port 0: chosen)
         self.peers = PeerFinder(registry.viewer.proc) if peers is None else peers
         self.resolution = resolution
         self.registry = registry
-        self.max_connections = max_connections
-        self.max_per_pid = max_per_pid
-        reserve = max_connections // 4 if reserved is None else reserved
-        self.admission = Admission(max_connections, max_per_group, reserve)
-        self.first_line_s = first_line_s
-        self.line_s = line_s
-        self.write_s = write_s
+        self.max_connections = limits.max_connections
+        self.max_per_pid = limits.max_per_pid
+        reserve = limits.max_connections // 4 if limits.reserved is None else limits.reserved
+        self.admission = Admission(limits.max_connections, limits.max_per_group, reserve)
+        self.first_line_s = limits.first_line_s
+        self.line_s = limits.line_s
+        self.write_s = limits.write_s
         self.on_change = on_change
-        self.peer_pidfd = peer_pidfd
+        self.peer_pidfd = limits.peer_pidfd
         self.directory = ""
         self.path = ""
         self._listener: socket.socket | None = None
@@ -148,7 +142,9 @@ class AgentServer(TcpSide, Judging):
         self._thread: threading.Thread | None = None
         self._done: deque = deque()  # (connection, verdict) from the look-up workers
         self._wake: tuple[socket.socket, socket.socket] | None = None
-        self.lookups = Lookups(self._delivered, workers=lookup_workers, budget_s=lookup_budget_s)
+        self.lookups = Lookups(
+            self._delivered, workers=limits.lookup_workers, budget_s=limits.lookup_budget_s
+        )
         self._expired_at = self._swept_at = 0.0
         self.refused = 0
 

@@ -253,72 +253,7 @@ class Exporter:
 
     def serve(self, ready=None) -> None:
         """Serve until SIGTERM or SIGINT (or :meth:`stop`); ``ready(url)`` once listening."""
-        from prometheus_client import (
-            CONTENT_TYPE_LATEST,
-            CollectorRegistry,
-            PlatformCollector,
-            ProcessCollector,
-            make_wsgi_app,
-        )
-
-        registry = CollectorRegistry(auto_describe=True)
-        # Our families are written by a ScrapeCache (fast with thousands of samples, and once
-        # per snapshot); the registry holds the exporter's own process_* figures.
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
-        # The culler's count, from its file in the shared directory (read with each snapshot).
-        registry.register(culled_collector(lambda: self._culled))
-        own = make_wsgi_app(registry)
-        written = ScrapeCache(self.stale_after)
-
-        def metrics(environ, start_response):
-            names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-            # Staleness counts from the refresh under way, if any: a slow one (a loaded
-            # machine) keeps the last snapshot fresh, a hung one not. Read before latest().
-            looking_since = self._looking_since
-            body = written.text(
-                self.latest(), set(names) if names else None, looking_since=looking_since
-            )
-            captured = {}
-
-            def keep(status, headers, exc_info=None):
-                captured["status"], captured["headers"] = status, headers
-
-            plain = {k: v for k, v in environ.items() if k != "HTTP_ACCEPT_ENCODING"}
-            rest = b"".join(own(plain, keep))  # uncompressed, to follow our own text
-            start_response(captured["status"], [("Content-Type", CONTENT_TYPE_LATEST)])
-            return [body + rest]
-
-        def health(start_response):
-            # Before the auth check: a kubelet's probe has no password, and this says only
-            # whether the last look is fresh (NVML down is no ill health: it is in /metrics).
-            snapshot, looking_since = self.latest(), self._looking_since
-            now = time.time()
-            if is_fresh(snapshot, now, self.stale_after, looking_since):
-                status, text = "200 OK", "ok: a fresh look at the node"
-            elif snapshot is None:
-                status, text = "503 Service Unavailable", "starting: no look at the node yet"
-            else:
-                since = max(snapshot.taken_at, looking_since or 0)
-                status = "503 Service Unavailable"
-                text = f"stale: no fresh look at the node for {now - since:.0f} s (a hung NVML?)"
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [f"jax-nbmem exporter: {text}\n".encode()]
-
-        def app(environ, start_response):
-            if environ.get("PATH_INFO") == "/healthz":
-                return health(start_response)
-            if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
-                start_response("401 Unauthorized", [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("WWW-Authenticate", 'Basic realm="jax-nbmem exporter"'),
-                ])  # fmt: skip
-                return [b"jax-nbmem exporter: a user and password are needed\n"]
-            if environ.get("PATH_INFO") in ("/metrics", "/metrics/"):
-                return metrics(environ, start_response)
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"jax-nbmem exporter: the metrics are at /metrics\n"]
-
+        app = self._wsgi_app()
         # A class per address family: setting it on the shared class would change every server.
         server_class = _Server6 if ":" in self.host else _Server
         server = make_server(self.host, self.port, app, server_class, _QuietHandler)
@@ -353,6 +288,77 @@ class Exporter:
                 self.agent.stop()
             if self.pods is not None:
                 self.pods.stop()
+
+    def _wsgi_app(self):
+        """The HTTP face: /metrics (ours and the process's own), /healthz, else 401 or 404."""
+        from prometheus_client import (
+            CollectorRegistry,
+            PlatformCollector,
+            ProcessCollector,
+            make_wsgi_app,
+        )
+
+        registry = CollectorRegistry(auto_describe=True)
+        # Our families are written by a ScrapeCache (fast with thousands of samples, and once
+        # per snapshot); the registry holds the exporter's own process_* figures.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        # The culler's count, from its file in the shared directory (read with each snapshot).
+        registry.register(culled_collector(lambda: self._culled))
+        own = make_wsgi_app(registry)
+        written = ScrapeCache(self.stale_after)
+
+        def app(environ, start_response):
+            if environ.get("PATH_INFO") == "/healthz":
+                return self._health(start_response)
+            if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
+                start_response("401 Unauthorized", [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("WWW-Authenticate", 'Basic realm="jax-nbmem exporter"'),
+                ])  # fmt: skip
+                return [b"jax-nbmem exporter: a user and password are needed\n"]
+            if environ.get("PATH_INFO") in ("/metrics", "/metrics/"):
+                return self._metrics(environ, start_response, written, own)
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"jax-nbmem exporter: the metrics are at /metrics\n"]
+
+        return app
+
+    def _metrics(self, environ, start_response, written: ScrapeCache, own) -> list[bytes]:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        # Staleness counts from the refresh under way, if any: a slow one (a loaded machine)
+        # keeps the last snapshot fresh, a hung one not. Read before latest().
+        looking_since = self._looking_since
+        body = written.text(
+            self.latest(), set(names) if names else None, looking_since=looking_since
+        )
+        captured = {}
+
+        def keep(status, headers, exc_info=None):
+            captured["status"], captured["headers"] = status, headers
+
+        plain = {k: v for k, v in environ.items() if k != "HTTP_ACCEPT_ENCODING"}
+        rest = b"".join(own(plain, keep))  # uncompressed, to follow our own text
+        start_response(captured["status"], [("Content-Type", CONTENT_TYPE_LATEST)])
+        return [body + rest]
+
+    def _health(self, start_response) -> list[bytes]:
+        # Before the auth check: a kubelet's probe has no password, and this says only whether
+        # the last look is fresh (NVML down is no ill health: it is in /metrics).
+        snapshot, looking_since = self.latest(), self._looking_since
+        now = time.time()
+        if is_fresh(snapshot, now, self.stale_after, looking_since):
+            status, text = "200 OK", "ok: a fresh look at the node"
+        elif snapshot is None:
+            status, text = "503 Service Unavailable", "starting: no look at the node yet"
+        else:
+            since = max(snapshot.taken_at, looking_since or 0)
+            status = "503 Service Unavailable"
+            text = f"stale: no fresh look at the node for {now - since:.0f} s (a hung NVML?)"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"jax-nbmem exporter: {text}\n".encode()]
 
     def _say_share_dir(self) -> None:
         """Log where beacons are read from: a missing shared directory is never silent."""

@@ -126,6 +126,24 @@ def _mig_note(parents: Sequence[_NamedGpu]) -> str | None:
     )
 
 
+def _device_for(
+    entry: str, devices: list[_NamedGpu], instances: list[_NamedGpu]
+) -> tuple[_NamedGpu | None, str | None]:
+    """The device one ``CUDA_VISIBLE_DEVICES`` entry names, or why CUDA stops at it."""
+    if entry.startswith("MIG-"):
+        return _by_mig_uuid(entry, devices, instances)
+    if entry.startswith("GPU-"):
+        return _by_uuid(entry, devices)
+    if entry.isdigit():
+        ordinal = int(entry)
+        if ordinal < len(devices):
+            return devices[ordinal], None
+        return None, f"is beyond the {len(devices)} GPU(s) on this machine"
+    if entry.startswith("-") and entry[1:].isdigit():
+        return None, "is negative (a common way to hide every GPU)"
+    return None, "is neither a GPU number nor a GPU-... or MIG-... UUID"
+
+
 def visible_gpus(nvml_gpus: Sequence[_NamedGpu], environ: Mapping[str, str]) -> VisibleGpus:
     """Return the NVML indices CUDA sees under ``environ``, CUDA device 0 first.
 
@@ -158,22 +176,8 @@ def visible_gpus(nvml_gpus: Sequence[_NamedGpu], environ: Mapping[str, str]) -> 
     split_named: list[_NamedGpu] = []
     used_integer = False
     for entry in entries:
-        problem = None
-        device: _NamedGpu | None = None
-        if entry.startswith("MIG-"):
-            device, problem = _by_mig_uuid(entry, devices, instances)
-        elif entry.startswith("GPU-"):
-            device, problem = _by_uuid(entry, devices)
-        elif entry.isdigit():
-            ordinal = int(entry)
-            if ordinal < len(devices):
-                device, used_integer = devices[ordinal], True
-            else:
-                problem = f"is beyond the {len(devices)} GPU(s) on this machine"
-        elif entry.startswith("-") and entry[1:].isdigit():
-            problem = "is negative (a common way to hide every GPU)"
-        else:
-            problem = "is neither a GPU number nor a GPU-... or MIG-... UUID"
+        device, problem = _device_for(entry, devices, instances)
+        used_integer = used_integer or (device is not None and entry.isdigit())
         inside = [device] if device is not None else []
         if device is not None and getattr(device, "mig_mode", False):
             inside = _instances_of(device, instances)

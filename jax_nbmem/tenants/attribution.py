@@ -455,6 +455,27 @@ def attribute(
     # On the host: the processes in containers that the node agent resolved.
     resolved = {p.pid: resolution.get(p.pid) for p in processes} if fresh else {}
     proven = {pid: e for pid, e in resolved.items() if e and e.pid_in_container is not None}
+    infos = _inspect_each(processes, own_pid, sessions, environ)
+    # PIDs the node agent resolved are the host's, whatever else says: only the others count.
+    unresolved = {pid: info for pid, info in infos.items() if not resolved.get(pid)}
+    foreign = _foreign_namespace(unresolved, own_pid, own_on_gpu, check_device_files)
+    if foreign is not None:
+        reason = f"{PID_NAMESPACE_REASON}: {foreign}"
+        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) if pid in unresolved else info
+                 for pid, info in infos.items()}  # fmt: skip
+    tenants = []
+    for process in processes:
+        beacon = beacons.get(process.pid) if foreign is None else None
+        entry = proven.get(process.pid)
+        total, uuid = totals.get(process.gpu), uuids.get(process.gpu)
+        tenants.append(_tenant(process, infos[process.pid], beacon, entry, total, uuid))
+    return tenants
+
+
+def _inspect_each(
+    processes: list[GpuProcess], own_pid: int, sessions, environ: Mapping[str, str]
+) -> dict[int, ProcessInfo]:
+    """What the host says of each process (once per PID); a surprise becomes a reason."""
     infos: dict[int, ProcessInfo] = {}
     for process in processes:
         if process.pid not in infos:
@@ -465,43 +486,39 @@ def attribute(
             except Exception as exc:  # the sampler calls this: a surprise becomes a reason
                 reason = f"inspection failed: {type(exc).__name__}"
                 infos[process.pid] = ProcessInfo(process.pid, "unknown", reason=reason)
-    # PIDs the node agent resolved are the host's, whatever else says: only the others count.
-    unresolved = {pid: info for pid, info in infos.items() if not resolved.get(pid)}
-    foreign = _foreign_namespace(unresolved, own_pid, own_on_gpu, check_device_files)
-    if foreign is not None:
-        reason = f"{PID_NAMESPACE_REASON}: {foreign}"
-        infos = {pid: ProcessInfo(pid, "unknown", reason=reason) if pid in unresolved else info
-                 for pid, info in infos.items()}  # fmt: skip
-    tenants = []
-    for process in processes:
-        info = infos[process.pid]
-        fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
-        total = totals.get(process.gpu)
-        beacon = beacons.get(process.pid) if foreign is None else None
-        entry = proven.get(process.pid)
-        if beacon is None and entry is not None and entry.kernel is not None:
-            beacon = entry.kernel  # a kernel in a container, as the node agent proved it
-        if beacon is not None:
-            verdict = _from_beacon(beacon, process.used_bytes, total, uuids.get(process.gpu))
-            if entry is not None and beacon is entry.kernel:
-                verdict["source"] = "agent"
-            if verdict["idle_s"] is None and info.idle_s is not None:
-                # No cell has finished there yet: its server's last activity is all there is.
-                verdict.update(idle_s=info.idle_s, idle_source="server")
-        else:
-            verdict = _from_outside(info, process.used_bytes, total)
-        if info.server_url is not None and info.notebook_shown:
-            # Its Jupyter server names its notebook, as that server shows it (relative to its
-            # root, after renames): the name every view of this server uses. The beacon's is
-            # a full path, from the same server or from the kernel's start.
-            verdict.pop("notebook", None)
-        fields.update(verdict)
-        if "notebook" in verdict:  # the kernel named its notebook itself
-            fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))
-        if entry is not None:
-            fields.update(pid_in_container=entry.pid_in_container, container=entry.shown_container)
-        tenants.append(Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields))
-    return tenants
+    return infos
+
+
+def _tenant(
+    process: GpuProcess, info: ProcessInfo, beacon, entry, total: int | None, uuid: str | None
+) -> Tenant:
+    """One process on one GPU: by its beacon (or the agent's proof of it), else from outside.
+
+    ``entry`` is the node agent's, for a process in a container.
+    """
+    fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
+    if beacon is None and entry is not None and entry.kernel is not None:
+        beacon = entry.kernel  # a kernel in a container, as the node agent proved it
+    if beacon is not None:
+        verdict = _from_beacon(beacon, process.used_bytes, total, uuid)
+        if entry is not None and beacon is entry.kernel:
+            verdict["source"] = "agent"
+        if verdict["idle_s"] is None and info.idle_s is not None:
+            # No cell has finished there yet: its server's last activity is all there is.
+            verdict.update(idle_s=info.idle_s, idle_source="server")
+    else:
+        verdict = _from_outside(info, process.used_bytes, total)
+    if info.server_url is not None and info.notebook_shown:
+        # Its Jupyter server names its notebook, as that server shows it (relative to its
+        # root, after renames): the name every view of this server uses. The beacon's is
+        # a full path, from the same server or from the kernel's start.
+        verdict.pop("notebook", None)
+    fields.update(verdict)
+    if "notebook" in verdict:  # the kernel named its notebook itself
+        fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))
+    if entry is not None:
+        fields.update(pid_in_container=entry.pid_in_container, container=entry.shown_container)
+    return Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields)
 
 
 def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> dict:

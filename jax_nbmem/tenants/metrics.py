@@ -280,16 +280,27 @@ def metric_families(
             return pid not in snapshot.deferred_pids
         return pid in snapshot.own_pids
 
-    def family(name: str, labels: tuple[str, ...]) -> Family:
-        found = Family(name, labels)
-        families.append(found)
-        return found
-
-    gpus: dict[int, tuple[str, str, str, str]] = {}
-    used = family("jax_nbmem_gpu_memory_used_bytes", GPU_LABELS)
-    total = family("jax_nbmem_gpu_memory_total_bytes", GPU_LABELS)
-    reserved = family("jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
     hostname = socket.gethostname()
+    gpus = _gpu_families(families, report, hostname, node)
+    by_pid = _kernel_families(families, report, gpus, hostname, wanted, snapshot.taken_at)
+    _warning_families(families, report, gpus, by_pid, hostname, wanted, node)
+    return families
+
+
+def _family(families: list[Family], name: str, labels: tuple[str, ...]) -> Family:
+    found = Family(name, labels)
+    families.append(found)
+    return found
+
+
+def _gpu_families(
+    families: list[Family], report: Mapping[str, Any], hostname: str, node: bool
+) -> dict[int, tuple[str, str, str, str]]:
+    """The GPUs' memory (the node's source only); each GPU's identity labels, by index."""
+    gpus: dict[int, tuple[str, str, str, str]] = {}
+    used = _family(families, "jax_nbmem_gpu_memory_used_bytes", GPU_LABELS)
+    total = _family(families, "jax_nbmem_gpu_memory_total_bytes", GPU_LABELS)
+    reserved = _family(families, "jax_nbmem_gpu_memory_reserved_bytes", GPU_LABELS)
     for gpu in report.get("gpus", []):
         uuid, index, instance, profile = gpus[gpu["index"]] = gpu_identity(gpu)
         if node:
@@ -297,16 +308,27 @@ def metric_families(
             used.add(labels, gpu.get("used_bytes"))
             total.add(labels, gpu.get("total_bytes"))
             reserved.add(labels, gpu.get("reserved_bytes"))
+    return gpus
 
+
+def _kernel_families(
+    families: list[Family],
+    report: Mapping[str, Any],
+    gpus: dict[int, tuple[str, str, str, str]],
+    hostname: str,
+    wanted: Callable[[Any], bool],
+    taken_at: float,
+) -> dict[Any, Mapping[str, Any]]:
+    """Each wanted process's series; every process by PID (the warnings' labels need them)."""
     kernel = KERNEL_LABELS
-    memory = family("jax_nbmem_kernel_gpu_memory_bytes", kernel)
-    in_use = family("jax_nbmem_kernel_jax_in_use_bytes", kernel)
-    pool = family("jax_nbmem_kernel_jax_pool_bytes", kernel)
-    limit = family("jax_nbmem_kernel_jax_limit_bytes", kernel)
-    memory_cap = family("jax_nbmem_kernel_memory_cap_bytes", kernel)
-    preallocated = family("jax_nbmem_kernel_preallocated", (*kernel, "mode"))
-    idle = family("jax_nbmem_kernel_idle_seconds", kernel)
-    activity = family("jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
+    memory = _family(families, "jax_nbmem_kernel_gpu_memory_bytes", kernel)
+    in_use = _family(families, "jax_nbmem_kernel_jax_in_use_bytes", kernel)
+    pool = _family(families, "jax_nbmem_kernel_jax_pool_bytes", kernel)
+    limit = _family(families, "jax_nbmem_kernel_jax_limit_bytes", kernel)
+    memory_cap = _family(families, "jax_nbmem_kernel_memory_cap_bytes", kernel)
+    preallocated = _family(families, "jax_nbmem_kernel_preallocated", (*kernel, "mode"))
+    idle = _family(families, "jax_nbmem_kernel_idle_seconds", kernel)
+    activity = _family(families, "jax_nbmem_kernel_last_activity_timestamp_seconds", kernel)
     by_pid: dict[Any, Mapping[str, Any]] = {}
     for process in report.get("processes", []):
         by_pid.setdefault(process.get("pid"), process)
@@ -341,9 +363,21 @@ def metric_families(
         idle_s = process.get("idle_s")
         idle.add_strings(labels, idle_s)
         if idle_s is not None:
-            activity.add_strings(labels, round(snapshot.taken_at - idle_s, 3))
+            activity.add_strings(labels, round(taken_at - idle_s, 3))
+    return by_pid
 
-    warnings = family("jax_nbmem_warnings", WARNING_LABELS)
+
+def _warning_families(
+    families: list[Family],
+    report: Mapping[str, Any],
+    gpus: dict[int, tuple[str, str, str, str]],
+    by_pid: dict[Any, Mapping[str, Any]],
+    hostname: str,
+    wanted: Callable[[Any], bool],
+    node: bool,
+) -> None:
+    """The warnings, counted by kind and the process they name (every kind, 0 when none)."""
+    warnings = _family(families, "jax_nbmem_warnings", WARNING_LABELS)
     counts: Counter = Counter()
     for warning in report.get("warnings", []):
         pid = warning.get("pid")
@@ -360,7 +394,6 @@ def metric_families(
         counts.setdefault((kind, "", "", hostname, "", "", "", "", ""), 0)
     for labels, count in sorted(counts.items()):
         warnings.add(labels, float(count))
-    return families
 
 
 def prometheus_collector(
