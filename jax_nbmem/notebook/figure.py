@@ -365,12 +365,14 @@ def header_text(
     gpu_index: int | None,
     mode: str | None,
     caps: Mapping[int, int] | None = None,
+    reserved: bool = True,
 ) -> str:
     """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so.
 
     Free memory is written as the lab extension's status bar writes it (:func:`format_gib`):
     one figure on both. The memory the driver reserves for itself, when NVML tells it apart,
-    follows; then this process's MPS or HAMi cap there, if any (*caps*: bytes by GPU index).
+    follows (unless *reserved* is False: the widget's header leaves it to its hover text);
+    then this process's MPS or HAMi cap there, if any (*caps*: bytes by GPU index).
     """
     mode_text = mode or "unknown"
     if sample is None:
@@ -383,8 +385,8 @@ def header_text(
     free = format_gib(gpu.free_bytes)
     total = format_gib(gpu.total_bytes)
     text = f"{gpu_label(gpu)}: {name} · allocator: {mode_text} · free {free} of {total}"
-    reserved = getattr(gpu, "reserved_bytes", None)
-    if reserved:
-        text += f" · {format_bytes(reserved)} reserved by the driver"
+    held_back = getattr(gpu, "reserved_bytes", None)
+    if held_back and reserved:
+        text += f" · {format_bytes(held_back)} reserved by the driver"
     cap = (caps or {}).get(gpu_index)
     return f"{text} · capped at {format_bytes(cap)} for this kernel (MPS or HAMi)" if cap else text

@@ -61,8 +61,13 @@ _IDLE_CHECK_S = 1.0
 # The GPU selector: ipywidgets' description column (80 px) and a margin, then about 8 px per
 # character of the widest name at JupyterLab's 13 px font; never narrower than "GPU 12".
 _SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX, _SELECTOR_CHAR_PX = 160, 90, 8
-_WARNING_STYLE = "background:#fff3cd;color:#664d03;padding:3px 8px;border-radius:4px"
-_NOTES_STYLE = "color:#555;font-size:12px;padding:1px 8px"
+# One line at any width: what does not fit is cut with an ellipsis, and all of it (the mode
+# explained, the driver's reserved memory) is the hover text.
+_HEADER_STYLE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+_WARNING_STYLE = (
+    "background:#fff3cd;color:#664d03;padding:3px 8px;border-radius:4px;line-height:1.5"
+)
+_NOTES_STYLE = "color:#555;font-size:12px;padding:1px 8px;line-height:1.5"
 _UNSENT = object()  # a part the main thread has not sent yet
 # The plot widget's synced parts (panel_view.PlotView's traits; it syncs its figure in these).
 _PLOT_TRAITS = ("plot_layout", "timeline", "bars", "cells")
@@ -317,10 +322,11 @@ class LivePanel:
                 self._dirty.set()  # over one update's budget: the rest goes next time
             self.figure = figure
             report = self._report_read  # the watcher's: it says this kernel's memory caps
-            line = header_line(latest, self.gpu_index, self._mode, report)
+            line = header_line(latest, self.gpu_index, self._mode, report, reserved=False)
             details = header_details(latest, self.gpu_index, self._mode, report)
             self.header.value = (
-                f"<b title='{html.escape(details, quote=True)}'>{html.escape(line)}</b>"
+                f"<b title='{html.escape(details, quote=True)}' style='{_HEADER_STYLE}'>"
+                f"{html.escape(line)}</b>"
             )
             self._render_banner(latest, paused=False)
             self.updates += 1

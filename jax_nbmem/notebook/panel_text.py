@@ -113,21 +113,27 @@ def mode_text(session: Any) -> HeaderMode | None:
 
 
 def header_line(
-    latest: Any, gpu_index: int | None, mode: HeaderMode | None, report: Any = None
+    latest: Any,
+    gpu_index: int | None,
+    mode: HeaderMode | None,
+    report: Any = None,
+    reserved: bool = True,
 ) -> str:
     """The panel's one-line header for the GPU *gpu_index* of the sample *latest* (printable).
 
     *report*: the watcher's latest status report, whose GPUs say this kernel's MPS or HAMi cap.
+    *reserved*: say the driver's reserved memory (the widget leaves it to the hover text).
     """
     gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
     said = mode.short(gpu) if mode is not None else None
-    return printable(header_text(latest, gpu_index, said, memory_caps(report)))
+    caps = memory_caps(report)
+    return printable(header_text(latest, gpu_index, said, caps, reserved=reserved))
 
 
 def header_details(
     latest: Any, gpu_index: int | None, mode: HeaderMode | None, report: Any = None
 ) -> str:
-    """The header said in full, for its hover text: the allocator mode explained."""
+    """The header said in full, for its hover text: the mode explained, the driver's share."""
     gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
     said = mode.shown(gpu) if mode is not None else None
     return printable(header_text(latest, gpu_index, said, memory_caps(report)))
@@ -192,11 +198,11 @@ def context_line(latest: Any, gpu_index: int | None) -> str | None:
     counted = max(pool or 0, arrays or 0)
     if arrays is None or held <= counted:
         return None
-    rest = format_bytes(held - counted)
-    if is_simulated(gpu):
-        what = f"the rest, {rest}, is the simulated CUDA context"
-    else:
-        what = f"the rest, {rest}, is the CUDA context and XLA's own buffers"
+    # Beyond a known pool: the context and XLA's own buffers. Without one, also what JAX's
+    # allocator keeps after arrays are freed (the simulated GPU mirrors that too).
+    kept = "XLA's own buffers" if pool else "what JAX's allocator keeps for reuse"
+    context = "the simulated CUDA context" if is_simulated(gpu) else "the CUDA context"
+    what = f"the rest, {format_bytes(held - counted)}, is {context} and {kept}"
     pool_said = f" in a pool of {format_bytes(pool)}" if pool else ""
     return (
         f"This kernel holds {format_bytes(held)} of {gpu_label(gpu)}: "

@@ -126,7 +126,7 @@ def test_the_kernels_memory_beyond_its_arrays_is_said_to_be_the_cuda_context():
     demo = sample(0, gpu_sample(self_bytes=684 * MIB), live=384 * MIB)
     assert context_line(demo, 0) == (
         "This kernel holds 684 MiB of GPU 0: 384 MiB of JAX arrays; the rest, 300 MiB, is "
-        "the simulated CUDA context."
+        "the simulated CUDA context and what JAX's allocator keeps for reuse."
     )
     held = gpu_sample(self_bytes=2 * GIB, jax_in_use=GIB, jax_reserved=1536 * MIB, name="H200")
     real = sample(0, held)
