@@ -82,7 +82,8 @@ class _PanelState:
 
     live: LivePanel | None = None
     handle: Any = None  # DisplayHandle of the static or text fallback
-    kind: str | None = None
+    kind: str | None = None  # the kind shown last
+    fallback_kind: str | None = None  # "static" or "text": what the handle shows
     listener: Any = None  # our cell listener on the session, once registered
     snapshot: Any = None  # DisplayHandle of the widget's static snapshot
     snapshot_at: float = 0.0  # time.monotonic() of its last refresh
@@ -146,7 +147,7 @@ def show_panel(session: Any, kind: str | None = None) -> None:
         except Exception:
             log.debug("jax_nbmem: widget panel failed; showing the static one", exc_info=True)
             kind = "static"
-    state.kind = kind
+    state.kind = state.fallback_kind = kind
     state.refresh_after_cells = _in_a_kernel()
     if state.timeline is None:
         state.timeline = LiveFigure()
@@ -154,13 +155,14 @@ def show_panel(session: Any, kind: str | None = None) -> None:
         bundle = fallback_bundle(session, _words(state), state.timeline)
     except Exception:
         log.debug("jax_nbmem: static panel failed; showing text", exc_info=True)
-        state.kind, bundle = "text", {"text/plain": summary_text(session, None, _words(state))}
+        state.kind = state.fallback_kind = "text"
+        bundle = {"text/plain": summary_text(session, None, _words(state))}
     state.handle = display(bundle, raw=True, display_id=True)
 
 
 def _words(state: _PanelState) -> str:
     """The kind whose words a fallback says: its own, or ``terminal`` where printed once."""
-    return state.kind if state.refresh_after_cells else "terminal"
+    return state.fallback_kind if state.refresh_after_cells else "terminal"
 
 
 def _main_loop() -> Any:
@@ -284,9 +286,9 @@ def cell_finished(session: Any) -> None:
                 _schedule_push(state)
                 if state.snapshot is not None:
                     _refresh_snapshot(state)
-        fallback = state.kind in ("static", "text") and state.refresh_after_cells
-        if state.handle is not None and fallback:
-            bundle = fallback_bundle(session, state.kind, state.timeline)
+        # The static or text panel shown last, whatever was shown since (a widget too).
+        if state.handle is not None and state.fallback_kind and state.refresh_after_cells:
+            bundle = fallback_bundle(session, state.fallback_kind, state.timeline)
             state.handle.update(bundle, raw=True)
     except Exception:
         log.debug("jax_nbmem: panel refresh after a cell failed", exc_info=True)
