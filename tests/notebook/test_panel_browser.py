@@ -322,6 +322,18 @@ def test_two_hundred_quick_cells_stay_legible(start_lab_server, lab_page, sim_st
     assert shot.stat().st_size > 10_000
 
 
+def run_all_in_notebook_7(page, server, name: str) -> None:
+    """Open *name* in Notebook 7 (the same jupyter_server, under /notebooks/) and Run All."""
+    page.goto(
+        f"{server.base_url}/notebooks/{name}?token={server.token}", wait_until="domcontentloaded"
+    )
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+    wait_kernel_connected(server, 90, notebook=name)
+    page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+
+
 @pytest.mark.browser
 @pytest.mark.timeout(240)
 def test_the_panel_is_live_in_notebook_7(start_lab_server, lab_page, sim_state, simgpu_env):
@@ -329,16 +341,7 @@ def test_the_panel_is_live_in_notebook_7(start_lab_server, lab_page, sim_state, 
     sim_state.gpu(0, total=80 * GIB).process(0, OTHER_PID, 20 * GIB).write()
     server = start_lab_server(env={**simgpu_env, "JAX_PLATFORMS": "cpu"})
     write_notebook(server.root_dir / "nb7.ipynb", ["%load_ext jax_nbmem\n%jaxmem", "x = 1"])
-    # Notebook 7 is served by the same jupyter_server, under /notebooks/.
-    lab_page.goto(
-        f"{server.base_url}/notebooks/nb7.ipynb?token={server.token}",
-        wait_until="domcontentloaded",
-    )
-    lab_page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
-    wait_kernel_connected(server, 90, notebook="nb7.ipynb")
-    lab_page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
-    lab_page.get_by_role("menuitem", name="Run", exact=True).click()
-    lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+    run_all_in_notebook_7(lab_page, server, "nb7.ipynb")
     wait_for_plots(lab_page, 1, 90)
     state = plot_state(lab_page, 0)
     assert "other processes" in state["names"] and "this kernel" in state["names"]
@@ -412,16 +415,8 @@ def test_panels_that_follow_cells_redraw_in_jupyterlab_and_notebook_7(
     lab_page.locator(".jp-NotebookPanel:visible .jp-Cell").first.scroll_into_view_if_needed()
     screenshot(lab_page, "panel-after-cells-jupyterlab")
 
-    # Notebook 7, the same notebook run again in its own kernel session.
-    lab_page.goto(
-        f"{server.base_url}/notebooks/cells.ipynb?token={server.token}",
-        wait_until="domcontentloaded",
-    )
-    lab_page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
-    wait_kernel_connected(server, 90, notebook="cells.ipynb")
-    lab_page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
-    lab_page.get_by_role("menuitem", name="Run", exact=True).click()
-    lab_page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+    # Notebook 7, the same notebook run again in the same kernel (cells 5 to 8).
+    run_all_in_notebook_7(lab_page, server, "cells.ipynb")
     output_says(lab_page, 0, "after cell [8]", timeout_s=120)
     plot_holds(lab_page, "cell [8] second_mark = 2")  # shown again in cell 6, it got cell 8
     screenshot(lab_page, "panel-after-cells-notebook7")
