@@ -99,8 +99,8 @@ def test_quickstart_panel_is_live_in_jupyterlab(start_lab_server, lab_page, sim_
     header = lab_page.locator(PANEL).inner_text()
     assert "GPU 0: NVIDIA H200 (simulated)" in header
     assert "allocator: off" in header  # the quickstart's %jaxalloc off
-    banner = lab_page.locator(f"{PANEL} .jax-nbmem-banner")
-    assert banner.is_visible() and banner.inner_text().strip()
+    notes = lab_page.locator(f"{PANEL} .jax-nbmem-notes")  # how it follows the GPU
+    assert notes.is_visible() and "Live: sampling every 100 ms." in notes.inner_text()
     errors = lab_page.locator(
         ".jp-NotebookPanel:visible .jp-OutputArea-output[data-mime-type*=error]"
     )
