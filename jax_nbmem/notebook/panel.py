@@ -74,6 +74,10 @@ _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up t
 # of quick cells redraws it only every few cells.
 _HEADLESS_SNAPSHOT_SHARE = 0.02
 _HEADLESS_SNAPSHOT_BURST_S = 0.25
+# The widget's push after a cell runs between cells, on the main thread: at most this share of
+# the wall time. A quick Run All gets one push per few cells (each shows every cell so far)
+# and the last cell always gets its own, at most cost / share seconds after it ends.
+_PUSH_SHARE = 0.05
 
 
 @dataclass
@@ -93,6 +97,8 @@ class _PanelState:
     refresh_after_cells: bool = True  # False in a terminal: an update would print again
     main_loop: Any = None  # the kernel's main-thread event loop, for the push after a cell
     push_pending: bool = False  # a push after a cell is scheduled and has not run yet
+    push_at: float = 0.0  # time.monotonic() when the last push began
+    push_cost: float = 0.0  # seconds it took
 
 
 def _state(session: Any) -> _PanelState:
@@ -299,8 +305,9 @@ def _schedule_push(state: _PanelState) -> None:
 
     One push is pending at most: cells that end before it runs share it (it sends the state
     as of when it runs, every cell ended so far included). It runs on the main thread, after
-    the cell's reply, so the cell pays only for scheduling it. Without the kernel's loop (a
-    kernel other than ipykernel), it runs here.
+    the cell's reply, so the cell pays only for scheduling it; pushes take at most
+    ``_PUSH_SHARE`` of the wall time (a costly one delays the next). Without the kernel's
+    loop (a kernel other than ipykernel), it runs here.
     """
     if state.push_pending:
         return
@@ -308,17 +315,23 @@ def _schedule_push(state: _PanelState) -> None:
 
     def push() -> None:
         state.push_pending = False
+        state.push_at = time.monotonic()
         try:
             if state.live is live:  # not closed or replaced meanwhile
                 live.push_after_cell()
         except Exception:
             log.debug("jax_nbmem: the panel's push after a cell failed", exc_info=True)
+        state.push_cost = time.monotonic() - state.push_at
 
     if loop is None:
         push()
         return
     state.push_pending = True
-    loop.add_callback(push)
+    wait = state.push_at + state.push_cost / _PUSH_SHARE - time.monotonic()
+    if wait > 0:
+        loop.call_later(wait, push)  # within the share: cells meanwhile share this push
+    else:
+        loop.add_callback(push)
 
 
 def close_panels(session: Any) -> None:
