@@ -7,6 +7,12 @@ time, and CPU time of the updating thread (Python holding the GIL, which a user'
 cell on the main thread loses). "CPU share at 4 updates/s" is the median CPU time times the
 panel's highest update rate: the slowdown such a cell sees while the panel is shown.
 
+Then what a cell's end costs the kernel's main thread: the widget's push after a cell
+(``LivePanel.push_after_cell``: the session re-read, the figure rebuilt, what changed sent,
+what the thread set resent; it runs after the cell's reply, not inside the cell) with the
+bytes it sends, and the static panel's redraw (``fallback_bundle(..., "static")``: the figure,
+its SVG and the text, sent in the cell's own ``update_display``).
+
     python benchmarks/panel_payload.py [--hours 1 24] [--updates 60]
 """
 
@@ -20,6 +26,7 @@ import time
 from types import SimpleNamespace
 
 from jax_nbmem.notebook import panel_live
+from jax_nbmem.notebook.panel_text import fallback_bundle
 from jax_nbmem.record.ledger import CellRecord
 from jax_nbmem.record.sampler import GpuSample, HostSample, Sample, SampleHistory
 
@@ -111,6 +118,22 @@ def simulate(hours: float, updates: int) -> dict:
     began = time.perf_counter()
     snapshot = live.snapshot_html()
     snapshot_s = time.perf_counter() - began
+    push_s, push_bytes, static_s = [], [], []
+    timeline = panel_live.LiveFigure()
+    for _ in range(max(5, updates // 6)):
+        for _ in range(10):  # a cell of a second ends, the thread having updated meanwhile
+            sampler.add(noisy_sample(t, count))
+            t, count = t + 1 / RATE_HZ, count + 1
+        records.append(record(len(records) + 1, t))
+        live.update()
+        sent.clear()
+        began = time.perf_counter()
+        live.push_after_cell()
+        push_s.append(time.perf_counter() - began)
+        push_bytes.append(sum(sent))
+        began = time.perf_counter()
+        fallback_bundle(session, "static", timeline)
+        static_s.append(time.perf_counter() - began)
     return {
         "session": f"{hours:g} h",
         "history points": len(sampler.history()),
@@ -127,6 +150,9 @@ def simulate(hours: float, updates: int) -> dict:
         "first render ms": round(1000 * first_render_s, 1),
         "snapshot ms": round(1000 * snapshot_s, 1),
         "snapshot KiB": round(len(snapshot) / 1024, 1),
+        "push after a cell ms (median)": round(1000 * statistics.median(push_s), 1),
+        "push after a cell bytes (median)": int(statistics.median(push_bytes)),
+        "static redraw after a cell ms": round(1000 * statistics.median(static_s), 1),
     }
 
 

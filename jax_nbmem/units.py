@@ -15,6 +15,7 @@ __all__ = [
     "format_bytes",
     "format_bytes_delta",
     "format_duration",
+    "format_gib",
     "format_time_of_day",
     "parse_bytes",
 ]
@@ -63,6 +64,23 @@ def format_bytes(n: int | float | None, *, missing: str = MISSING) -> str:
         value /= 1024
         unit_index += 1
     return f"{sign}{_three_digits(value)} {_BYTE_UNITS[unit_index]}"
+
+
+def format_gib(n: int | None, *, missing: str = MISSING) -> str:
+    """Free memory as the panel's header and the lab extension's status bar both say it.
+
+    GiB with one decimal from 1 GiB up, else whole MiB, halves rounded up: the rule of
+    ``gib()`` in ``labextension/src/format.ts`` (JavaScript's ``toFixed``), so that the two
+    faces show one figure for one reading ("138.5 GiB", not "139 GiB" here and "138.5 GiB"
+    there). Integer arithmetic: no float rounding decides a tie. ``None`` gives *missing*.
+    """
+    if n is None:
+        return missing
+    sign, n = ("-" if n < 0 else ""), abs(int(n))
+    if n >= 1 << 30:
+        tenths = (n * 10 + (1 << 29)) >> 30
+        return f"{sign}{tenths // 10}.{tenths % 10} GiB"
+    return f"{sign}{(n + (1 << 19)) >> 20} MiB"
 
 
 def format_bytes_delta(n: int | float | None, *, missing: str = MISSING) -> str:

@@ -47,7 +47,7 @@ from jax_nbmem.notebook.figure_rows import (
     window_rows,
 )
 from jax_nbmem.notebook.figure_scale import gpu_axis, off_scale_notes
-from jax_nbmem.units import format_bytes
+from jax_nbmem.units import format_bytes, format_gib
 
 __all__ = [
     "TIMELINE_TRACES",
@@ -361,12 +361,18 @@ def _what(recent: Sequence[Any], gpu_index: int | None) -> str:
 
 
 def header_text(
-    sample: Any, gpu_index: int | None, mode: str | None, caps: Mapping[int, int] | None = None
+    sample: Any,
+    gpu_index: int | None,
+    mode: str | None,
+    caps: Mapping[int, int] | None = None,
+    reserved: bool = True,
 ) -> str:
     """One line: the GPU's name, the allocator mode in effect, free memory; unknowns say so.
 
-    The memory the driver reserves for itself, when NVML tells it apart, ends the line; then
-    this process's MPS or HAMi cap there, if any (*caps*: bytes by GPU index).
+    Free memory is written as the lab extension's status bar writes it (:func:`format_gib`):
+    one figure on both. The memory the driver reserves for itself, when NVML tells it apart,
+    follows (unless *reserved* is False: the widget's header leaves it to its hover text);
+    then this process's MPS or HAMi cap there, if any (*caps*: bytes by GPU index).
     """
     mode_text = mode or "unknown"
     if sample is None:
@@ -376,11 +382,11 @@ def header_text(
         rss = format_bytes(getattr(sample.host, "rss_bytes", None))
         return f"No GPU seen — host memory: RSS {rss} · allocator: {mode_text}"
     name = gpu.name or "name unknown"
-    free = format_bytes(gpu.free_bytes)
-    total = format_bytes(gpu.total_bytes)
+    free = format_gib(gpu.free_bytes)
+    total = format_gib(gpu.total_bytes)
     text = f"{gpu_label(gpu)}: {name} · allocator: {mode_text} · free {free} of {total}"
-    reserved = getattr(gpu, "reserved_bytes", None)
-    if reserved:
-        text += f" · {format_bytes(reserved)} reserved by the driver"
+    held_back = getattr(gpu, "reserved_bytes", None)
+    if held_back and reserved:
+        text += f" · {format_bytes(held_back)} reserved by the driver"
     cap = (caps or {}).get(gpu_index)
     return f"{text} · capped at {format_bytes(cap)} for this kernel (MPS or HAMi)" if cap else text

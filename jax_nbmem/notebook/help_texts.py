@@ -49,8 +49,13 @@ mode may run (default {DEFAULT_TIMEOUT_S:g}).
     jaxmem = f"""\
 %jaxmem [COMMAND]: GPU memory of {here} and of everyone else on its GPUs.
 
-  (none), panel     a live panel under the cell: this process's GPU memory, JAX's bytes in
-                    use and its pool, other processes, each cell's span and its record
+  (none), panel [KIND]
+                    a panel under the cell: this process's GPU memory, JAX's bytes in use
+                    and its pool, other processes, each cell's span and its record. KIND:
+                    widget (live, and sent again after each cell), cells (the widget,
+                    updated only after each cell), static (a picture replaced after each
+                    cell), text, or auto (c.JaxNbMem.panel; by default static in Colab,
+                    widget in other kernels, text in a terminal)
   status [--json]   GPUs, who holds their memory, warnings (as `jax-nbmem status`)
   cells [--json | --csv PATH]
                     one row per cell run since the extension loaded: GPU memory before, at

@@ -45,7 +45,8 @@ _JAXMEM_OPTIONS = {
     "--csv": ("cells",),
 }
 _JAXMEM_USAGE = (
-    "usage: %jaxmem [COMMAND], COMMAND one of: panel (the default), status [--json], "
+    "usage: %jaxmem [COMMAND], COMMAND one of: panel [auto | widget | cells | static | text] "
+    "(the default), status [--json], "
     "cells [--json | --csv PATH], top [N], free NAME... [--clear-caches], free --last-error, "
     "fit [--shapes] [--start] [--json] CALL, shutdown PID [--yes | --dry-run]"
 )
@@ -283,10 +284,13 @@ class JaxNbMemMagics(Magics):
             raise _refuse("jaxmem", f"%jaxmem {args.command}: unexpected arguments: {extra}")
 
     def _panel(self, args) -> None:
-        self._no_more(args)
-        from jax_nbmem.notebook.panel import show_panel
+        from jax_nbmem.notebook.panel import KINDS, show_panel
 
-        show_panel(self.session)
+        kind = args.rest[0] if args.rest else None
+        if len(args.rest) > 1 or (kind is not None and kind not in KINDS):
+            wrong = printable(" ".join(args.rest))
+            raise _refuse("jaxmem", f"%jaxmem panel: {wrong!r} is not one of {', '.join(KINDS)}")
+        show_panel(self.session, kind)
 
     def _status(self, args) -> None:
         self._no_more(args)

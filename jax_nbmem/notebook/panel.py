@@ -4,21 +4,29 @@ The panel reads only snapshots: the sampler's history, the ledger's records, the
 report and the session's banner lines (the status watcher's last report). It never calls NVML.
 What every kind says (header, banner, text, snapshot) is in :mod:`jax_nbmem.notebook.panel_text`.
 
-Three ways to show it (``c.JaxNbMem.panel``):
+Four ways to show it (``c.JaxNbMem.panel``, or ``%jaxmem panel KIND`` for one display):
 
 * ``widget`` (:mod:`jax_nbmem.notebook.panel_live`): ipywidgets for the header, banner and
   buttons, and our own plot widget (:mod:`jax_nbmem.notebook.panel_view`) whose synced state
   is the current figure, so every view of it (a second ``%jaxmem``, a page reload) draws the
   same picture. A small daemon thread pushes at most one update every 0.25 s, and only the
-  parts that changed.
+  parts that changed. After each cell the kernel's main thread sends what changed too
+  (scheduled on the kernel's event loop at the cell's end, so the cell does not wait for
+  it): frontends that drop comm messages from other threads (Colab, googlecolab/colabtools
+  #3373) still show every cell.
+* ``cells``: the same widget without the thread, updated only after each cell, from the
+  main thread; it says so (never "live").
   Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
   that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
   frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
   after cells on the cell's path, from a budget of 2% of the wall time with a burst (headless
   runs, ``nbconvert --execute``, end with the picture of their last cell); once one has, at
   most every 30 s.
-* ``static``: a plotly figure (with the SVG and a text fallback in the same output) refreshed
-  after each cell through a display handle, for frontends without widgets.
+* ``static``: a picture (HTML with an inline SVG, and text) whose output is replaced after
+  each cell through its display id (``update_display``), from the cell that ran. Every
+  renderer draws a replaced HTML output anew (JupyterLab's plotly renderer would keep its
+  first picture of a plotly figure). In Colab, comm messages from later cells do not reach
+  widget views made earlier (colabtools#498), so ``auto`` chooses this there.
 * ``text``: a text table, refreshed the same way in a kernel; in terminal IPython, where an
   update would print the table again after every command, printed once, when asked.
 
@@ -29,9 +37,10 @@ warnings, the kernels they name, their shut-down buttons) also follows the statu
 reports while no cell runs: each new report is read on the update thread, within the same
 rate limits as the header's updates.
 
-``auto`` picks ``widget`` in a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab: anywidget
-turns on Colab's widget manager) and ``text`` in a terminal. Each session has one live panel:
-showing it again displays the same widget again, with the same single update thread.
+``auto`` picks ``static`` in Colab, ``widget`` in other Jupyter kernels (JupyterLab, Notebook
+7, VS Code, Voilà) and ``text`` in a terminal. Each session has one widget panel: showing it
+again displays the same widget again, with the same single update thread (or none, as
+``cells``).
 """
 
 from __future__ import annotations
@@ -51,7 +60,10 @@ from jax_nbmem.notebook.figure import LiveFigure
 from jax_nbmem.notebook.panel_live import LivePanel
 from jax_nbmem.notebook.panel_text import fallback_bundle, summary_text
 
-__all__ = ["cell_finished", "close_panels", "frontend", "show_panel"]
+__all__ = ["KINDS", "cell_finished", "close_panels", "frontend", "show_panel"]
+
+# What c.JaxNbMem.panel and `%jaxmem panel KIND` accept.
+KINDS = ("auto", "widget", "cells", "static", "text")
 
 log = logging.getLogger("jax_nbmem")
 
@@ -62,6 +74,10 @@ _SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up t
 # of quick cells redraws it only every few cells.
 _HEADLESS_SNAPSHOT_SHARE = 0.02
 _HEADLESS_SNAPSHOT_BURST_S = 0.25
+# The widget's push after a cell runs between cells, on the main thread: at most this share of
+# the wall time. A quick Run All gets one push per few cells (each shows every cell so far)
+# and the last cell always gets its own, at most cost / share seconds after it ends.
+_PUSH_SHARE = 0.05
 
 
 @dataclass
@@ -70,7 +86,8 @@ class _PanelState:
 
     live: LivePanel | None = None
     handle: Any = None  # DisplayHandle of the static or text fallback
-    kind: str | None = None
+    kind: str | None = None  # the kind shown last
+    fallback_kind: str | None = None  # "static" or "text": what the handle shows
     listener: Any = None  # our cell listener on the session, once registered
     snapshot: Any = None  # DisplayHandle of the widget's static snapshot
     snapshot_at: float = 0.0  # time.monotonic() of its last refresh
@@ -78,6 +95,10 @@ class _PanelState:
     snapshot_budget: float = _HEADLESS_SNAPSHOT_BURST_S  # seconds it may take on the path
     timeline: Any = None  # LiveFigure of the static fallback, kept between its updates
     refresh_after_cells: bool = True  # False in a terminal: an update would print again
+    main_loop: Any = None  # the kernel's main-thread event loop, for the push after a cell
+    push_pending: bool = False  # a push after a cell is scheduled and has not run yet
+    push_at: float = 0.0  # time.monotonic() when the last push began
+    push_cost: float = 0.0  # seconds it took
 
 
 def _state(session: Any) -> _PanelState:
@@ -102,39 +123,58 @@ def frontend() -> str:
 
 
 def _choose_kind(setting: str) -> str:
-    if setting in ("widget", "static", "text"):
+    if setting in KINDS and setting != "auto":
         return setting
-    # In VS Code and Colab too: where the widget does not draw, its snapshot shows instead.
-    return "text" if frontend() == "terminal" else "widget"
+    where = frontend()
+    if where == "terminal":
+        return "text"
+    # Colab drops widget updates sent from threads (colabtools#3373), and comm messages from
+    # later cells miss views made earlier (#498): an output replaced from each cell shows.
+    # VS Code, Voilà and Jupyter draw the widget; where one does not, its snapshot shows.
+    return "static" if where == "colab" else "widget"
 
 
-def show_panel(session: Any) -> None:
-    """Show the memory panel under the current cell (``%jaxmem`` with no arguments).
+def show_panel(session: Any, kind: str | None = None) -> None:
+    """Show the memory panel under the current cell (``%jaxmem``, ``%jaxmem panel KIND``).
 
-    Main thread only. The kind follows ``session.settings.panel``; a widget that cannot be
-    built falls back to the static figure, and that to text. Never raises.
+    Main thread only. The kind is *kind* (one of :data:`KINDS`) or else follows
+    ``session.settings.panel``; a widget that cannot be built falls back to the static
+    picture, and that to text. Never raises.
     """
     state = _state(session)
-    kind = _choose_kind(getattr(session.settings, "panel", "auto"))
+    kind = _choose_kind(kind or getattr(session.settings, "panel", "auto"))
     _ensure_a_sample(getattr(session, "sampler", None))
     _listen_to_cells(session, state)
-    if kind == "widget":
+    state.main_loop = _main_loop()
+    if kind in ("widget", "cells"):
         try:
-            _show_widget(session, state)
+            _show_widget(session, state, live=kind == "widget")
             return
         except Exception:
             log.debug("jax_nbmem: widget panel failed; showing the static one", exc_info=True)
             kind = "static"
-    state.kind = kind
+    state.kind = state.fallback_kind = kind
     state.refresh_after_cells = _in_a_kernel()
     if state.timeline is None:
         state.timeline = LiveFigure()
     try:
-        bundle = fallback_bundle(session, kind == "static", state.timeline)
+        bundle = fallback_bundle(session, _words(state), state.timeline)
     except Exception:
         log.debug("jax_nbmem: static panel failed; showing text", exc_info=True)
-        state.kind, bundle = "text", {"text/plain": summary_text(session, None)}
+        state.kind = state.fallback_kind = "text"
+        bundle = {"text/plain": summary_text(session, None, _words(state))}
     state.handle = display(bundle, raw=True, display_id=True)
+
+
+def _words(state: _PanelState) -> str:
+    """The kind whose words a fallback says: its own, or ``terminal`` where printed once."""
+    return state.fallback_kind if state.refresh_after_cells else "terminal"
+
+
+def _main_loop() -> Any:
+    """The kernel's main-thread event loop (ipykernel's ``io_loop``), or None (a terminal)."""
+    shell = get_ipython()
+    return getattr(getattr(shell, "kernel", None), "io_loop", None)
 
 
 def _in_a_kernel() -> bool:
@@ -170,24 +210,25 @@ def _ensure_a_sample(sampler: Any) -> None:
         log.debug("jax_nbmem: first sample failed", exc_info=True)
 
 
-def _show_widget(session: Any, state: _PanelState) -> None:
-    live = state.live
-    if live is None or live.sampler is not getattr(session, "sampler", None):
-        if live is not None:
-            live.close()
-        live = LivePanel(session)
-        state.live = live
+def _show_widget(session: Any, state: _PanelState, live: bool) -> None:
+    panel = state.live
+    if panel is None or panel.sampler is not getattr(session, "sampler", None):
+        if panel is not None:
+            panel.close()
+        panel = LivePanel(session, live=live)
+        state.live = panel
     else:
-        live.refresh_from_session(session)
-    live.start()
-    state.kind = "widget"
+        panel.set_live(live)
+        panel.refresh_from_session(session)
+    panel.start()
+    state.kind = "widget" if live else "cells"
     state.refresh_after_cells = _in_a_kernel()
     # Text and HTML ride along for frontends that cannot draw widgets at all.
-    fallback = fallback_bundle(session, with_figure=False)
-    display({**live.widget._repr_mimebundle_(), **fallback}, raw=True)
+    fallback = fallback_bundle(session, "snapshot")
+    display({**panel.widget._repr_mimebundle_(), **fallback}, raw=True)
     # Every snapshot of this panel shares one display id: a refresh updates them all.
     state.snapshot = display(
-        _snapshot_bundle(live), raw=True, display_id=f"jax-nbmem-snapshot-{live.plot.panel_id}"
+        _snapshot_bundle(panel), raw=True, display_id=f"jax-nbmem-snapshot-{panel.plot.panel_id}"
     )
     state.snapshot_at = time.monotonic()
 
@@ -234,12 +275,12 @@ def _refresh_snapshot(state: _PanelState) -> None:
 
 
 def cell_finished(session: Any) -> None:
-    """After each cell (from ``post_run_cell``): refresh the panel; never raises.
+    """After each cell (from ``post_run_cell``, the cell's reading taken): refresh the panel.
 
-    The live panel is only marked dirty: its update thread re-reads the session and redraws
-    (its snapshot, see :func:`_refresh_snapshot`, is the exception). The static and text
-    fallbacks replace their output through their display handle (they have no thread; a
-    frontend without widgets asked for them).
+    The widget panel is marked dirty for its thread, and its push from the main thread is
+    scheduled on the kernel's event loop (:func:`_schedule_push`); its snapshot, see
+    :func:`_refresh_snapshot`, is kept here. The static and text panels replace their output
+    through their display id, here, from the cell that ran. Never raises.
     """
     try:
         state = getattr(session, "_panel_state", None)
@@ -247,14 +288,50 @@ def cell_finished(session: Any) -> None:
             return
         if state.live is not None:
             state.live.cell_finished()
-            if state.snapshot is not None and state.refresh_after_cells:  # not in a terminal
-                _refresh_snapshot(state)
-        fallback = state.kind in ("static", "text") and state.refresh_after_cells
-        if state.handle is not None and fallback:
-            bundle = fallback_bundle(session, state.kind == "static", state.timeline)
+            if state.refresh_after_cells:  # not in a terminal: there nothing shows a widget
+                _schedule_push(state)
+                if state.snapshot is not None:
+                    _refresh_snapshot(state)
+        # The static or text panel shown last, whatever was shown since (a widget too).
+        if state.handle is not None and state.fallback_kind and state.refresh_after_cells:
+            bundle = fallback_bundle(session, state.fallback_kind, state.timeline)
             state.handle.update(bundle, raw=True)
     except Exception:
         log.debug("jax_nbmem: panel refresh after a cell failed", exc_info=True)
+
+
+def _schedule_push(state: _PanelState) -> None:
+    """Have the kernel's main thread push the widget panel once the cell's turn is over.
+
+    One push is pending at most: cells that end before it runs share it (it sends the state
+    as of when it runs, every cell ended so far included). It runs on the main thread, after
+    the cell's reply, so the cell pays only for scheduling it; pushes take at most
+    ``_PUSH_SHARE`` of the wall time (a costly one delays the next). Without the kernel's
+    loop (a kernel other than ipykernel), it runs here.
+    """
+    if state.push_pending:
+        return
+    live, loop = state.live, state.main_loop
+
+    def push() -> None:
+        state.push_pending = False
+        state.push_at = time.monotonic()
+        try:
+            if state.live is live:  # not closed or replaced meanwhile
+                live.push_after_cell()
+        except Exception:
+            log.debug("jax_nbmem: the panel's push after a cell failed", exc_info=True)
+        state.push_cost = time.monotonic() - state.push_at
+
+    if loop is None:
+        push()
+        return
+    state.push_pending = True
+    wait = state.push_at + state.push_cost / _PUSH_SHARE - time.monotonic()
+    if wait > 0:
+        loop.call_later(wait, push)  # within the share: cells meanwhile share this push
+    else:
+        loop.add_callback(push)
 
 
 def close_panels(session: Any) -> None:
@@ -274,3 +351,4 @@ def close_panels(session: Any) -> None:
     state.handle = None
     state.snapshot = None
     state.listener = None
+    state.push_pending = False

@@ -21,6 +21,7 @@ __all__ = ["ShutdownActions"]
 log = logging.getLogger("jax_nbmem")
 
 _ACTIONABLE = ("blocking-preallocation",)
+_WRAPPING = {"flex_flow": "row wrap"}
 
 
 class ShutdownActions:
@@ -83,13 +84,17 @@ class ShutdownActions:
         widgets, rows = self._widgets, []
         for pid in self._pids:
             if pid == self._pending:
+                # Sized by their labels, never cut ("Confirm: shut do…" at ipywidgets' fixed
+                # width); where the panel is narrower than both, Cancel wraps below.
                 confirm = widgets.Button(
-                    description=f"Confirm: shut down PID {pid}", button_style="danger"
+                    description=f"Confirm: shut down PID {pid}",
+                    button_style="danger",
+                    layout=widgets.Layout(width="auto"),
                 )
-                cancel = widgets.Button(description="Cancel")
+                cancel = widgets.Button(description="Cancel", layout=widgets.Layout(width="auto"))
                 confirm.on_click(lambda _, pid=pid: self._confirmed(pid))
                 cancel.on_click(lambda _: self._ask(None))
-                rows.append(widgets.HBox([confirm, cancel]))
+                rows.append(widgets.HBox([confirm, cancel], layout=_WRAPPING))
             else:
                 button = widgets.Button(
                     description=self._label(pid),

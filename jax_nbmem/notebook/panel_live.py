@@ -1,12 +1,18 @@
-"""The live widget panel: header, banner, shut-down buttons, GPU selector, pause, and the plot.
+"""The widget panel: header, banner, notes, shut-down buttons, GPU selector, pause, and the plot.
 
-Its synced state follows the sampler: the sampler's callback only marks the panel dirty; a
-small daemon thread pushes at most one update every 0.25 s (less often when an update is
-costly: ``_UPDATE_BUDGET`` of a core), and only the parts that changed. That thread sets
-traits (and makes the shut-down buttons, widgets opened over their comms) and nothing else:
-``display()`` or ``print()`` from a thread would land in whatever cell runs at that moment.
-After a cell the panel is only marked dirty; the thread re-reads the session's facts (mode,
-banner lines) and rebuilds the figure from the last cells' records only. See
+Live (``live=True``, the ``widget`` kind), its synced state follows the sampler: the
+sampler's callback only marks the panel dirty; a small daemon thread pushes at most one update
+every 0.25 s (less often when an update is costly: ``_UPDATE_BUDGET`` of a core), and only the
+parts that changed. That thread sets traits (and makes the shut-down buttons, widgets opened
+over their comms) and nothing else: ``display()`` or ``print()`` from a thread would land in
+whatever cell runs at that moment.
+
+After every cell, live or not, :meth:`LivePanel.push_after_cell` runs on the kernel's main
+thread: it re-reads the session's facts (mode, banner lines, buttons), rebuilds the figure
+from the last cells' records only, and sends what changed since the main thread last sent,
+including what the thread set meanwhile. Some frontends (Colab) drop comm messages sent from
+other threads; there every cell still reaches the panel. Not live (``live=False``, the
+``cells`` kind) there is no thread, and the panel says it is updated after each cell. See
 :mod:`jax_nbmem.notebook.panel` for how it is shown and how its snapshot is kept.
 """
 
@@ -29,7 +35,10 @@ from jax_nbmem.notebook.figure import (
 from jax_nbmem.notebook.panel_actions import ShutdownActions
 from jax_nbmem.notebook.panel_text import (
     HeaderMode,
+    code_html,
+    context_line,
     first_gpu,
+    header_details,
     header_line,
     mode_text,
     sampler_status,
@@ -38,7 +47,7 @@ from jax_nbmem.notebook.panel_text import (
     summary_text,
     unique_lines,
 )
-from jax_nbmem.notebook.panel_view import plot_view
+from jax_nbmem.notebook.panel_view import UPDATE_BUDGET_BYTES, plot_view
 
 __all__ = ["LivePanel"]
 
@@ -52,14 +61,28 @@ _IDLE_CHECK_S = 1.0
 # The GPU selector: ipywidgets' description column (80 px) and a margin, then about 8 px per
 # character of the widest name at JupyterLab's 13 px font; never narrower than "GPU 12".
 _SELECTOR_MIN_PX, _SELECTOR_DESCRIPTION_PX, _SELECTOR_CHAR_PX = 160, 90, 8
+# One line at any width: what does not fit is cut with an ellipsis, and all of it (the mode
+# explained, the driver's reserved memory) is the hover text.
+_HEADER_STYLE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+_WARNING_STYLE = (
+    "background:#fff3cd;color:#664d03;padding:3px 8px;border-radius:4px;line-height:1.5"
+)
+_NOTES_STYLE = "color:#555;font-size:12px;padding:1px 8px;line-height:1.5"
+_UNSENT = object()  # a part the main thread has not sent yet
+# The plot widget's synced parts (panel_view.PlotView's traits; it syncs its figure in these).
+_PLOT_TRAITS = ("plot_layout", "timeline", "bars", "cells")
 
 
 class LivePanel:
-    """The widget panel: header, banner, GPU selector, pause button, and the figure."""
+    """The widget panel: header, banner, notes, GPU selector, pause button, and the figure.
 
-    def __init__(self, session: Any, limits: FigureLimits | None = None) -> None:
+    *live*: follow the sampler from a thread (``widget``), or only after cells (``cells``).
+    """
+
+    def __init__(self, session: Any, limits: FigureLimits | None = None, live: bool = True) -> None:
         import ipywidgets as widgets
 
+        self.live = live
         self.sampler = getattr(session, "sampler", None)
         self._session = session
         self._session_changed = False
@@ -79,16 +102,24 @@ class LivePanel:
         self.gpu_index = first_gpu(self.sampler)
         self._gpu_choices = gpu_indices(self._history(None))  # every GPU seen so far
         self.updates = 0
+        # What the main thread last sent of each synced part, by (model id, trait): after a
+        # cell it sends again what differs, so parts the thread set reach every frontend.
+        self._sent_on_main: dict[tuple[str, str], Any] = {}
 
         self.header = widgets.HTML(layout=widgets.Layout(margin="0 0 2px 0"))
         self.banner = widgets.HTML()
         self.banner.add_class("jax-nbmem-banner")
+        # How the panel follows the GPU and what this kernel's memory is made of: plain notes,
+        # apart from the warnings' yellow box.
+        self.notes = widgets.HTML()
+        self.notes.add_class("jax-nbmem-notes")
         self.gpu_selector = widgets.Dropdown(
             description="GPU", layout={"width": f"{_SELECTOR_MIN_PX}px"}
         )
         self.gpu_selector.observe(self._on_gpu_chosen, names="value")
         self.pause = widgets.ToggleButton(value=False, description="Pause", icon="pause")
         self.pause.observe(self._on_pause, names="value")
+        self.pause.layout.display = "" if live else "none"  # nothing to pause after cells
         figure = self._timeline.build(self._history, self._records(), self.gpu_index)
         self.figure = figure  # the last figure drawn, for the snapshot
         self.plot = plot_view(figure_parts(figure))
@@ -97,11 +128,12 @@ class LivePanel:
             session, on_change=lambda: self.refresh_from_session(session)
         )
         self.widget = widgets.VBox(
-            [self.header, self.banner, self.actions.widget, controls, self.plot],
+            [self.header, self.banner, self.notes, self.actions.widget, controls, self.plot],
             layout=widgets.Layout(width="100%"),
         )
         self.widget.add_class("jax-nbmem-panel")
         self.refresh_from_session(session)
+        self._note_sent_on_main()  # the state the widgets opened with, from the main thread
 
     def _history(self, since: float | None) -> list[Any]:
         return self.sampler.history(since) if self.sampler is not None else []
@@ -114,14 +146,28 @@ class LivePanel:
 
     def snapshot_html(self) -> str:
         """The last picture drawn, as static HTML that a drawn view hides."""
-        text = summary_text(self._session, self.gpu_index)
+        text = summary_text(self._session, self.gpu_index, "snapshot")
         records = self._records()
         last = records[-1].execution_count if records else None
         return snapshot_html(self.figure, text, self.plot.panel_id, live=True, last_cell=last)
 
+    def set_live(self, live: bool) -> None:
+        """Follow the sampler from the thread (True) or only after cells (False); main thread."""
+        if live == self.live:
+            return
+        self.live = live
+        self.pause.layout.display = "" if live else "none"
+        if live:
+            self.start()
+        else:
+            self.close()
+        self.update()
+
     def start(self) -> None:
-        """Subscribe to the sampler and start the update thread (no-op when running)."""
-        if self.sampler is None or (self._thread is not None and self._thread.is_alive()):
+        """Subscribe to the sampler and start the update thread (no-op when running or not live)."""
+        if not self.live or self.sampler is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
             return
         self._stop = threading.Event()  # a panel closed before may be started again
         self._unsubscribe = self.sampler.subscribe(self._on_sample)
@@ -161,6 +207,38 @@ class LivePanel:
         self._session_changed = False
         self._read_session()
         self.update()
+
+    def push_after_cell(self) -> None:
+        """After a cell, on the kernel's main thread: update everything and send what changed.
+
+        What the update thread set since the main thread last sent is sent again: a frontend
+        that drops messages from other threads gets it now, one that took them gets a copy.
+        """
+        with self._lock:
+            before = self._synced_values()
+            self._session_changed = False
+            self._read_session()
+            self.actions.refresh()
+            self.update(whole=True)
+            for (widget, trait), value in self._synced_values().items():
+                sent = self._sent_on_main.get((widget.model_id, trait), _UNSENT)
+                # Changed by this update: traitlets sent it, from this thread, just now.
+                if value == before[(widget, trait)] and value != sent:
+                    widget.send_state(trait)
+            self._note_sent_on_main()
+
+    def _synced_values(self) -> dict[tuple[Any, str], Any]:
+        """The parts a cell's end may change, by (widget, trait): their current values."""
+        parts = [(self.header, "value"), (self.banner, "value"), (self.notes, "value")]
+        parts += [(self.plot, trait) for trait in _PLOT_TRAITS]
+        parts += [(self.actions.rows, "children"), (self.actions.result, "value")]
+        return {(widget, trait): getattr(widget, trait) for widget, trait in parts}
+
+    def _note_sent_on_main(self) -> None:
+        self._sent_on_main = {
+            (widget.model_id, trait): value
+            for (widget, trait), value in self._synced_values().items()
+        }
 
     def _read_session(self) -> None:
         self._report_read = self._watcher_report()  # first: a newer one is read next time
@@ -218,8 +296,12 @@ class LivePanel:
             pause = max(_MIN_UPDATE_INTERVAL_S, (time.thread_time() - cpu) / _UPDATE_BUDGET)
             self._stop.wait(max(0.0, started + pause - time.monotonic()))
 
-    def update(self) -> None:
-        """Push what changed since the last update to the figure and the header lines."""
+    def update(self, whole: bool = False) -> None:
+        """Push what changed since the last update to the figure and the header lines.
+
+        *whole*: send every changed part of the figure now, however large (after a cell);
+        otherwise parts over one update's budget wait for the next update.
+        """
         with self._lock:
             latest = self.sampler.latest() if self.sampler is not None else None
             # A sample without GPUs (NVML failed once) keeps the choice of GPUs seen before.
@@ -235,26 +317,36 @@ class LivePanel:
                 self.gpu_selector.value = self.gpu_index
             self.gpu_selector.layout.display = "" if len(indices) > 1 else "none"
             figure = self._timeline.build(self._history, self._records(), self.gpu_index)
-            if not self.plot.show(figure_parts(figure)):
+            budget = None if whole else UPDATE_BUDGET_BYTES
+            if not self.plot.show(figure_parts(figure), budget=budget):
                 self._dirty.set()  # over one update's budget: the rest goes next time
             self.figure = figure
             report = self._report_read  # the watcher's: it says this kernel's memory caps
+            line = header_line(latest, self.gpu_index, self._mode, report, reserved=False)
+            details = header_details(latest, self.gpu_index, self._mode, report)
             self.header.value = (
-                f"<b>{html.escape(header_line(latest, self.gpu_index, self._mode, report))}</b>"
+                f"<b title='{html.escape(details, quote=True)}' style='{_HEADER_STYLE}'>"
+                f"{html.escape(line)}</b>"
             )
             self._render_banner(latest, paused=False)
             self.updates += 1
 
     def _render_banner(self, latest: Any, paused: bool) -> None:
-        lines = unique_lines(self._banner_lines + sampler_status(self.sampler, latest))
-        if paused:
-            lines = ["Paused: press Resume to follow the GPU again.", *lines]
-        warn = any(not line.startswith("Live:") for line in lines)
-        style = "background:#fff3cd;color:#664d03" if warn else "background:#e7f1ff;color:#084298"
-        items = "<br>".join(html.escape(line) for line in lines)
-        value = f"<div style='{style};padding:3px 8px;border-radius:4px'>{items}</div>"
+        """The warnings in a yellow box (none: no box), then the notes in plain grey."""
+        warnings = unique_lines(self._banner_lines)
+        items = "<br>".join(code_html(line) for line in warnings)
+        value = f"<div style='{_WARNING_STYLE}'>{items}</div>" if warnings else ""
         if self.banner.value != value:
             self.banner.value = value
+        kind = "widget" if self.live else "cells"
+        notes = sampler_status(self.sampler, latest, kind)
+        if paused:
+            notes = ["Paused: press Resume to follow the GPU again."]
+        context = context_line(latest, self.gpu_index)
+        notes = unique_lines(notes + ([context] if context else []))
+        value = f"<div style='{_NOTES_STYLE}'>{'<br>'.join(map(code_html, notes))}</div>"
+        if self.notes.value != value:
+            self.notes.value = value
 
 
 def _gpu_option(latest: Any, index: int) -> str:

@@ -1,9 +1,12 @@
 """What the panel says, in every kind of panel: its header, its banner lines, its text.
 
-The header names the allocator mode (:func:`mode_text`); the banner carries the session's
-warnings and the sampler's own state (:func:`session_banner`, :func:`sampler_status`); the
-text summary and the static snapshot (:func:`summary_text`, :func:`snapshot_html`) are what a
-terminal, an export or a frontend without widgets shows. All of it reads snapshots only: the
+The header is one line: the GPU, the allocator mode (:func:`mode_text`), free memory; what
+does not fit in it is its hover text (:func:`header_details`). The banner carries the
+session's warnings (:func:`session_banner`, a yellow box where there are some); under it, in
+plain words, how the panel follows the GPU (:func:`sampler_status`: live, or after each cell,
+never "live" when it is not) and what this kernel's memory is made of (:func:`context_line`).
+The text summary and the static snapshot (:func:`summary_text`, :func:`snapshot_html`) are
+what a terminal, an export or a frontend without widgets shows. All of it reads snapshots only: the
 sampler's history, the ledger's records, the allocator report and the session's banner lines.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +28,11 @@ from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
     "HeaderMode",
+    "code_html",
+    "context_line",
     "fallback_bundle",
     "first_gpu",
+    "header_details",
     "header_line",
     "is_simulated",
     "mode_text",
@@ -40,7 +47,16 @@ __all__ = [
 log = logging.getLogger("jax_nbmem")
 
 TABLE_CELLS = 10  # cells in the text summary's table
-_PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_CODE = re.compile(r"`([^`]+)`")
+# How each kind of panel follows the GPU, in its own words (see sampler_status).
+_NOT_LIVE = {
+    "cells": "Updated after each cell, not live: `%jaxmem panel widget` follows the GPU "
+    "between cells too.",
+    "static": "Redrawn after each cell, not live.",
+    "text": "Redrawn after each cell, not live.",
+    "terminal": "As of {time}: run `%jaxmem` again for a new look.",
+    "snapshot": "",  # the snapshot says when it was taken, below its picture
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,14 @@ class HeaderMode:
             )
         return f"{self.name}, unused: JAX runs on {self.cpu_only} (allocator modes apply to GPUs)"
 
+    def short(self, gpu: Any) -> str:
+        """The header's few words for the same (:meth:`shown` is its hover text)."""
+        if self.cpu_only is None:
+            return f"{self.name} ({self.when})"
+        if is_simulated(gpu) and (getattr(gpu, "self_bytes", None) or 0) > 0:
+            return f"{self.name} (simulated pool; JAX on {self.cpu_only})"
+        return f"{self.name} (unused: JAX on {self.cpu_only})"
+
 
 def is_simulated(gpu: Any) -> bool:
     """Whether *gpu* is jax_nbmem's simulated GPU: its name says so ("... (simulated)")."""
@@ -89,12 +113,27 @@ def mode_text(session: Any) -> HeaderMode | None:
 
 
 def header_line(
-    latest: Any, gpu_index: int | None, mode: HeaderMode | None, report: Any = None
+    latest: Any,
+    gpu_index: int | None,
+    mode: HeaderMode | None,
+    report: Any = None,
+    reserved: bool = True,
 ) -> str:
-    """The panel's first line for the GPU *gpu_index* of the sample *latest* (printable).
+    """The panel's one-line header for the GPU *gpu_index* of the sample *latest* (printable).
 
     *report*: the watcher's latest status report, whose GPUs say this kernel's MPS or HAMi cap.
+    *reserved*: say the driver's reserved memory (the widget leaves it to the hover text).
     """
+    gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
+    said = mode.short(gpu) if mode is not None else None
+    caps = memory_caps(report)
+    return printable(header_text(latest, gpu_index, said, caps, reserved=reserved))
+
+
+def header_details(
+    latest: Any, gpu_index: int | None, mode: HeaderMode | None, report: Any = None
+) -> str:
+    """The header said in full, for its hover text: the mode explained, the driver's share."""
     gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
     said = mode.shown(gpu) if mode is not None else None
     return printable(header_text(latest, gpu_index, said, memory_caps(report)))
@@ -119,15 +158,61 @@ def session_banner(session: Any) -> list[str]:
     return lines
 
 
-def sampler_status(sampler: Any, latest: Any) -> list[str]:
-    """What the panel itself says about its data (safe on any thread)."""
+def sampler_status(sampler: Any, latest: Any, kind: str = "widget") -> list[str]:
+    """How a panel of *kind* follows the GPU, in its own words (safe on any thread).
+
+    Only the live widget says "Live"; ``cells``, ``static`` and ``text`` say when they are
+    redrawn, ``terminal`` when it was printed, and a ``snapshot`` nothing here (it says when it
+    was taken). A host-memory note comes first where no GPU is seen.
+    """
     if sampler is None:
         return []
+    lines = []
     if latest is not None and not latest.gpus:
-        return ["No GPU seen: showing this process's host memory (RSS, JAX live arrays)."]
-    interval = getattr(sampler, "interval", None)
-    every = f" every {format_duration(interval)}" if interval else ""
-    return [f"Live: sampling{every}."]
+        lines.append("No GPU seen: showing this process's host memory (RSS, JAX live arrays).")
+    if kind == "widget":
+        interval = getattr(sampler, "interval", None)
+        every = f" every {format_duration(interval)}" if interval else ""
+        lines.append(f"Live: sampling{every}.")
+    elif _NOT_LIVE.get(kind):
+        lines.append(_NOT_LIVE[kind].format(time=time.strftime("%H:%M:%S")))
+    return lines
+
+
+def context_line(latest: Any, gpu_index: int | None) -> str | None:
+    """What this kernel's memory on the GPU is made of, where more than its arrays (or None).
+
+    NVML counts a process's CUDA context (a few hundred MiB before any array) and JAX's pool;
+    the notebook counts its arrays. Said so that 684 MiB on the GPU against 384 MiB of arrays
+    is not a puzzle. The arrays: JAX's bytes in use on this GPU, else (JAX on the CPU, as in
+    the simulated demo) the live arrays' bytes.
+    """
+    gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
+    held = getattr(gpu, "self_bytes", None)
+    if not held:
+        return None
+    arrays = gpu.jax_in_use
+    if arrays is None and latest.host is not None:
+        arrays = latest.host.live_array_bytes
+    pool = gpu.jax_reserved
+    counted = max(pool or 0, arrays or 0)
+    if arrays is None or held <= counted:
+        return None
+    # Beyond a known pool: the context and XLA's own buffers. Without one, also what JAX's
+    # allocator keeps after arrays are freed (the simulated GPU mirrors that too).
+    kept = "XLA's own buffers" if pool else "what JAX's allocator keeps for reuse"
+    context = "the simulated CUDA context" if is_simulated(gpu) else "the CUDA context"
+    what = f"the rest, {format_bytes(held - counted)}, is {context} and {kept}"
+    pool_said = f" in a pool of {format_bytes(pool)}" if pool else ""
+    return (
+        f"This kernel holds {format_bytes(held)} of {gpu_label(gpu)}: "
+        f"{format_bytes(arrays)} of JAX arrays{pool_said}; {what}."
+    )
+
+
+def code_html(line: str) -> str:
+    """*line* as HTML, its `backticked` parts as code (escaped first, so nothing else is HTML)."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(line))
 
 
 def unique_lines(lines: list[str]) -> list[str]:
@@ -136,14 +221,19 @@ def unique_lines(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(printable(line) for line in lines))
 
 
-def summary_text(session: Any, gpu_index: int | None) -> str:
-    """The panel as text: header, banner lines, one line per GPU, the last cells' table."""
+def summary_text(session: Any, gpu_index: int | None, kind: str = "text") -> str:
+    """The panel as text: header, banner lines, one line per GPU, the last cells' table.
+
+    *kind* says how this text is kept current (see :func:`sampler_status`).
+    """
     sampler = getattr(session, "sampler", None)
     latest = sampler.latest() if sampler is not None else None
     watcher = getattr(session, "watcher", None)
     report = watcher.latest() if watcher is not None else None
     lines = [header_line(latest, gpu_index, mode_text(session), report)]
-    lines += unique_lines(session_banner(session) + sampler_status(sampler, latest))
+    context = context_line(latest, gpu_index)
+    notes = sampler_status(sampler, latest, kind) + ([context] if context else [])
+    lines += unique_lines(session_banner(session) + notes)
     for gpu in getattr(latest, "gpus", ()):
         lines.append(
             f"{gpu_label(gpu)}: {getattr(session, 'own_name', 'this kernel')} "
@@ -180,7 +270,7 @@ def snapshot_html(
     """The panel as static HTML: its first lines, the SVG picture, and when it was taken."""
     lines = text.split("\n\n", 1)[0].splitlines()
     header = html.escape(lines[0]) if lines else ""
-    banner = "<br>".join(html.escape(line) for line in lines[1:])
+    banner = "<br>".join(code_html(line) for line in lines[1:])
     picture = figure_svg(figure) if figure is not None else ""
     taken = time.strftime("%Y-%m-%d %H:%M:%S")
     if last_cell is not None:
@@ -199,23 +289,29 @@ def snapshot_html(
     )
 
 
-def fallback_bundle(
-    session: Any, with_figure: bool, timeline: LiveFigure | None = None
-) -> dict[str, Any]:
-    """The static (plotly figure, SVG, text) or text panel as a display bundle."""
+def fallback_bundle(session: Any, kind: str, timeline: LiveFigure | None = None) -> dict[str, Any]:
+    """The ``static`` (a picture: HTML with inline SVG, and text) or ``text`` panel's bundle.
+
+    *kind* may also be ``terminal`` (text printed once) or ``snapshot`` (the text beside the
+    widget). The static panel has no plotly figure (``application/vnd.plotly.v1+json``):
+    JupyterLab's plotly renderer keeps what it drew when the output is updated, so after the
+    first cell it would stay on its first picture. HTML is rendered anew on every update by
+    every frontend (JupyterLab, Notebook 7, Voilà, VS Code, Colab); the live plot is the
+    widget's.
+    """
     sampler = getattr(session, "sampler", None)
     gpu = first_gpu(sampler)
-    text = summary_text(session, gpu)
+    text = summary_text(session, gpu, kind)
     bundle: dict[str, Any] = {
         "text/plain": text,
         "text/html": f"<pre class='jax-nbmem-text'>{html.escape(text)}</pre>",
     }
-    if with_figure:
+    if kind == "static":
         timeline = timeline or LiveFigure()
         records = recent_records(session, timeline.limits.max_spans)
         title = html.escape(text.splitlines()[0])
         history = sampler.history if sampler is not None else lambda since: []
         figure = timeline.build(history, records, gpu, title=title)
-        bundle[_PLOTLY_MIME] = {**figure, "config": {"displaylogo": False}}
-        bundle["text/html"] = snapshot_html(figure, text)
+        last = records[-1].execution_count if records else None
+        bundle["text/html"] = snapshot_html(figure, text, last_cell=last)
     return bundle

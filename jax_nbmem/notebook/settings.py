@@ -96,10 +96,13 @@ class JaxNbMem(Configurable):
     ).tag(config=True)
 
     panel = Enum(
-        ["auto", "widget", "static", "text"],
+        ["auto", "widget", "cells", "static", "text"],
         "auto",
-        help="How %jaxmem shows the panel: a live widget, a static figure refreshed after each "
-        "cell (for frontends without widgets), plain text, or auto (widget when it can render).",
+        help="How %jaxmem shows the panel: 'widget', live (a thread follows the GPU; after each "
+        "cell the main thread sends too); 'cells', the same widget updated only after each "
+        "cell; 'static', a picture replaced after each cell through its display id (for "
+        "frontends without widgets, and Colab); 'text'; or 'auto': static in Colab, text in a "
+        "terminal, widget elsewhere. `%jaxmem panel KIND` chooses for one display.",
     ).tag(config=True)
 
 

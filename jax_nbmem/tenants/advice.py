@@ -22,7 +22,7 @@ from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
-from jax_nbmem.units import format_bytes, format_duration
+from jax_nbmem.units import format_bytes, format_duration, format_gib
 
 if TYPE_CHECKING:
     from jax_nbmem.gpu.nvml import GpuMemory
@@ -299,7 +299,7 @@ def _blocking(
         message = (
             f"{_label(tenant, read_at=read_at)} holds {format_bytes(tenant.used_bytes)} of "
             f"{gpu_label(gpu)}: {_why_preallocated(tenant)}.{_idle_clause(tenant)} Only "
-            f"{format_bytes(gpu.free_bytes)} is free, {short}. {_fix(tenant, read_at)}"
+            f"{format_gib(gpu.free_bytes)} is free, {short}. {_fix(tenant, read_at)}"
         )
         found.append(MemoryWarning("blocking-preallocation", gpu.index, tenant.pid, message))
     return found
@@ -355,7 +355,7 @@ def _will_fail(tenants, gpus, fraction: float, own_name=OWN_NAME) -> list[Memory
         message = (
             f"At its first allocation {own_name}'s JAX will ask for {fraction:.0%} of "
             f"{gpu_label(gpu)} ({format_bytes(wanted)}), but only "
-            f"{format_bytes(gpu.free_bytes)} is free"
+            f"{format_gib(gpu.free_bytes)} is free"
             f"{_holders(tenants, gpu.index, own_name=own_name)}: {outcome}. Before any JAX "
             "code runs, choose "
             f"{option}`%jaxalloc off` (memory taken as arrays need it)."

@@ -57,3 +57,28 @@ def test_a_kernel_on_one_instance_has_that_instance_alone(sim_state, simgpu_env)
     seen = _selector({**simgpu_env, "CUDA_VISIBLE_DEVICES": BIG_MIG})
     assert seen["labels"] == ["MIG 3g.71gb instance 2 of GPU 0"]
     assert not seen["shown"]  # one GPU: nothing to choose
+
+
+def test_the_panel_kind_is_part_of_the_magics_grammar(sim_state, simgpu_env):
+    sim_state.gpu(0, total=80 * GIB).write()
+    out = run_cells(
+        [
+            "%load_ext jax_nbmem",
+            "%jaxmem panel sideways",
+            "%jaxmem panel text cells",
+            "import jax_nbmem.notebook.magics as magics\n"
+            "print(getattr(magics.session_of(get_ipython()), '_panel_state', None))",
+            "%jaxmem panel text",
+        ],
+        env=simgpu_env,
+    )
+    for wrong in out[1:3]:  # refused, with the valid forms
+        assert wrong.error == "UsageError", wrong.text
+        assert "is not one of auto, widget, cells, static, text" in wrong.error_text
+        assert "panel [auto | widget | cells | static | text]" in wrong.error_text
+    assert out[3].stdout.strip() == "None"  # nothing was shown or changed
+    # In a terminal the text is printed once: it says when, and never that it is live.
+    assert out[4].error is None, out[4].text
+    assert "GPU 0: NVIDIA H200 (simulated)" in out[4].stdout
+    assert "run `%jaxmem` again for a new look" in out[4].stdout
+    assert "Live" not in out[4].stdout

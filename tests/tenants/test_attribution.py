@@ -24,7 +24,7 @@ from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute, inspect_process
 from jax_nbmem.tenants.servers import SessionIndex
-from jax_nbmem.units import format_bytes
+from jax_nbmem.units import format_bytes, format_gib
 from tests.kernels import execute, running_kernel
 
 pytestmark = pytest.mark.kernel
@@ -162,7 +162,7 @@ def test_the_preallocating_kernel_is_blamed_with_a_fix(neighbours):
     ]
     message = warnings[0].message
     assert str(neighbours.greedy) in message and "train.ipynb" in message
-    assert "12.3 GiB" in message and f"{format_bytes(gpus[0].free_bytes)} is free" in message
+    assert "12.3 GiB" in message and f"{format_gib(gpus[0].free_bytes)} is free" in message
     assert f"`%jaxmem shutdown {neighbours.greedy}`" in message
     assert "`%jaxalloc off`" in message
     assert warnings[0].to_dict()["kind"] == "blocking-preallocation"
@@ -196,7 +196,7 @@ def test_a_kernel_about_to_preallocate_is_told_what_would_fit(neighbours):
     assert sorted(w.kind for w in warnings) == ["blocking-preallocation", "prealloc-will-fail"]
     will_fail = next(w for w in warnings if w.kind == "prealloc-will-fail")
     assert "75% of GPU 0 (12.0 GiB)" in will_fail.message
-    assert "only 4.00 GiB is free" in will_fail.message
+    assert "only 4.0 GiB is free" in will_fail.message  # as the panel's header says it
     assert f"PID {neighbours.greedy}" in will_fail.message
     assert (
         "`%jaxalloc fraction 0.2`" in will_fail.message and "`%jaxalloc off`" in will_fail.message
