@@ -33,7 +33,7 @@ from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.tenants.sharedir import agent_not_consulted
 from jax_nbmem.text import printable, printable_lines
-from jax_nbmem.units import format_bytes, format_duration
+from jax_nbmem.units import format_bytes, format_duration, format_gib
 
 __all__ = ["StatusReport", "cap_line", "collect", "format_status", "warning_line"]
 
@@ -424,7 +424,8 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         lines.append(
             f"{gpu.get('label') or 'GPU ' + str(gpu['index'])}: {gpu['name'] or 'name unknown'} — "
             f"{format_bytes(gpu['used_bytes'])} used of {format_bytes(gpu['total_bytes'])}, "
-            f"{format_bytes(gpu['free_bytes'])} free{reserved_text}{mark}"
+            # Free as the panel's header and the lab item say it: one figure everywhere.
+            f"{format_gib(gpu['free_bytes'])} free{reserved_text}{mark}"
         )
         if gpu.get("problem"):
             lines.append(f"  {gpu['problem']}")
