@@ -177,8 +177,10 @@ function hideSnapshots(panelId) {
   const selector = `.jax-nbmem-snapshot[data-panel="${CSS.escape(panelId)}"]`;
   const style = document.createElement("style");
   style.id = id;
+  // The snapshot's picture is the output right after its words (panel.py).
   style.textContent = `${selector} { display: none !important; }
-.jp-OutputArea-child:has(${selector}) { display: none !important; }`;
+.jp-OutputArea-child:has(${selector}) { display: none !important; }
+.jp-OutputArea-child:has(${selector}) + .jp-OutputArea-child { display: none !important; }`;
   document.head.appendChild(style);
 }
 
