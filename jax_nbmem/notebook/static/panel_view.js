@@ -127,7 +127,10 @@ async function loadPlotly(model) {
   if (arrived !== null) {
     return { Plotly: await evaluatePlotly(arrived), source: "kernel" };
   }
-  if (config && typeof config.baseUrl === "string") {
+  // Voilà has run every cell before its page asks, so its kernel answers at once; standalone
+  // (`voila nb.ipynb`) it serves no jax_nbmem route, and asking there only logs a 403.
+  const voila = config && config.appUrl === "voila/";
+  if (config && typeof config.baseUrl === "string" && !voila) {
     try {
       const loaded = await evaluatePlotly(await fromServer(config));
       return { Plotly: loaded, source: "server" };
@@ -189,7 +192,8 @@ function render({ model, el }) {
   plot.className = "jax-nbmem-plot";
   el.appendChild(plot);
   const panelId = model.get("panel_id");
-  if (pageConfig() && !globalThis.__jaxNbmemNoServer) {
+  const config = pageConfig();
+  if (config && config.appUrl !== "voila/" && !globalThis.__jaxNbmemNoServer) {
     hideSnapshots(panelId); // a Jupyter page: its server has plotly.js, the plot comes at once
   }
   let Plotly = null;
