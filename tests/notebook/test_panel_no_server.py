@@ -12,7 +12,7 @@ import re
 import pytest
 
 from jax_nbmem.simgpu import GIB
-from tests.jupyterlab import open_notebook, write_notebook
+from tests.jupyterlab import open_notebook, wait_kernel_connected, write_notebook
 from tests.notebook.test_panel_browser import plot_state, plotly_source, wait_for_plots
 from tests.notebook.test_panel_kernel import OTHER_PID
 
@@ -50,6 +50,11 @@ def _draws_while_later_cells_wait(page, server) -> None:
     wait_for_plots(page, 1, 90)
     assert _last_prompt(page) in ("[*]:", "[ ]:")  # the held cell has not finished
     assert plotly_source(page) == "kernel"
+    # Where the plot draws, the snapshot's words and its picture (the output after them) hide.
+    snapshot = ".jp-OutputArea-child:has(.jax-nbmem-snapshot)"
+    assert page.locator(snapshot).count() == 1
+    assert not page.locator(snapshot).first.is_visible()
+    assert not page.locator(f"{snapshot} + .jp-OutputArea-child").first.is_visible()
     state = plot_state(page, 0)
     assert "other processes" in state["names"] and "this kernel" in state["names"]
     (server.root_dir / "release").touch()
@@ -89,6 +94,6 @@ def test_run_all_draws_in_notebook_7_without_the_server_extension(
         wait_until="domcontentloaded",
     )
     lab_page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
-    lab_page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
+    wait_kernel_connected(server, 90, notebook="held7.ipynb")
     _run_all(lab_page, ".jp-Notebook")
     _draws_while_later_cells_wait(lab_page, server)

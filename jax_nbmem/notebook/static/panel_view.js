@@ -123,10 +123,7 @@ function fromKernel(model) {
 async function loadPlotly(model) {
   const config = pageConfig();
   const reasons = [];
-  const arrived = kernelCopy().text;
-  if (arrived !== null) {
-    return { Plotly: await evaluatePlotly(arrived), source: "kernel" };
-  }
+  // The server's copy first where there may be one: the browser keeps it for later pages.
   // Voilà has run every cell before its page asks, so its kernel answers at once; standalone
   // (`voila nb.ipynb`) it serves no jax_nbmem route, and asking there only logs a 403.
   const voila = config && config.appUrl === "voila/";
