@@ -16,12 +16,12 @@ Four ways to show it (``c.JaxNbMem.panel``, or ``%jaxmem panel KIND`` for one di
   #3373) still show every cell.
 * ``cells``: the same widget without the thread, updated only after each cell, from the
   main thread; it says so (never "live").
-  Under the widget comes a static **snapshot** (an SVG, :mod:`jax_nbmem.notebook.snapshot`)
-  that a drawn view hides: it is what exports, a notebook reopened without its kernel, and a
-  frontend that cannot draw the widget show. Until a view has drawn, the snapshot is redrawn
-  after cells on the cell's path, from a budget of 2% of the wall time with a burst (headless
-  runs, ``nbconvert --execute``, end with the picture of their last cell); once one has, at
-  most every 30 s.
+  Under the widget comes a static **snapshot** (its words, then its picture as an image
+  output, SVG and PNG, :func:`jax_nbmem.notebook.snapshot.picture_bundle`) that a drawn view
+  hides: it is what exports, a notebook reopened without its kernel, a sanitising viewer and
+  a frontend that cannot draw the widget show. The snapshot is redrawn after cells on the
+  cell's path, from a budget of 2% of the wall time with a burst, so a saved notebook and a
+  headless run (``nbconvert --execute``) end with the picture of their last cell.
 * ``static``: a picture (HTML with an inline SVG, and text) whose output is replaced after
   each cell through its display id (``update_display``), from the cell that ran. Every
   renderer draws a replaced HTML output anew (JupyterLab's plotly renderer would keep its
@@ -59,6 +59,7 @@ from IPython.display import display
 from jax_nbmem.notebook.figure import LiveFigure
 from jax_nbmem.notebook.panel_live import LivePanel
 from jax_nbmem.notebook.panel_text import fallback_bundle, summary_text
+from jax_nbmem.notebook.snapshot import picture_bundle
 
 __all__ = ["KINDS", "cell_finished", "close_panels", "frontend", "show_panel"]
 
@@ -68,8 +69,7 @@ KINDS = ("auto", "widget", "cells", "static", "text")
 log = logging.getLogger("jax_nbmem")
 
 _FIRST_SAMPLE_WAIT_S = 0.5
-_SNAPSHOT_EVERY_S = 30.0  # once a view draws live, the snapshot only backs up the saved file
-# Until then the snapshot is redrawn on the cell's path, from a budget that fills with this
+# The snapshot is redrawn on the cell's path, from a budget that fills with this
 # share of the wall time up to a burst: a run's last cells are in its picture, while a long run
 # of quick cells redraws it only every few cells.
 _HEADLESS_SNAPSHOT_SHARE = 0.02
@@ -90,6 +90,7 @@ class _PanelState:
     fallback_kind: str | None = None  # "static" or "text": what the handle shows
     listener: Any = None  # our cell listener on the session, once registered
     snapshot: Any = None  # DisplayHandle of the widget's static snapshot
+    picture: Any = None  # DisplayHandle of the snapshot's picture (an image output)
     snapshot_at: float = 0.0  # time.monotonic() of its last refresh
     snapshot_cost: float = 0.0  # seconds its last refresh on the cell's path took
     snapshot_budget: float = _HEADLESS_SNAPSHOT_BURST_S  # seconds it may take on the path
@@ -230,6 +231,12 @@ def _show_widget(session: Any, state: _PanelState, live: bool) -> None:
     state.snapshot = display(
         _snapshot_bundle(panel), raw=True, display_id=f"jax-nbmem-snapshot-{panel.plot.panel_id}"
     )
+    # Right after the words: a drawn view hides the output that follows them (panel_view.js).
+    state.picture = display(
+        picture_bundle(panel.figure),
+        raw=True,
+        display_id=f"jax-nbmem-picture-{panel.plot.panel_id}",
+    )
     state.snapshot_at = time.monotonic()
 
 
@@ -240,6 +247,12 @@ def _snapshot_bundle(live: LivePanel) -> dict[str, str]:
     }
 
 
+def _update_snapshot(state: _PanelState, live: LivePanel) -> None:
+    state.snapshot.update(_snapshot_bundle(live), raw=True)
+    if state.picture is not None:
+        state.picture.update(picture_bundle(live.figure), raw=True)
+
+
 def _refresh_snapshot(state: _PanelState) -> None:
     """Keep the widget's snapshot current for places where no view draws the widget.
 
@@ -248,27 +261,20 @@ def _refresh_snapshot(state: _PanelState) -> None:
     the export sees it: from a budget of ``_HEADLESS_SNAPSHOT_SHARE`` of the wall time (with a
     burst of ``_HEADLESS_SNAPSHOT_BURST_S``), so the last cells of a run are in its picture
     and only a long run of quick cells skips some in between. The picture says which cell it
-    shows last. Once a view
-    draws, the snapshot only backs up the saved notebook: redrawn from the last figure every
-    ``_SNAPSHOT_EVERY_S``.
+    shows last. The same holds once a view draws: the snapshot is what the saved notebook
+    keeps, and what a sanitising viewer of it shows.
     """
     live = state.live
     if live is None or state.snapshot is None or not state.refresh_after_cells:
         return  # a terminal: an update would print the snapshot again, and nothing exports it
     now = time.monotonic()
-    if live.plot.views_drawn:
-        if now - state.snapshot_at < _SNAPSHOT_EVERY_S:
-            return
-        state.snapshot.update(_snapshot_bundle(live), raw=True)
-        state.snapshot_at = now
-        return
     refill = (now - state.snapshot_at) * _HEADLESS_SNAPSHOT_SHARE
     budget = min(_HEADLESS_SNAPSHOT_BURST_S, state.snapshot_budget + refill)
     if budget < state.snapshot_cost:
         state.snapshot_budget, state.snapshot_at = budget, now
         return
     live.refresh_after_cell()
-    state.snapshot.update(_snapshot_bundle(live), raw=True)
+    _update_snapshot(state, live)
     state.snapshot_at = time.monotonic()
     state.snapshot_cost = state.snapshot_at - now
     state.snapshot_budget = budget - state.snapshot_cost
@@ -350,5 +356,6 @@ def close_panels(session: Any) -> None:
     state.live = None
     state.handle = None
     state.snapshot = None
+    state.picture = None
     state.listener = None
     state.push_pending = False

@@ -267,11 +267,14 @@ def snapshot_html(
     live: bool = False,
     last_cell: int | None = None,
 ) -> str:
-    """The panel as static HTML: its first lines, the SVG picture, and when it was taken."""
+    """The panel as static HTML: its first lines, the SVG picture, and when it was taken.
+
+    A *live* panel's picture is an image output of its own (``panel.py``), not in the HTML.
+    """
     lines = text.split("\n\n", 1)[0].splitlines()
     header = html.escape(lines[0]) if lines else ""
     banner = "<br>".join(code_html(line) for line in lines[1:])
-    picture = figure_svg(figure) if figure is not None else ""
+    picture = figure_svg(figure) if figure is not None and not live else ""
     taken = time.strftime("%Y-%m-%d %H:%M:%S")
     if last_cell is not None:
         taken += f", after cell [{last_cell}]"

@@ -11,8 +11,12 @@ installed plotly package ships; nothing comes from a CDN and there is no JavaScr
 plotly.js (4.6 MB) is not in the widget's state, which a notebook saves (``nbconvert
 --execute`` always does): a view loads it from the Jupyter server
 (``/jax-nbmem/static/plotly.min.js``, served by the server extension, kept by the browser),
-and where there is no such server (VS Code, Colab, a server without jax_nbmem) asks its
-kernel, which sends the file in a message of its own, never stored (:data:`PLOTLY_REQUEST`).
+and where there is no such server (VS Code, Colab, Voilà, a server without jax_nbmem) takes
+the copy its kernel sends, in a message of its own that no notebook stores. The kernel sends
+it unasked with its first panel (:func:`plot_view`), from the cell that shows it: a view's
+request would wait behind every queued cell (Run All), since a kernel reads widget messages
+only between cells. A view that missed that copy (a page reloaded later) asks for it
+(:data:`PLOTLY_REQUEST`).
 
 A view tells the kernel when it has drawn (``views_drawn``): until one has, the panel's
 static snapshot is what the user sees, and it is kept current after every cell.
@@ -41,6 +45,9 @@ UPDATE_BUDGET_BYTES = 32 * 1024 - 1024  # a message adds its envelope to the val
 # PLOTLY_REPLY with the file as the message's one binary buffer (or an "error" and none).
 PLOTLY_REQUEST = "send-plotly.js"
 PLOTLY_REPLY = "plotly.js"
+# Whether this kernel has sent plotly.js unasked: once per kernel, with its first panel.
+_unasked_send = threading.Lock()
+_sent_unasked = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,6 +138,16 @@ def _plot_view_class() -> type:
 
 
 def plot_view(parts: dict[str, Any]) -> Any:
-    """A new :class:`PlotView` showing *parts*; raises if anywidget or plotly is missing."""
+    """A new :class:`PlotView` showing *parts*; raises if anywidget or plotly is missing.
+
+    The kernel's first view also sends plotly.js, once: its pages can draw without the
+    server's copy even while later cells run (see the module's docstring).
+    """
     # In the constructor, so the first state travels with the widget's opening message.
-    return _plot_view_class()(**{trait: parts[part] for part, trait in _TRAITS.items()})
+    view = _plot_view_class()(**{trait: parts[part] for part, trait in _TRAITS.items()})
+    global _sent_unasked
+    with _unasked_send:
+        first, _sent_unasked = not _sent_unasked, True
+    if first:
+        view._send_plotly()
+    return view

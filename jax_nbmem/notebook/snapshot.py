@@ -4,18 +4,23 @@ An exported notebook (``nbconvert --to html``), one reopened without its kernel,
 that cannot draw our widget: all they keep of the panel is an output's static data. This draws
 the same figure the live plot draws (:func:`jax_nbmem.notebook.figure.build_figure`'s dict:
 step lines, shaded cell spans, per-cell bars) as plain SVG: no script, no network, a few tens
-of kilobytes. Pure: strings in, strings out.
+of kilobytes. :func:`picture_bundle` gives it as an image output, SVG and a PNG of the same
+drawing (:mod:`.snapshot_png`): each viewer takes the richest one it shows, and one that
+sanitises markup (nbconvert's sanitiser, an untrusted notebook in JupyterLab) the PNG.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["figure_svg"]
+from jax_nbmem.notebook.snapshot_png import svg_to_png
+
+__all__ = ["figure_svg", "picture_bundle"]
 
 _WIDTH, _HEIGHT = 960, 440
 _LEFT, _RIGHT, _TOP, _BOTTOM = 62, 16, 40, 30
@@ -274,3 +279,17 @@ def _legend(traces: list[dict], width: int) -> list[str]:
         if x > width - 120:
             x, y = _LEFT, y + 14
     return out
+
+
+def picture_bundle(figure: dict[str, Any] | None) -> dict[str, str]:
+    """*figure* as an image output's bundle: SVG, PNG (when Pillow draws it) and a line of text."""
+    if figure is None:
+        return {"text/plain": "(jax_nbmem: no picture of the panel yet)"}
+    svg = figure_svg(figure)
+    bundle = {"text/plain": "(jax_nbmem: a picture of the panel)", "image/svg+xml": svg}
+    png = svg_to_png(svg)
+    if png is not None:
+        bundle["image/png"] = base64.b64encode(png).decode("ascii")
+    else:
+        bundle["text/plain"] = "(jax_nbmem: a picture of the panel; no PNG without Pillow)"
+    return bundle

@@ -1,8 +1,8 @@
 // jax_nbmem's JupyterLab face: one status poll per tab (model.ts), read by the status-bar item
 // (status.ts), the GPU sidebar (sidebar.ts) and the notifications (notify.ts).
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { INotebookTracker } from '@jupyterlab/notebook';
-import { IStatusBar } from '@jupyterlab/statusbar';
+import type { INotebookTracker } from '@jupyterlab/notebook';
+import type { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { GpuStatus, IGpuStatus } from './model';
@@ -23,7 +23,7 @@ const statusModel: JupyterFrontEndPlugin<IGpuStatus> = {
   description: "One poll of the server extension's GPU status for the whole tab.",
   autoStart: true,
   provides: IGpuStatus,
-  activate: () => new GpuStatus()
+  activate: (app: JupyterFrontEnd) => new GpuStatus(notebookShell(app).then(shell => !!shell))
 };
 
 const sidebar: JupyterFrontEndPlugin<void> = {
@@ -43,18 +43,53 @@ const sidebar: JupyterFrontEndPlugin<void> = {
   }
 };
 
+/**
+ * The notebook tracker and the status bar of the page, or null where the page has no such
+ * modules (Voilà, other pages built from some of JupyterLab's packages): imported when the
+ * plugin starts, not with the extension, so that such a page loads the rest of it and logs
+ * nothing of ours.
+ */
+function notebookShell(app: JupyterFrontEnd): Promise<INotebookShell | null> {
+  let shell = shells.get(app);
+  if (!shell) {
+    shell = findNotebookShell(app);
+    shells.set(app, shell);
+  }
+  return shell;
+}
+
+interface INotebookShell {
+  tracker: INotebookTracker;
+  statusBar: IStatusBar | null;
+}
+
+const shells = new WeakMap<JupyterFrontEnd, Promise<INotebookShell | null>>();
+
+async function findNotebookShell(app: JupyterFrontEnd): Promise<INotebookShell | null> {
+  try {
+    const [notebook, statusbar] = await Promise.all([
+      import('@jupyterlab/notebook'),
+      import('@jupyterlab/statusbar')
+    ]);
+    const tracker = await app.resolveOptionalService(notebook.INotebookTracker);
+    const statusBar = await app.resolveOptionalService(statusbar.IStatusBar);
+    return tracker ? { tracker, statusBar } : null;
+  } catch (error) {
+    return null;
+  }
+}
+
 const statusItem: JupyterFrontEndPlugin<void> = {
   id: 'jax_nbmem:status-item',
   description: "The current notebook's kernel on the GPU, in the status bar.",
   autoStart: true,
-  requires: [IGpuStatus, INotebookTracker],
-  optional: [IStatusBar],
-  activate: (
-    app: JupyterFrontEnd,
-    model: IGpuStatus,
-    tracker: INotebookTracker,
-    statusBar: IStatusBar | null
-  ) => {
+  requires: [IGpuStatus],
+  activate: async (app: JupyterFrontEnd, model: IGpuStatus) => {
+    const shell = await notebookShell(app);
+    if (!shell) {
+      return; // no notebooks to follow here
+    }
+    const { tracker, statusBar } = shell;
     const item = new GpuStatusItem(model, tracker, () => app.shell.activateById(SIDEBAR_ID));
     // Switching notebooks redraws from the last snapshot: no request of its own.
     if (!statusBar) {

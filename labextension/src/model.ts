@@ -30,14 +30,27 @@ export interface IGpuStatus {
 }
 
 export class GpuStatus implements IGpuStatus {
-  constructor() {
+  /**
+   * Polls once *wanted* says yes: a page with notebooks to follow (JupyterLab, Notebook 7).
+   * Elsewhere (Voilà) it never asks the server, which has no jax_nbmem there to answer.
+   */
+  constructor(wanted: Promise<boolean> = Promise.resolve(true)) {
     this._poll = new Poll({
-      auto: true,
+      auto: false,
       factory: () => this._look(),
       frequency: { interval: REFRESH_MS, backoff: true, max: 60000 },
       linger: 0, // no look once the tab is hidden
       name: 'jax_nbmem:status',
       standby: 'when-hidden'
+    });
+    void wanted.then(yes => {
+      if (yes) {
+        void this._poll.start();
+      } else {
+        this._poll.dispose();
+        this._available = false; // nothing will be shown
+        this._ready.resolve();
+      }
     });
   }
 

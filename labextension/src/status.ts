@@ -2,7 +2,8 @@
 // mode, and a colour for its state (amber: preallocated on a shared GPU; red: it blocks
 // others). A simulated GPU says so, as its name does in the panel, sidebar and board. A click
 // opens the GPU sidebar.
-import { INotebookTracker } from '@jupyterlab/notebook';
+// A type only: the token comes from the page at run time (index.ts), where a page has it.
+import type { INotebookTracker } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IStatus } from './api';

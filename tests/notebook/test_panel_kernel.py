@@ -77,14 +77,16 @@ def gpu_kernel(sim_state, simgpu_env):
 
 def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
     _, _, displays = run_collecting(gpu_kernel, SHOW_PANEL_CELL)
-    bundle, snapshot = displays
+    bundle, snapshot, picture = displays
     assert "application/vnd.jupyter.widget-view+json" in bundle
     # Frontends without widgets get the text instead of a traceback.
     assert "GPU 0: NVIDIA H200 (simulated)" in bundle["text/plain"]
     assert "allocator: on (when JAX starts)" in bundle["text/plain"]
 
     # Under the widget, its snapshot: what an export or a frontend without the widget shows.
-    assert "jax-nbmem-snapshot" in snapshot["text/html"] and "<svg" in snapshot["text/html"]
+    # Its words, then its picture as an image output: SVG, and a PNG for sanitising viewers.
+    assert "jax-nbmem-snapshot" in snapshot["text/html"] and "<svg" not in snapshot["text/html"]
+    assert picture["image/svg+xml"].startswith("<svg") and picture["image/png"]
 
     names, _ = execute(
         gpu_kernel,

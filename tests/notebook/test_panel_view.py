@@ -58,3 +58,21 @@ def test_without_plotly_js_the_view_is_told_why(view_and_sent, monkeypatch):
     assert "FileNotFoundError" in data["content"]["error"] and not buffers
     view._send = None  # a comm gone: nothing raises into the kernel
     view._handle_custom_msg({"event": PLOTLY_REQUEST}, [])
+
+
+def test_the_kernels_first_view_sends_plotly_js_unasked_and_later_ones_do_not(monkeypatch):
+    # Sent from the cell that shows the panel: a request would wait behind queued cells.
+    monkeypatch.setattr(panel_view, "_sent_unasked", False)
+    sent = []
+    cls = panel_view._plot_view_class()
+    monkeypatch.setattr(cls, "_send", lambda self, msg, buffers=None: sent.append((msg, buffers)))
+    first, second = plot_view(PARTS), plot_view(PARTS)
+    try:
+        custom = [(m, b) for m, b in sent if m.get("method") == "custom"]
+        ((data, buffers),) = custom
+        assert data["content"] == {"event": PLOTLY_REPLY} and len(buffers) == 1
+        assert b"plotly.js v" in bytes(buffers[0])[:1000]
+        assert len(json.dumps(first.get_state(), default=str)) < 20_000  # not in the state
+    finally:
+        first.close()
+        second.close()

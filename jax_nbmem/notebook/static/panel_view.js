@@ -6,8 +6,10 @@
 // panel): a view loads the plotly.js of the installed plotly package, once per page, from
 //   1. the Jupyter server of this page (JupyterLab, Notebook 7): the jax_nbmem server
 //      extension serves it under the page's base URL, and the browser keeps it;
-//   2. else the kernel (VS Code, Colab, a server without jax_nbmem): asked over the widget's
-//      comm, it sends the file as a message of its own, which no notebook stores;
+//   2. else the kernel (VS Code, Colab, Voilà, a server without jax_nbmem): it sends the file
+//      unasked with its first panel, from the cell that shows it, as a message of its own
+//      that no notebook stores; a view that missed it (a page reloaded later) asks over the
+//      widget's comm, and the answer comes once the kernel is between cells;
 //   3. else nothing: the static snapshot under the widget stays in view.
 // Nothing comes from a CDN.
 
@@ -68,34 +70,64 @@ async function fromServer(config) {
   return reply.text();
 }
 
+// The kernel's copy of plotly.js, once per page: whichever model receives it (unasked, or in
+// answer to a request) settles the one promise every view waits on.
+function kernelCopy() {
+  if (!globalThis.__jaxNbmemKernelCopy) {
+    let settle = null;
+    const copy = new Promise((resolve, reject) => {
+      settle = { resolve, reject };
+    });
+    copy.catch(() => {}); // a page that never needs it does not report it
+    globalThis.__jaxNbmemKernelCopy = { copy, settle, text: null };
+  }
+  return globalThis.__jaxNbmemKernelCopy;
+}
+
+// Listen on *model* for the kernel's copy; from the model's start, before any view, since
+// the kernel sends it right after it opens the widget.
+function listenForKernelCopy(model) {
+  const listen = (content, buffers) => {
+    if (!content || content.event !== KERNEL_REPLY) {
+      return;
+    }
+    const shared = kernelCopy();
+    if (shared.text !== null) {
+      return;
+    }
+    if (content.error || !buffers || !buffers.length) {
+      shared.settle.reject(new Error(`the kernel has no plotly.js (${content.error || "no file"})`));
+      globalThis.__jaxNbmemKernelCopy = null; // a later view may ask again
+      return;
+    }
+    shared.text = new TextDecoder().decode(buffers[0]);
+    shared.settle.resolve(shared.text);
+  };
+  model.on("msg:custom", listen);
+  return () => model.off("msg:custom", listen);
+}
+
 function fromKernel(model) {
-  return new Promise((resolve, reject) => {
-    let timer = null;
-    const listen = (content, buffers) => {
-      if (!content || content.event !== KERNEL_REPLY) {
-        return;
-      }
-      clearTimeout(timer);
-      model.off("msg:custom", listen);
-      if (content.error || !buffers || !buffers.length) {
-        reject(new Error(`the kernel has no plotly.js (${content.error || "no file"})`));
-        return;
-      }
-      resolve(new TextDecoder().decode(buffers[0]));
-    };
-    timer = setTimeout(() => {
-      model.off("msg:custom", listen);
-      reject(new Error("no kernel sent plotly.js"));
-    }, KERNEL_WAIT_MS);
-    model.on("msg:custom", listen);
-    model.send({ event: KERNEL_REQUEST });
+  const shared = kernelCopy();
+  if (shared.text !== null) {
+    return Promise.resolve(shared.text);
+  }
+  model.send({ event: KERNEL_REQUEST });
+  let timer = null;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error("no kernel sent plotly.js")), KERNEL_WAIT_MS);
   });
+  return Promise.race([shared.copy, timeout]).finally(() => clearTimeout(timer));
 }
 
 async function loadPlotly(model) {
   const config = pageConfig();
   const reasons = [];
-  if (config && typeof config.baseUrl === "string") {
+  // The server's copy first where there may be one: the browser keeps it for later pages.
+  // Voilà has run every cell before its page asks, so its kernel answers at once; standalone
+  // (`voila nb.ipynb`) it serves no jax_nbmem route, and asking there only logs a 403.
+  const voila = config && config.appUrl === "voila/";
+  if (config && typeof config.baseUrl === "string" && !voila) {
     try {
       const loaded = await evaluatePlotly(await fromServer(config));
       return { Plotly: loaded, source: "server" };
@@ -145,8 +177,10 @@ function hideSnapshots(panelId) {
   const selector = `.jax-nbmem-snapshot[data-panel="${CSS.escape(panelId)}"]`;
   const style = document.createElement("style");
   style.id = id;
+  // The snapshot's picture is the output right after its words (panel.py).
   style.textContent = `${selector} { display: none !important; }
-.jp-OutputArea-child:has(${selector}) { display: none !important; }`;
+.jp-OutputArea-child:has(${selector}) { display: none !important; }
+.jp-OutputArea-child:has(${selector}) + .jp-OutputArea-child { display: none !important; }`;
   document.head.appendChild(style);
 }
 
@@ -155,7 +189,8 @@ function render({ model, el }) {
   plot.className = "jax-nbmem-plot";
   el.appendChild(plot);
   const panelId = model.get("panel_id");
-  if (pageConfig() && !globalThis.__jaxNbmemNoServer) {
+  const config = pageConfig();
+  if (config && config.appUrl !== "voila/" && !globalThis.__jaxNbmemNoServer) {
     hideSnapshots(panelId); // a Jupyter page: its server has plotly.js, the plot comes at once
   }
   let Plotly = null;
@@ -216,4 +251,8 @@ function render({ model, el }) {
   };
 }
 
-export default { render };
+function initialize({ model }) {
+  return listenForKernelCopy(model);
+}
+
+export default { initialize, render };
