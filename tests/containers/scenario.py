@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.waiting import wait_for
 
-__all__ = ["hog_and_work", "resolved"]
+__all__ = ["hog_and_work", "refreshes_seen", "resolved", "written_at"]
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -41,3 +41,24 @@ def resolved(share_dir: Path, *pids: int) -> dict | None:
         return None
     proven = {entry["pid"] for entry in content["processes"] if entry.get("kernel")}
     return content if set(pids) <= proven else None
+
+
+def written_at(share_dir: Path) -> float | None:
+    """When the agent last wrote its resolution (None: none readable yet)."""
+    try:
+        return json.loads((share_dir / "agent" / "resolution.json").read_text())["written_at"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def refreshes_seen(share_dir: Path, count: int) -> None:
+    """Wait until the agent has written its resolution ``count`` more times from now."""
+    seen = [written_at(share_dir)]
+
+    def more():
+        now = written_at(share_dir)
+        if now is not None and now != seen[-1]:
+            seen.append(now)
+        return len(seen) > count
+
+    wait_for(f"{count} more of the agent's refreshes", more, timeout=60, every=0.05)

@@ -15,13 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 import pytest
 
 from tests.containers import ContainerKernel, Node
-from tests.containers.scenario import hog_and_work, resolved
+from tests.containers.scenario import hog_and_work, refreshes_seen, resolved
 from tests.jupyterlab import REPO_ROOT
 from tests.waiting import wait_for
 
@@ -156,7 +155,7 @@ def test_with_the_node_agent_every_kernel_is_named_and_warned(container_node):
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(alices_file.read_text())["hub_user"] == "mallory"
-        time.sleep(1.5)  # three of the agent's refreshes
+        refreshes_seen(node.share_dir, 3)  # the agent has looked again since the forgery
         assert rows_of(root_status(node))[hog.pid]["hub_user"] == "alice"
         (warning,) = warnings_of(status_of(work), "blocking-preallocation")
         assert "mallory" not in warning["message"] and "alice" in warning["message"]
@@ -201,7 +200,7 @@ def test_a_beacon_claiming_the_other_containers_namespace_is_refused(container_n
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
         assert answer["ok"] is False and answer["reason"], answer
-        time.sleep(1.5)
+        refreshes_seen(node.share_dir, 3)  # what it publishes after the refusal
         content = resolved(node.share_dir, hog.pid)
         (entry,) = [e for e in content["processes"] if e["pid"] == hog.pid]
         assert entry["kernel"]["hub_user"] == "alice"
