@@ -58,7 +58,7 @@ def kubernetes_report(gpus: int, per_gpu: int, seed: int) -> dict:
 
 def serve_node(seed: int, gpus: int, per_gpu: int) -> None:
     """Run a real exporter whose every look is the simulated node (a subprocess's main)."""
-    from jax_nbmem.cli.exporter import Exporter
+    from jax_nbmem.cli.exporter import Exporter, ExporterSettings
     from jax_nbmem.tenants.metrics import Snapshot
 
     report = kubernetes_report(gpus, per_gpu, seed)
@@ -70,7 +70,7 @@ def serve_node(seed: int, gpus: int, per_gpu: int) -> None:
             fresh = json.loads(json.dumps(report))  # a new report each look, as collect() makes
             return Snapshot(fresh, time.time(), round(time.monotonic() - began, 4))
 
-    exporter = Replayed("127.0.0.1:0", 5.0, agent=False)
+    exporter = Replayed(ExporterSettings("127.0.0.1:0", 5.0, agent=False))
     exporter.serve(ready=lambda url: print(url, flush=True))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jax_nbmem import guide
-from jax_nbmem.cli.exporter import Exporter
+from jax_nbmem.cli.exporter_settings import ExporterSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_python_m_guide_prints_the_pages_and_refuses_an_unknown_one():
 
 def test_the_exporters_refusal_names_a_page_that_exists():
     with pytest.raises(ValueError) as refused:
-        Exporter(listen="0.0.0.0:0")
+        ExporterSettings(listen="0.0.0.0:0")
     message = str(refused.value)
     path = message.split("--web.config.file (", 1)[1].split(", ", 1)[0]
     assert Path(path).is_absolute() and Path(path).is_file(), message  # not a bare docs/...

@@ -370,8 +370,10 @@ def test_kernels_send_their_beacons_to_the_agent_which_sees_their_host_pids(node
             assert identity["start_ticks"] == start_ticks(f"/proc/{box.host_pid}/stat")
             assert identity["hostname"] == box.name and first["hub_user"] == box.name[:-4]
         # The agent's answer: the kernel now knows the host PID it was proven as.
+        # (The answer comes on the agent's client thread: looked at until it is in.)
         proven = "import jax_nbmem; print(jax_nbmem._session().beacon.agent.proven_pid)"
-        assert bob.run(proven).strip() == str(bob.host_pid)
+        wait_for("bob's kernel to know its proven host PID",
+                 lambda: bob.run(proven).strip() == str(bob.host_pid), 20)  # fmt: skip
 
         # The agent restarts: each kernel registers again, within the 5 s backoff (and a bit).
         before = len(sent_by(bob))
