@@ -14,7 +14,9 @@ fi
 
 # shellcheck source=apt.sh
 source "$(dirname "$0")/apt.sh"
-apt_install podman runc
+# With the helpers Debian recommends beside it (the suite was proven with them there): the
+# overlay for `--rootfs /:O` and rootless runs, the init for pods, the id maps.
+apt_install podman runc fuse-overlayfs slirp4netns catatonit uidmap
 
 for tool in podman runc conmon; do
     if ! command -v "$tool" >/dev/null 2>&1; then
