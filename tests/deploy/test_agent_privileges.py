@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from tests.tenants.namespaces import Contained, need_namespaces
-from tests.tenants.test_agent_tcp import subnet  # noqa: F401  (a fixture: the pods' veth pair)
+from tests.tenants.test_agent_tcp import into_subnet, subnet  # noqa: F401  (subnet: a fixture)
+from tests.tenants.test_kernel_over_tcp import _free_port
 from tests.users import User, add_user, python_for, remove_user
 from tests.waiting import wait_for
 
@@ -154,16 +155,6 @@ def kernel_of(jovyan, args: list[str], *, net: bool = False) -> Iterator[Contain
         box.kill()
 
 
-def _veth_into(box: Contained, subnet) -> None:  # noqa: F811
-    network, network6, _, pod_if = subnet
-    run = ["nsenter", "-t", str(box.host_pid), "-n", "ip"]
-    for args in (["link", "set", pod_if, "netns", str(box.host_pid)],):
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-    for args in (["addr", "add", f"{network}.2/24", "dev", pod_if], ["link", "set", pod_if, "up"],
-                 ["link", "set", "lo", "up"]):  # fmt: skip
-        subprocess.run([*run, *args], check=True, capture_output=True, timeout=20)
-
-
 @pytest.mark.parametrize("shipped", ["unit", "daemonset"])
 def test_the_shipped_agent_proves_another_users_kernel_on_its_socket(
     shipped, jovyan, share, simgpu_env, sim_state
@@ -192,17 +183,9 @@ def test_the_shipped_agent_proves_a_tcp_caller_of_another_user(
     with agent(simgpu_env, share, unit_capabilities(), tcp=f"{network}.1:{port}"):
         args = [str(jovyan[3] / "agent_client_net.py"), f"{network}.1:{port}", "[{}]"]
         with kernel_of(jovyan, args, net=True) as box:
-            _veth_into(box, subnet)
+            into_subnet(box.host_pid, subnet)
             said = json.loads(box.line())
             assert said["ok"] is True and said["pid"] == box.host_pid, said
-
-
-def _free_port(address: str) -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
 
 
 _PROBE = textwrap.dedent(

@@ -50,6 +50,17 @@ def subnet():
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=20)
 
 
+def into_subnet(host_pid: int, subnet) -> None:
+    """Move the veth pair's pod end into ``host_pid``'s network namespace, as ``.2`` of it."""
+    network, network6, _, pod_if = subnet
+    _run("ip", "link", "set", pod_if, "netns", str(host_pid))
+    enter = ["nsenter", "-t", str(host_pid), "-n", "ip"]
+    _run(*enter, "addr", "add", f"{network}.2/24", "dev", pod_if)
+    _run(*enter, "-6", "addr", "add", f"{network6}:2/64", "dev", pod_if, "nodad")
+    _run(*enter, "link", "set", pod_if, "up")
+    _run(*enter, "link", "set", "lo", "up")
+
+
 @contextlib.contextmanager
 def pod(address: str, patches: list, *, subnet=None, hostname: str = "pod"):
     """The TCP client as PID 1 of a PID and network namespace of its own, named ``hostname``.
@@ -65,13 +76,7 @@ def pod(address: str, patches: list, *, subnet=None, hostname: str = "pod"):
     box = Contained(popen, sys.executable)
     try:
         if subnet is not None:
-            network, network6, _, pod_if = subnet
-            _run("ip", "link", "set", pod_if, "netns", str(box.host_pid))
-            enter = ["nsenter", "-t", str(box.host_pid), "-n", "ip"]
-            _run(*enter, "addr", "add", f"{network}.2/24", "dev", pod_if)
-            _run(*enter, "-6", "addr", "add", f"{network6}:2/64", "dev", pod_if, "nodad")
-            _run(*enter, "link", "set", pod_if, "up")
-            _run(*enter, "link", "set", "lo", "up")
+            into_subnet(box.host_pid, subnet)
         yield box
     finally:
         box.kill()
