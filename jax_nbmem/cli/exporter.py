@@ -126,23 +126,14 @@ class Exporter:
         """
         settings = ExporterSettings() if settings is None else settings
         self.settings = settings
-        self.stale_after = settings.stale_after_s
-        self.host, self.port = settings.host, settings.port
-        self.web = settings.web
-        self.insecure = settings.insecure
-        self.interval = settings.interval
-        self.share_dir = settings.share_dir
-        self.defer_to_servers = settings.defer_to_servers
         self._latest: Snapshot | None = None
         self._culled: CullCounts | None = None  # the node's culler's counts (shared directory)
         self._looking_since: float | None = None  # when the refresh under way began
         self._stop = threading.Event()
         self.snapshots = 0
         self.agent: AgentServer | None = None
-        self._agent_wanted = settings.agent
         self._agent_problem: str | None = None
         self._proven_said: tuple[int | None, float] = (None, 0.0)  # (count, when) last logged
-        self.agent_tcp = settings.agent_tcp
         self.pods = pods if pods is not None else settings.pod_directory()
         self.viewer = HostViewer(names=ContainerNames(pods=self.pods))
         self._resolution = ResolutionWriter(settings.visibility)
@@ -162,14 +153,14 @@ class Exporter:
             registrations = self.agent.registry.proven(views)
             host = HostProof.from_registry(registrations, self.viewer, views)
             self._say_proven(len(registrations), taken_at)
-        report = dict(collect(share_dir=self.share_dir, host=host))
+        report = dict(collect(share_dir=self.settings.share_dir, host=host))
         if self.pods is not None:
             report["kubernetes"] = self.pods.health()
         if self.agent is not None:
             self._publish(report, registrations, host)
         deferred = frozenset()
-        if self.defer_to_servers:
-            deferred = frozenset(published_pids(beacon_dirs(self.share_dir)))
+        if self.settings.defer_to_servers:
+            deferred = frozenset(published_pids(beacon_dirs(self.settings.share_dir)))
         took = round(time.monotonic() - began, 4)
         return Snapshot(report, taken_at, took, deferred_pids=deferred)
 
@@ -182,7 +173,7 @@ class Exporter:
             self._proven_said = (count, now)
 
     def _shared(self) -> str | None:
-        return self.share_dir or os.environ.get(ENV_SHARE_DIR) or None
+        return self.settings.share_dir or os.environ.get(ENV_SHARE_DIR) or None
 
     def start_agent(self) -> None:
         """Start the node agent's socket if a share directory is there (see the module).
@@ -191,13 +182,13 @@ class Exporter:
         directory not there yet is logged, and the agent starts once it is.
         """
         shared = self._shared()
-        if not self._agent_wanted or self.agent is not None:
+        if not self.settings.agent or self.agent is not None:
             return
-        if shared is None and self.agent_tcp is None:
+        if shared is None and self.settings.agent_tcp is None:
             return
         if shared is not None and not os.path.isdir(shared):
             return  # said by _say_share_dir; tried again at each refresh
-        server = AgentServer(shared, Registry(self.viewer), tcp=self.agent_tcp,
+        server = AgentServer(shared, Registry(self.viewer), tcp=self.settings.agent_tcp,
                              resolution=self._resolution_for)  # fmt: skip
         server.start()
         self.agent = server
@@ -227,7 +218,8 @@ class Exporter:
         """Write the resolution and clear what dead kernels left; a failure is logged."""
         if self.pods is not None:
             self._resolution.extra_agent = {"kubernetes": report["kubernetes"]}
-        text = self._resolution.text(report, registrations, host.view, interval_s=self.interval)
+        interval_s = self.settings.interval
+        text = self._resolution.text(report, registrations, host.view, interval_s=interval_s)
         if self.agent.directory:  # else TCP alone (no share directory): readers ask the agent
             full = self._resolution.full_text()  # pods' names hidden from the file's readers
             try:
@@ -246,18 +238,19 @@ class Exporter:
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
-            shared = self.share_dir or os.environ.get(ENV_SHARE_DIR)
+            shared = self.settings.share_dir or os.environ.get(ENV_SHARE_DIR)
             self._culled = read_counts([shared]) if shared else None
             self._looking_since = None
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+            self._stop.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
 
     def serve(self, ready=None) -> None:
         """Serve until SIGTERM or SIGINT (or :meth:`stop`); ``ready(url)`` once listening."""
         app = self._wsgi_app()
+        settings = self.settings
         # A class per address family: setting it on the shared class would change every server.
-        server_class = _Server6 if ":" in self.host else _Server
-        server = make_server(self.host, self.port, app, server_class, _QuietHandler)
-        server.tls = self.web.tls
+        server_class = _Server6 if ":" in settings.host else _Server
+        server = make_server(settings.host, settings.port, app, server_class, _QuietHandler)
+        server.tls = settings.web.tls
         self._server = server
         self._say_share_dir()
         try:
@@ -272,10 +265,10 @@ class Exporter:
         refresher.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: threading.Thread(target=server.shutdown).start())
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        scheme = "https" if self.web.tls is not None else "http"
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        scheme = "https" if settings.web.tls is not None else "http"
         url = f"{scheme}://{host}:{server.server_port}/metrics"
-        if self.insecure and not is_loopback(self.host) and self.web.users is None:
+        if settings.insecure and not is_loopback(settings.host) and settings.web.users is None:
             log.warning("jax-nbmem exporter: --insecure: anyone who reaches %s reads it", url)
         if ready is not None:
             ready(url)
@@ -306,12 +299,12 @@ class Exporter:
         # The culler's count, from its file in the shared directory (read with each snapshot).
         registry.register(culled_collector(lambda: self._culled))
         own = make_wsgi_app(registry)
-        written = ScrapeCache(self.stale_after)
+        written = ScrapeCache(self.settings.stale_after_s)
 
         def app(environ, start_response):
             if environ.get("PATH_INFO") == "/healthz":
                 return self._health(start_response)
-            if not self.web.authorized(environ.get("HTTP_AUTHORIZATION")):
+            if not self.settings.web.authorized(environ.get("HTTP_AUTHORIZATION")):
                 start_response("401 Unauthorized", [
                     ("Content-Type", "text/plain; charset=utf-8"),
                     ("WWW-Authenticate", 'Basic realm="jax-nbmem exporter"'),
@@ -349,7 +342,7 @@ class Exporter:
         # the last look is fresh (NVML down is no ill health: it is in /metrics).
         snapshot, looking_since = self.latest(), self._looking_since
         now = time.time()
-        if is_fresh(snapshot, now, self.stale_after, looking_since):
+        if is_fresh(snapshot, now, self.settings.stale_after_s, looking_since):
             status, text = "200 OK", "ok: a fresh look at the node"
         elif snapshot is None:
             status, text = "503 Service Unavailable", "starting: no look at the node yet"
@@ -362,7 +355,7 @@ class Exporter:
 
     def _say_share_dir(self) -> None:
         """Log where beacons are read from: a missing shared directory is never silent."""
-        shared = self.share_dir or os.environ.get(ENV_SHARE_DIR)
+        shared = self.settings.share_dir or os.environ.get(ENV_SHARE_DIR)
         if not shared:
             log.warning(
                 "jax-nbmem exporter: no --share-dir (nor $%s, nor %s): other users' kernels are "
