@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from jax_nbmem.agent.cgroups import Container
 from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.stores import podman_config_path
 
 __all__ = [
     "Claimed",
@@ -202,8 +203,10 @@ def owner_of(
         env = _entry(_root_record(path), "Config", "Env")
         return _hub_user_in(env, f"Docker's record of container {shown}", path)
     if container.runtime == "podman" and container.id:
-        path = os.path.join(podman_root, "overlay-containers", container.id, "userdata",
-                            "config.json")  # fmt: skip
+        try:
+            path = podman_config_path(podman_root, container.id)
+        except LookupError as error:
+            raise FactError(f"container {shown}'s hub user is unknown: {error}") from None
         env = _entry(_root_record(path), "process", "env")
         return _hub_user_in(env, f"rootful Podman's record of container {shown}", path)
     raise FactError(

@@ -24,7 +24,7 @@ import os
 import pwd
 import stat
 
-__all__ = ["PODMAN_ROOT", "docker_name", "podman_name", "rootless_home"]
+__all__ = ["PODMAN_ROOT", "docker_name", "podman_config_path", "podman_name", "rootless_home"]
 
 PODMAN_ROOT = "/var/lib/containers/storage"
 _MAX_CONFIG_BYTES = 4 << 20
@@ -94,6 +94,30 @@ def podman_name(graphroot: str, container_id: str, owner: int = 0) -> dict:
         elif container_id in names:
             return {"name": names[container_id]}
     return {"name_reason": "; ".join(reasons) or f"{container_id[:12]} is not in {graphroot}"}
+
+
+def podman_config_path(graphroot: str, container_id: str) -> str:
+    """Where Podman keeps ``container_id``'s OCI config: the driver store that holds it.
+
+    Each storage driver has its own ``<driver>-containers`` folder (``vfs``, ``overlay``,
+    ``btrfs``, ...), so the record is looked for in every one, never in one driver's name.
+    Raises LookupError, naming each store looked in, when none holds it.
+    """
+    if not container_id or "/" in container_id or container_id.startswith("."):
+        raise LookupError(f"{container_id!r} is not a container id")
+    try:
+        drivers = sorted(e for e in os.listdir(graphroot) if e.endswith("-containers"))
+    except OSError as error:
+        raise LookupError(f"cannot list Podman's store {graphroot}: {error.strerror}") from None
+    for driver in drivers[:_MAX_STORES]:
+        path = os.path.join(graphroot, driver, container_id, "userdata", "config.json")
+        if os.path.lexists(path):
+            return path
+    looked = ", ".join(drivers[:_MAX_STORES]) or "no <driver>-containers folder"
+    raise LookupError(
+        f"no store of Podman's under {graphroot} holds container {container_id[:12]} "
+        f"(looked in: {looked})"
+    )
 
 
 def _podman_list(path: str, owner: int) -> dict[str, str] | str:

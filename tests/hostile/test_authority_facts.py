@@ -75,6 +75,41 @@ def test_a_record_others_could_write_or_without_the_key_names_no_one(tmp_path):
         owner_of(_in_docker("d" * 64), docker_root=str(tmp_path))
 
 
+def _in_podman(container_id: str = CID) -> ProvenProcess:
+    return ProvenProcess(pid=4242, start_ticks=1, uid=1000, user="jovyan", parent_pid=1,
+                         pid_ns=(4, 4026532000), pid_in_container=7,
+                         container=Container(id=container_id, runtime="podman",
+                                             name="jupyter-alice"))  # fmt: skip
+
+
+@pytest.mark.parametrize("driver", ["vfs", "overlay", "btrfs"])
+def test_a_rootful_podman_container_is_whose_its_record_says_on_any_storage_driver(
+    tmp_path, driver
+):
+    # Issue 51 item 1: the record lives under the store of the driver Podman runs with
+    # (docs/containers.md runs --storage-driver=vfs), not under overlay-containers alone.
+    (tmp_path / "overlay-containers").mkdir()  # another driver's store, without this container
+    folder = tmp_path / f"{driver}-containers" / CID / "userdata"
+    folder.mkdir(parents=True)
+    record = folder / "config.json"
+    record.write_text(json.dumps({"process": {"env": ["JUPYTERHUB_USER=alice", "T=s3cret"]}}))
+    record.chmod(0o600)
+    owner = owner_of(_in_podman(), podman_root=str(tmp_path))
+    assert (owner.name, owner.is_hub_user) == ("alice", True)
+    assert "s3cret" not in repr(owner)
+
+
+def test_a_podman_container_in_no_store_names_each_store_looked_in(tmp_path):
+    (tmp_path / "vfs-containers").mkdir()
+    (tmp_path / "overlay-containers").mkdir()
+    with pytest.raises(FactError, match="looked in: overlay-containers, vfs-containers"):
+        owner_of(_in_podman(), podman_root=str(tmp_path))
+    with pytest.raises(FactError, match="cannot list Podman's store"):
+        owner_of(_in_podman(), podman_root=str(tmp_path / "missing"))
+    with pytest.raises(FactError, match="is not a container id"):
+        owner_of(_in_podman("../" + CID), podman_root=str(tmp_path))
+
+
 def test_a_pod_without_its_annotation_and_an_unknown_runtime_name_no_one():
     pod = Container(id=CID, runtime="containerd", name="notebook", pod_uid="u-1",
                     pod="jupyter-x", namespace="jhub", name_reason="pod names unknown")  # fmt: skip

@@ -163,6 +163,18 @@ def test_in_a_container_the_shutdown_advice_works_there(scenario):
     assert f"shutdown {alice.pid_in_container}`" not in line
 
 
+def test_whose_a_kernel_is_comes_from_podmans_record_on_its_vfs_store(scenario):
+    # Issue 51 item 1: the harness runs Podman with --storage-driver=vfs, as the docs do; the
+    # record of each container (root's config.json) lives under vfs-containers, and the owner
+    # root's stop and the culler act on is proven from it.
+    from jax_nbmem.agent.facts import owner_of, prove_process
+
+    for kernel, user in ((scenario.alice, "alice"), (scenario.bob, "bob")):
+        owner = owner_of(prove_process(kernel.pid))
+        assert (owner.name, owner.is_hub_user) == (user, True), owner
+        assert "rootful Podman's record" in owner.source
+
+
 def test_the_agent_logs_what_it_serves_and_is_restarted_after_a_kill(scenario):
     node, agent, alice, bob = scenario.node, scenario.agent, scenario.alice, scenario.bob
     said = agent.stop(signal.SIGKILL)  # its socket stays behind
