@@ -226,6 +226,34 @@ def test_the_cli_answers_without_a_gpu(venv):
     assert "NVML unavailable" in status and "no NVIDIA driver" in status
 
 
+def test_the_systemd_unit_runs_what_the_documented_install_makes(venv):
+    """Issue 51 item 2: docs/containers.md's steps make the unit's ExecStart and its pages.
+
+    The documented environment is a plain venv at /opt/jax_nbmem with ``.[server]``; this
+    venv was made the same way (from the wheel), so the unit with /opt/jax_nbmem read as this
+    venv's folder must name a command that exists, pages that exist, and verify clean.
+    """
+    unit = (ROOT / "deploy" / "jax-nbmem-exporter.service").read_text()
+    steps = (ROOT / "docs" / "containers.md").read_text()
+    assert 'python3 -m venv /opt/jax_nbmem && /opt/jax_nbmem/bin/pip install ".[server]"' in steps
+    (start,) = re.findall(r"^ExecStart=(\S+) exporter ", unit, re.M)
+    assert start == "/opt/jax_nbmem/bin/jax-nbmem"
+    prefix = str(venv["bin"].parent)
+    assert Path(start.replace("/opt/jax_nbmem", prefix)).is_file()
+    (documentation,) = re.findall(r"^Documentation=(.*)$", unit, re.M)
+    for uri in documentation.split():
+        assert uri.startswith("file:/opt/jax_nbmem/"), uri
+        page = Path(uri.removeprefix("file:").replace("/opt/jax_nbmem", prefix))
+        assert page.read_text() == (ROOT / "docs" / page.name).read_text(), uri
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is missing (the unit's paths were checked)")
+    here = venv["cwd"] / "jax-nbmem-exporter.service"
+    here.write_text(unit.replace("/opt/jax_nbmem", prefix))
+    done = subprocess.run(["systemd-analyze", "verify", str(here)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+
+
 @pytest.fixture(scope="module")
 def quickstart(venv, dist) -> dict:
     """The sdist's quickstart notebook, executed as a newcomer would on the simulated GPU.
