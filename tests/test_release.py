@@ -326,3 +326,22 @@ def test_the_html_export_shows_the_panels_snapshot_without_scripts(quickstart, v
     assert "NVIDIA H200 (simulated)" in snapshot[1] and "blocking-preallocation" in snapshot[1]
     extra = len(page.encode()) - (work / "empty.html").stat().st_size
     assert extra < MAX_EXECUTED_BYTES, f"the export weighs {extra:,} bytes over an empty one"
+
+
+def test_pip_uninstall_removes_what_the_wheel_put_in_the_environment(venv):
+    """docs/upgrade.md: the command, both extensions' files and the pages go with the package.
+
+    Last in this module: the environment has no jax_nbmem after it.
+    """
+    prefix = venv["bin"].parent
+    left = [
+        venv["bin"] / "jax-nbmem",
+        prefix / "etc/jupyter/jupyter_server_config.d/jax_nbmem.json",
+        prefix / SHARE / "package.json",
+        prefix / "share/doc/jax_nbmem/upgrade.md",
+    ]
+    assert all(path.exists() for path in left), [str(p) for p in left if not p.exists()]
+    page = (ROOT / "docs" / "upgrade.md").read_text()
+    assert "`pip uninstall jax_nbmem`" in page
+    in_venv(venv, "python", "-m", "pip", "uninstall", "--yes", "jax_nbmem")
+    assert [str(path) for path in left if path.exists()] == []
