@@ -43,6 +43,7 @@ from pathlib import Path
 from jax_nbmem.agent.facts import disagreements
 from jax_nbmem.agent.hostproof import HostProof, host_proof
 from jax_nbmem.cli.hubapi import Hub
+from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop import Kernel, StopError, find, stop
 from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
@@ -166,6 +167,8 @@ class Culler:
         """The candidate's kernel with a proven owner and no contradicting claim, or why not."""
         try:
             kernel = find(candidate.pid, self.share_dir, host)
+            if self.hub is not None:
+                prove_hub_user(kernel, self.hub)  # its hub user from the hub's records
         except StopError as error:
             return None, str(error).removesuffix("; nothing done.")
         if kernel.process is None or kernel.proven_owner is None:

@@ -12,7 +12,8 @@ its claims (its beacon, ``$JUPYTERHUB_USER``, ``$JPY_PARENT_PID``, its command l
 
 - the hub user: :func:`~jax_nbmem.agent.facts.owner_of` (the Unix user on a plain host; a
   pod's annotation or a rootful runtime's record of a container); none proven: the hub is
-  not asked;
+  not asked; on a plain host, the hub's record of the user's server matched to host facts
+  where it shows one (:mod:`jax_nbmem.cli.hubowner`: hubs whose Unix names differ);
 - the server: through the hub, that user's server as the hub records it; without a hub, the
   kernel's real ancestor that is a Jupyter server
   (:func:`~jax_nbmem.agent.authority.parent_server`);
@@ -44,6 +45,7 @@ from jax_nbmem.agent.authority import listed_by, parent_server
 from jax_nbmem.agent.facts import FactError, ProvenKernelId, ProvenProcess, ProvenServer
 from jax_nbmem.agent.facts import disagreements as _disagreements
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
+from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop_target import Kernel, StopError, find
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
 from jax_nbmem.tenants.servers import _terminate, current_user
@@ -206,6 +208,7 @@ def _through_hub(kernel: Kernel, hub: Hub, mine: bool, you: str) -> Plan:
             f"{kernel.label()}: whose it is cannot be proven ({kernel.owner_reason}); what it "
             "claims is not enough to ask the hub for a server; nothing done."
         )
+    prove_hub_user(kernel, hub)  # where its Unix user is not named like its hub user
     _refuse_contradictions(kernel, through_hub=True)
     _known_id(kernel)
     name = kernel.proven_owner.name

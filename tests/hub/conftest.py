@@ -32,7 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -227,10 +227,15 @@ def hub(simgpu_lib):
 
 
 @contextlib.contextmanager
-def running_hub(simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-") -> Iterator[Hub]:
+def running_hub(
+    simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-", unix_prefix: str = ""
+) -> Iterator[Hub]:
     """A hub as the module says, its two users' servers started; ``extra_config`` goes last.
 
-    Skips (saying why) where it cannot run.
+    ``unix_prefix``: each hub user NAME is Unix user ``unix_prefix`` + NAME (as TLJH names
+    them: ``jupyter-NAME``), for a spawner in ``extra_config`` that runs them so; the hub's
+    users (``Hub.alice``, ``Hub.bob``) then carry the hub name with the Unix user's UID and
+    home. Skips (saying why) where it cannot run.
     """
     missing = _missing()
     if missing:
@@ -249,7 +254,8 @@ def running_hub(simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-") ->
         simgpu.chmod(0o755)
         state = SimState(simgpu / "gpu.state").gpu(0, total=80 * GIB)
         state.write()
-        users = [_add_user("jnma"), _add_user("jnmb")]
+        users = [_add_user(unix_prefix + "jnma"), _add_user(unix_prefix + "jnmb")]
+        hub_users = [replace(u, name=u.name.removeprefix(unix_prefix)) for u in users]
         port, api_port, proxy_port = _free_port(), _free_port(), _free_port()
         url = f"http://127.0.0.1:{port}"
         base_env = {
@@ -267,7 +273,8 @@ def running_hub(simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-") ->
         tokens = (secrets.token_hex(24), secrets.token_hex(24))
         config = folder / "jupyterhub_config.py"
         config.write_text(
-            _config(port, api_port, proxy_port, folder, [u.name for u in users], python, tokens)
+            _config(port, api_port, proxy_port, folder, [u.name for u in hub_users], python,
+                    tokens)  # fmt: skip
             + extra_config
         )
         log_path = folder / "hub.log"
@@ -281,10 +288,10 @@ def running_hub(simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-") ->
         root_env = {**env, "PYTHONPATH": str(REPO_ROOT)}
         root_env["LD_LIBRARY_PATH"] = str(simgpu)
         hub = Hub(
-            url, tokens[0], tokens[1], users[0], users[1], folder, share,
+            url, tokens[0], tokens[1], hub_users[0], hub_users[1], folder, share,
             simgpu / "gpu.state", root_env, log_path, process,
         )  # fmt: skip
-        start_servers(hub, *users)
+        start_servers(hub, *hub_users)
         yield hub
     finally:
         if process is not None and process.poll() is None:
