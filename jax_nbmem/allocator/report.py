@@ -25,6 +25,7 @@ __all__ = [
     "format_applied",
     "format_report",
     "kernel_display_name",
+    "overridden_lines",
     "kernel_name",
     "too_late",
 ]
@@ -90,6 +91,24 @@ _EXTRA_MEANING = {
     CLIENT_OPTIONS_ENV: "jax_pjrt_client_create_options at JAX's import: merged after the "
     "variables, so it wins",
 }
+
+
+def overridden_lines(report: AllocatorReport) -> list[str]:
+    """What will make JAX start otherwise than the variables say (empty: nothing)."""
+    settings = report.pending
+    lines = []
+    options = settings.options
+    if options.error:
+        lines.append(f"jax_pjrt_client_create_options breaks the GPU backend: {options.error}")
+    elif options.overrides:
+        said = ", ".join(f"{k}={v!r}" for k, v in options.overrides.items())
+        lines.append(f"jax_pjrt_client_create_options overrides {said}, and JAX merges it last")
+    if settings.chosen_allocator is not None:
+        lines.append(
+            f"XLA_FLAGS sets --xla_gpu_command_buffer_update_mode={settings.extras.update_mode}, "
+            f"so the CUDA plugin will run vmm, not {settings.chosen_allocator}"
+        )
+    return lines
 
 
 def extra_lines(report: AllocatorReport) -> list[str]:

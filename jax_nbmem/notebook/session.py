@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
-from jax_nbmem.allocator.report import cap_report, format_applied, format_report, too_late
+from jax_nbmem.allocator.report import (
+    cap_report,
+    format_applied,
+    format_report,
+    overridden_lines,
+    too_late,
+)
 from jax_nbmem.gpu.frameworks import framework_of_oom
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
 from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
@@ -203,6 +209,9 @@ class KernelSession:
         if result.too_late:
             return result, too_late(mode, self.control.report(), self.in_kernel)
         message = format_applied(result, self.in_kernel)
+        overridden = overridden_lines(self.control.report())
+        if overridden:  # JAX's config or XLA_FLAGS will run something else than this mode
+            message += "\n" + "\n".join(f"  But: {line}." for line in overridden)
         if asked.name == "auto" and self.auto_choice is not None:
             message = f"jax_nbmem: auto chose '{mode}': {self.auto_choice.reason}.\n{message}"
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
