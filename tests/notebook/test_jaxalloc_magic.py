@@ -247,7 +247,8 @@ def test_after_clear_backends_a_new_mode_still_needs_a_restart():
     )
     assert all(o.error is None for o in out), [o.text for o in out]
     assert out[3].stdout.strip() == "False"  # JAX's table is empty again
-    assert "torn down by jax.clear_backends()" in out[4].stdout
+    assert "torn down by jax.extend.backend.clear_backends()" in out[4].stdout
+    assert "never the environment again" in out[4].stdout
     assert "a new mode still needs a restart" in out[4].stdout
     assert "cannot take effect in this IPython session" in out[5].stdout
 
