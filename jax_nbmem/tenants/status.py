@@ -467,7 +467,7 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         lines.extend("  " + line for line in split_lines(split))
     for framework in report.get("frameworks") or []:
         if not framework["started"]:
-            lines.append(f"  {framework['name']}: {framework['reason']}")
+            lines.append(f"Not counted: {framework['name']} ({framework['reason']}).")
     lines.extend(map(warning_line, report["warnings"]))
     if not report["warnings"] and nvml_state["available"]:
         lines.append("No warnings.")

@@ -93,9 +93,9 @@ import jax, jax.numpy as jnp
 jnp.ones(4).block_until_ready()  # JAX's backend starts (on the CPU): the mirror holds its pool
 from jax_nbmem.gpu import frameworks  # loaded, as in a kernel with the extension
 from jax_nbmem.simgpu.mirror import Mirror
-from tests.framework_standins import GiB, installed, torch_standin
+from tests.framework_standins import GiB, installed, tensorflow_standins, torch_standin
 torch = torch_standin(initialized=True, reserved={0: 2 * GiB}, allocated={0: GiB})
-with installed(torch=torch):
+with installed(torch=torch, **tensorflow_standins(started=False, current={0: GiB})):
     mirror = Mirror(os.environ["JAX_NBMEM_SIMGPU_STATE"])
     mirror.step()
     import jax_nbmem.simgpu.mirror as module
@@ -125,3 +125,5 @@ def test_a_kernel_holding_torch_memory_beside_jax_is_split_on_the_simulated_gpu(
     assert row["nvml_bytes"] == pool + 2 * GiB + 300 * MiB
     assert "This kernel's GPU memory by holder:" in result["text"]
     assert "PyTorch 2.00 GiB + CUDA contexts and the rest 300 MiB" in result["text"]
+    # TensorFlow is imported but its runtime never started: said, not asked, not counted.
+    assert "Not counted: tensorflow (imported; its runtime has not started" in result["text"]
