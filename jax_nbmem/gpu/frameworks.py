@@ -226,7 +226,10 @@ def split_lines(rows: list[dict[str, Any]]) -> list[str]:
              "torch": "PyTorch", "cupy": "CuPy", "tensorflow": "TensorFlow (in use)"}  # fmt: skip
     lines = []
     for row in rows:
-        pieces = [f"{names.get(k, k)} {format_bytes(v)}" for k, v in row["parts"].items()]
-        pieces.append(f"CUDA contexts and the rest {format_bytes(row['other_bytes'])}")
-        lines.append(f"GPU {row['gpu']}: {format_bytes(row['nvml_bytes'])} = " + " + ".join(pieces))
+        def said(value: int | None) -> str:
+            return format_bytes(value, missing="unknown")
+
+        pieces = [f"{names.get(k, k)} {said(v)}" for k, v in row["parts"].items()]
+        pieces.append(f"CUDA contexts and the rest {said(row['other_bytes'])}")
+        lines.append(f"GPU {row['gpu']}: {said(row['nvml_bytes'])} = " + " + ".join(pieces))
     return lines

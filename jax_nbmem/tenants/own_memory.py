@@ -53,7 +53,9 @@ def own_split(
     its order; *collective_bytes*: what JAX's collective allocator takes per GPU (None: none).
     """
     gpus = list(gpus)
-    mine = {t.gpu: t.used_bytes for t in tenants if t.pid == own_pid}
+    # This process's rows: by its PID on the host; in a container NVML lists its host PID,
+    # and the attribution marks the row it proved (or inferred) as this process's.
+    mine = {t.gpu: t.used_bytes for t in tenants if t.pid == own_pid or t.kind == "self"}
     frameworks = read_frameworks(cuda_running=bool(mine) and any(mine.values()))
     held = _jax_held_by_ordinal(order, gpus)
     rows = split_own_memory(mine, list(order), held, frameworks, collective_bytes)

@@ -127,3 +127,40 @@ def test_a_kernel_holding_torch_memory_beside_jax_is_split_on_the_simulated_gpu(
     assert "PyTorch 2.00 GiB + CUDA contexts and the rest 300 MiB" in result["text"]
     # TensorFlow is imported but its runtime never started: said, not asked, not counted.
     assert "Not counted: tensorflow (imported; its runtime has not started" in result["text"]
+
+
+def test_in_a_pid_namespace_what_is_not_proven_stays_unknown(sim_state, simgpu_env):
+    """In a container NVML lists the host PID, which this status has no proof of (no agent).
+
+    The frameworks' and JAX's parts are this process's own counters and stay; the kernel's
+    NVML bytes, and so the rest, are unknown: never guessed from another PID's line.
+    """
+    import os
+    import shutil
+    import threading
+
+    import pytest
+
+    from jax_nbmem.simgpu.registrar import Registrar
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("PID namespaces need root and unshare")
+    sim_state.gpu(0, total=16 * GiB).write()
+    server = Registrar(sim_state.path, log=lambda text: None).listen()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        env = {**simgpu_env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ":".join(sys.path)}
+        command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                   sys.executable, "-c", KERNEL_LIKE]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        server.stop()
+        thread.join(10)
+        server.close()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    [row] = result["split"]
+    assert row["parts"]["torch"] == 2 * GiB and row["parts"]["jax_pool"] > 0
+    assert row["nvml_bytes"] is None and row["other_bytes"] is None
+    assert "CUDA contexts and the rest unknown" in result["text"]
