@@ -164,3 +164,22 @@ def test_in_a_pid_namespace_what_is_not_proven_stays_unknown(sim_state, simgpu_e
     assert row["parts"]["torch"] == 2 * GiB and row["parts"]["jax_pool"] > 0
     assert row["nvml_bytes"] is None and row["other_bytes"] is None
     assert "CUDA contexts and the rest unknown" in result["text"]
+
+
+def test_a_beacon_carries_what_else_the_kernel_holds_beside_jax_counters():
+    import types
+
+    from jax_nbmem.notebook.beacon import _add_holders
+
+    report = {
+        "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}],
+        "own_split": [
+            {"gpu": 0, "parts": {"jax_pool": GiB, "torch": 2 * GiB}, "other_bytes": None},
+            {"gpu": 1, "parts": {"cupy": GiB}, "other_bytes": 300 * MiB},
+        ],
+    }
+    session = types.SimpleNamespace(watcher=types.SimpleNamespace(latest=lambda: report))
+    gpus = {"GPU-a": {"bytes_in_use": 0, "pool_bytes": GiB}}
+    _add_holders(gpus, session)
+    # Beside JAX's own counters only; an unknown rest is left out, never 0.
+    assert gpus == {"GPU-a": {"bytes_in_use": 0, "pool_bytes": GiB, "torch_bytes": 2 * GiB}}
