@@ -226,6 +226,7 @@ def split_lines(rows: list[dict[str, Any]]) -> list[str]:
              "torch": "PyTorch", "cupy": "CuPy", "tensorflow": "TensorFlow (in use)"}  # fmt: skip
     lines = []
     for row in rows:
+
         def said(value: int | None) -> str:
             return format_bytes(value, missing="unknown")
 
