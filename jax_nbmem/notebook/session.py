@@ -328,6 +328,8 @@ class KernelSession:
         if framework is not None:  # PyTorch's, CuPy's or TensorFlow's, beside JAX's pool
             try:
                 self._explain_framework_oom(framework)
+                # JAX arrays an error's frames keep alive take the GPU from them too.
+                self._say_error_holds(previous, self.error_hold, execution_count)
             except Exception:
                 log.debug("jax_nbmem: the %s out-of-memory diagnosis failed", framework,
                           exc_info=True)  # fmt: skip

@@ -52,6 +52,17 @@ def test_torch_beside_jax_is_split_explained_and_shown(sim_state, simgpu_env):
         assert "restart this kernel" in oom  # JAX had started: its settings are taken
         assert oom.count("ran out of GPU memory") == 1
 
+        # JAX arrays an error's frames keep alive are said too: they take the GPU from torch.
+        held, error = execute(
+            client,
+            "def step():\n"
+            "    batch = jnp.ones((128 * 1024 * 1024,), jnp.uint8)\n"
+            "    raise sys.modules['torch'].OutOfMemoryError('CUDA OOM')\n"
+            "step()",
+        )
+        assert error == "OutOfMemoryError"
+        assert "this error's frames now hold 128 MiB" in held and "batch in step()" in held
+
         panel, error = execute(client, "%jaxmem panel text")
         assert error is None, panel
         assert "This kernel by holder: GPU 0:" in panel and "PyTorch 2.00 GiB" in panel
