@@ -16,6 +16,10 @@ are skipped), a fresh Python process starts JAX on one GPU in that mode and reco
   of at most 10 probes within a time budget: a failed allocation can take seconds) next to the
   free room inside the pool and ``largest_free_block_bytes``.
 
+Then the cases of ``gpu_check_cases.py`` (vmm, address, off + cuda_async, cuda_async past its
+limit, ``bytes_reserved``, a variable changed after start, PyTorch + JAX, CuPy + JAX), each
+skipped with its reason where it cannot run.
+
 ``--quick`` (under 90 s) measures the footprint and the monitor of on, off and cuda_async only.
 The GPU is the one CUDA_VISIBLE_DEVICES names when it is set (UUIDs and MIG instances
 included; it is passed on as it is), else ``--gpu`` (by its UUID; a GPU in MIG mode by its
@@ -46,6 +50,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpu_check_cases  # noqa: E402  (beside this file: the source's cases, docs/magics.md)
 
 from jax_nbmem.allocator import jaxlib, modes  # noqa: E402
 from jax_nbmem.gpu import jaxstats, nvml, visible  # noqa: E402
@@ -67,7 +74,7 @@ TOLERANCE = 16 * MIB
 EXPECTED_SHARE = {
     "on": (0.70, 0.80),
     "fraction 0.3": (0.27, 0.33),
-    "cuda_async": (0.70, 0.80),  # allocates its pool up front, like BFC
+    "cuda_async": (0.70, 0.80),  # takes its pool when the backend starts
     "off": (0.0, 0.10),
     "platform": (0.0, 0.10),
 }
@@ -540,9 +547,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="footprints of on, off, cuda_async")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print("@@" + json.dumps(child(args.child, args.gpu, args.quick)))
+        return 0
+    if args.case:
+        print("@@" + json.dumps(gpu_check_cases.case_child(args.case, args.gpu), default=str))
         return 0
     why = gpu_present(args.gpu)
     if why is not None:
@@ -560,6 +571,8 @@ def main() -> int:
         results.append(run_mode(mode, gpu, devices, args.timeout, args.quick))
         print(f"  {mode}: {results[-1].get('wall_s', 0):.0f} s", flush=True)
     verdicts = print_tables(results)
+    if not args.quick and any("start" in r for r in results):  # the source's cases, then
+        verdicts += gpu_check_cases.check_all(__file__, gpu, devices, args.timeout, results)
     status, reason = verdict(results, verdicts)
     print(f"\n{len(chosen_modes)} modes in {time.perf_counter() - began:.0f} s")
     if reason:

@@ -43,8 +43,12 @@ def status():
     Keys: ``nvml`` (``available``, ``reason``), ``gpus`` (``used_bytes`` as nvidia-smi shows
     it, the driver's ``reserved_bytes`` apart, ``free_bytes``, ...), ``processes`` (``pid``,
     ``gpu``, ``used_bytes``, ``kind``, ``notebook``, ``preallocated``, ...), ``warnings`` (``kind``,
-    ``gpu``, ``pid``, ``message``); with the extension loaded also ``allocator``. Works without
-    a GPU (then ``nvml.available`` is False and ``reason`` says why). Never starts JAX.
+    ``gpu``, ``pid``, ``message``); with the extension loaded also ``allocator``, ``own_split``
+    (this kernel's GPU memory by holder: JAX's pool, JAX's collective allocator, PyTorch, CuPy,
+    TensorFlow, and ``other_bytes``: CUDA's contexts and the rest) and ``frameworks`` (each
+    other framework imported, whether it started on the GPU, and why not). Works without a GPU
+    (then ``nvml.available`` is False and ``reason`` says why). Never starts JAX, and never
+    imports or starts PyTorch, CuPy or TensorFlow.
     """
     from jax_nbmem.tenants.status import collect
 

@@ -242,3 +242,57 @@ def test_readings_on_the_simulated_mig_instance_ask_nvidia_smi_nothing(
     assert found["mig"]["parent_total"] == 141 * GIB
     result = mode_result("on", found, found, found)
     assert all(c[1] is not False for c in check.checks(result)), check.checks(result)
+
+
+# --- the source's cases (benchmarks/gpu_check_cases.py), on recorded readings ---------------
+
+
+def _cases():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        return _gpu_check().gpu_check_cases
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+def test_each_case_is_judged_by_what_the_source_says():
+    cases = _cases()
+    vmm = {"case": "vmm", "total": TOTAL, "stats_start": None, "self_start": 500 * MIB,
+           "self_grown": 1524 * MIB, "self_freed": 1524 * MIB}  # fmt: skip
+    assert all(passed for _, passed, _ in cases.case_checks(vmm))
+    vmm_with_stats = {**vmm, "stats_start": {"bytes_in_use": 0}}
+    assert [p for _, p, _ in cases.case_checks(vmm_with_stats)] == [False, True]
+    lazy = {"case": "off, cuda_async", "total": TOTAL, "self_start": 600 * MIB}
+    assert cases.case_checks(lazy)[0][1] is True
+    eager = {**lazy, "self_start": int(0.75 * TOTAL)}
+    assert cases.case_checks(eager)[0][1] is False
+    grown = {"bytes_limit": int(0.1 * TOTAL), "bytes_in_use": int(0.2 * TOTAL)}
+    past = {"case": "cuda_async past its limit", "total": TOTAL, "stats_grown": grown}
+    assert cases.case_checks(past)[0][1] is True
+    kept = {"case": "changed after start", "total": TOTAL,
+            "stats_after_clear": {"bytes_limit": int(0.75 * TOTAL)}}  # fmt: skip
+    assert cases.case_checks(kept)[0][1] is True
+    assert cases.case_checks({**kept, "stats_after_clear": None})[0][1] is None  # platform: none
+
+
+def test_framework_cases_are_skipped_with_the_reason_where_not_installed(monkeypatch):
+    cases = _cases()
+    monkeypatch.setattr(cases.importlib.util, "find_spec", lambda name: None)
+    assert cases.skip_reason("torch + JAX", ("default",)) == "torch is not installed"
+    assert cases.skip_reason("address", ("default", "vmm")) == (
+        "the installed jaxlib does not accept address"
+    )
+    rows = cases.case_verdicts([{"case": "cupy + JAX", "skipped": "cupy is not installed"}])
+    assert rows == [("cupy + JAX", "ran", None, "cupy is not installed")]
+    row = {"parts": {"torch": GIB, "jax_pool": GIB}, "other_bytes": 500 * MIB}
+    split = {"case": "torch + JAX", "untouched": True, "framework_says": GIB, "split": [row]}
+    assert [p for _, p, _ in cases.case_checks(split)] == [True, True, True]
+
+
+def test_bytes_reserved_is_checked_in_every_bfc_mode():
+    cases = _cases()
+    results = [{"mode": "on", "start": {"jax_bytes_reserved": 0}},
+               {"mode": "platform", "start": {"jax_bytes_reserved": None}},
+               {"mode": "off", "start": {"jax_bytes_reserved": 4096}}]  # fmt: skip
+    judged = [(mode, passed) for mode, _, passed, _ in cases.reserved_checks(results)]
+    assert judged == [("on", True), ("off", False)]

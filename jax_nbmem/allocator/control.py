@@ -13,6 +13,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jax_nbmem.allocator.extras import EXTRA_VARIABLES, cuda_visible_devices, live_client_options
 from jax_nbmem.allocator.jaxlib import (
     MANAGED_VARIABLES,
     Effective,
@@ -26,6 +27,7 @@ from jax_nbmem.gpu.jaxstats import (
     backend_bridge,
     backend_initialized,
     initialized_platforms,
+    note_limit_held,
 )
 
 __all__ = [
@@ -90,6 +92,20 @@ class ApplyResult:
     replaced_outside: dict[str, str] = field(default_factory=dict)
 
 
+def _options_dict(settings: Effective) -> dict | None:
+    options = settings.options
+    if options.form is None:
+        return None
+    return {"form": options.form, "overrides": dict(options.overrides), "error": options.error}
+
+
+def _overridden_by(settings: Effective) -> str | None:
+    """What made another allocator run than the one chosen (None: the chosen one runs)."""
+    if settings.chosen_allocator is None:
+        return None
+    return f"XLA_FLAGS --xla_gpu_command_buffer_update_mode={settings.extras.update_mode}"
+
+
 @dataclass(frozen=True)
 class AllocatorReport:
     """Everything ``%jaxalloc`` with no argument shows."""
@@ -101,9 +117,17 @@ class AllocatorReport:
     backend: BackendStart | None
     backend_started: bool
     jaxlib: JaxlibInfo
-    # The backend was started and then torn down by jax.clear_backends(): JAX's table of
-    # backends is empty, but the GPU settings it took stay; a new mode needs a new process.
+    # The backend was started and then torn down by jax.extend.backend.clear_backends()
+    # (jax.clear_backends() before jax 0.4.36): JAX's table of backends is empty, but the GPU
+    # settings it took stay; a new mode needs a new process.
     backends_cleared: bool = False
+    # The variables beyond the four that change what JAX holds (see allocator.extras), as now.
+    extra_variables: tuple[Variable, ...] = ()
+    # jax_cuda_visible_devices as the user's JAX holds it (None: all, or JAX not imported).
+    cuda_visible_devices: tuple[int, ...] | None = None
+
+    def _in_effect(self) -> Effective:
+        return self.backend.effective if self.backend is not None else self.pending
 
     def to_dict(self) -> dict:
         """A JSON-friendly form."""
@@ -129,6 +153,13 @@ class AllocatorReport:
             "backends_cleared": self.backends_cleared,
             "backend": backend,
             "jaxlib": self.jaxlib.version,
+            "extra_variables": [vars(v) for v in self.extra_variables],
+            "cuda_visible_devices": (
+                list(self.cuda_visible_devices) if self.cuda_visible_devices else None
+            ),
+            "collective_bytes": self._in_effect().collective_bytes,
+            "client_options": _options_dict(self._in_effect()),
+            "allocator_overridden_by": _overridden_by(self._in_effect()),
             "fraction_variable": self.jaxlib.fraction_variable,
             "allocators": list(self.jaxlib.allocators),
         }
@@ -186,8 +217,9 @@ class AllocatorControl:
     def backend_started(self) -> bool:
         """Whether JAX's backend has started (then no mode change can take effect here).
 
-        Stays True after ``jax.clear_backends()``: the table of backends is empty again, but
-        the GPU settings were taken once, and a new mode still needs a new process.
+        Stays True after ``jax.extend.backend.clear_backends()``: the table of backends is
+        empty again, but the GPU settings were taken once, and a new mode still needs a new
+        process.
         """
         return self.backend is not None or self._probe()
 
@@ -310,18 +342,27 @@ class AllocatorControl:
     def _record_start(
         self, variables: dict[str, str], *, cell: int | None, exact: bool, seen: str = "now"
     ) -> None:
+        # The variables beyond the four are not followed cell by cell: as they are now.
+        read = {**self._extra_variables(), **variables}
+        started = effective(read, self.jaxlib, live_client_options(self._environ))
         self.backend = BackendStart(
             platforms=self._platforms(),
             variables=dict(variables),
-            effective=effective(variables, self.jaxlib),
+            effective=started,
             cell=cell,
             exact=exact,
             seen=seen,
         )
+        # cuda_async's bytes_limit is memory it holds only when it took its pool up front.
+        note_limit_held(started.allocator != "cuda_async" or bool(started.pool_fraction))
+
+    def _extra_variables(self) -> dict[str, str]:
+        names = [name for name, _ in EXTRA_VARIABLES] + ["XLA_FLAGS"]
+        return {name: self._environ[name] for name in names if name in self._environ}
 
     def pending(self) -> Effective:
         """What JAX's backend would start with now, from the variables as they are."""
-        return effective(self._environ, self.jaxlib)
+        return effective(self._environ, self.jaxlib, live_client_options(self._environ))
 
     def report(self) -> AllocatorReport:
         """The requested mode, the variables in effect, and the backend's state."""
@@ -337,4 +378,8 @@ class AllocatorControl:
             backend_started=running or self.backend is not None,
             jaxlib=self.jaxlib,
             backends_cleared=self.backend is not None and not running,
+            extra_variables=tuple(
+                Variable(name, value, "outside") for name, value in self._extra_variables().items()
+            ),
+            cuda_visible_devices=cuda_visible_devices(),
         )

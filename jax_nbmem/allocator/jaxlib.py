@@ -1,7 +1,10 @@
 """What the installed jaxlib reads: its allocator variables, their values, and how it reads them.
 
 JAX's GPU client reads its allocator settings from four environment variables, once, when the
-backend starts (``jaxlib/xla_client.py``, ``generate_pjrt_gpu_plugin_options``). This module knows
+backend starts (``jaxlib/xla_client.py``, ``generate_pjrt_gpu_plugin_options``, called when the
+CUDA plugin registers; ``jax.extend.backend.clear_backends()`` — ``jax.clear_backends()`` before
+jax 0.4.36 — makes a new client from the same options, never re-reading the environment; what
+else changes the outcome is in :mod:`.extras`). This module knows
 those variables, which names and values the *installed* jaxlib accepts, and what a set of variables
 means. It never imports jax or jaxlib: reading the version and the source text is enough, and an
 import could be the first step towards starting the backend in the wrong mode.
@@ -14,9 +17,18 @@ import importlib.metadata
 import importlib.util
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from jax_nbmem.allocator.extras import (
+    FROM_ENVIRON,
+    ClientOptions,
+    Extras,
+    client_options,
+    read_extras,
+)
 
 __all__ = [
     "ALLOCATOR",
@@ -41,9 +53,10 @@ MANAGED_VARIABLES = (PREALLOCATE, FRACTION, FRACTION_DEPRECATED, ALLOCATOR)
 DEFAULT_FRACTION = 0.75
 # jaxlib turns preallocation off only for these exact spellings; "no" or "off" leave it on.
 _PREALLOCATE_FALSE = ("false", "False", "0")
-# When BFC cannot take its whole pool at the first allocation it asks again for 0.9 times as
-# much, and again, until it gets it (XLA's gpu_helpers): a late preallocator holds
-# fraction x total x 0.9**k.
+# When BFC cannot take the region it wants it asks again for 0.9 times as much, and again,
+# until it gets it or the size falls below the allocation that asked (``BFCAllocator::Extend``,
+# ``kBackpedalFactor = 0.9``, in XLA's tsl bfc_allocator.cc; only the first time it backs off):
+# a late preallocator holds fraction x total x 0.9**k.
 RETRY_FACTOR = 0.9
 
 # Fallback when the installed xla_client.py cannot be read: values by the release that added
@@ -54,21 +67,27 @@ _ALLOCATORS_BY_VERSION = (
     ((0, 10), ("vmm",)),
     ((0, 11), ("address",)),
 )
-# XLA_CLIENT_MEM_FRACTION is read from jaxlib 0.4.33 on (0.4.32 was never released); from
-# then on the deprecated name is still read, and both at once raise ValueError.
-_NEW_FRACTION_SINCE = (0, 4, 33)
+# XLA_CLIENT_MEM_FRACTION is read from jaxlib 0.4.32 on (yanked from PyPI, still installable
+# by its exact version); from then on the deprecated name is still read, and both at once raise
+# ValueError.
+_NEW_FRACTION_SINCE = (0, 4, 32)
 
 # What each allocator does with the pool (XLA's gpu_helpers.cc, bfc_allocator.cc,
 # gpu_cudamallocasync_allocator.cc, se_gpu_pjrt_client.cc): whether it takes
-# fraction x total at the first allocation when preallocation is on, and whether that
-# fraction caps it. None: not modelled.
+# fraction x total up front when preallocation is on (BFC at its first allocation, cuda_async
+# when the backend starts: CreateCudaAsyncAllocator calls SetStreamAndPreallocateMemory at
+# client creation), and whether that fraction caps it. None: not modelled.
 _POOLS = {
     "default": (True, True),  # BFC
     "bfc": (True, True),
-    "cuda_async": (True, False),  # allocates its pool up front and keeps it; no cap
+    "cuda_async": (True, False),  # takes its pool when the backend starts and keeps it; no cap
     "platform": (False, False),  # cudaMalloc per buffer: no pool at all
-    "vmm": (False, None),  # built without a preallocate argument
-    "address": (None, None),  # jaxlib 0.11+; not modelled by jax_nbmem
+    # A DeviceAddressAllocator (CudaDeviceAddressVmmAllocator::Create), not a
+    # MultiDeviceAdapter: no preallocation, memory_fraction caps it, memory_stats() is None.
+    "vmm": (False, True),
+    # jaxlib 0.11: a synchronous passthrough (StreamExecutorAddressAllocator) that bypasses
+    # BFC: each buffer allocated and freed directly, no pool (jax's gpu_memory_allocation.rst).
+    "address": (False, False),
 }
 
 
@@ -116,7 +135,10 @@ class Effective:
     """What jaxlib will make of a set of variables, read the way ``xla_client.py`` reads them.
 
     ``error`` is set when jaxlib would refuse them (it raises ValueError, and JAX carries on
-    without its GPU backend).
+    without its GPU backend). ``extras`` are the settings beyond the allocator trio
+    (:mod:`.extras`); ``options`` what ``jax_pjrt_client_create_options`` overrides;
+    ``chosen_allocator`` the allocator the variables (or options) name when something else
+    (``XLA_FLAGS``' command-buffer update mode) makes another one run.
     """
 
     allocator: str
@@ -124,6 +146,25 @@ class Effective:
     fraction: float
     fraction_set: bool
     error: str | None = None
+    extras: Extras = Extras()
+    options: ClientOptions = ClientOptions(None)
+    chosen_allocator: str | None = None
+
+    @property
+    def collective_bytes(self) -> int | None:
+        """What the collective-memory allocator takes per GPU at start, outside memory_stats().
+
+        None when none is asked for, and with ``platform`` (XLA warns and takes none) or
+        ``vmm`` (its branch builds no collective allocator).
+        """
+        if self.error or self.allocator in ("platform", "vmm", "address"):
+            return None
+        return self.extras.collective_bytes
+
+    @property
+    def async_prealloc(self) -> bool:
+        """Whether ``cuda_async`` takes memory up front with preallocation off (TF's variable)."""
+        return self.allocator == "cuda_async" and bool(self.extras.async_prealloc)
 
     @property
     def mode_name(self) -> str:
@@ -150,6 +191,9 @@ class Effective:
         takes_pool, _ = _POOLS.get(self.allocator, (None, None))
         if takes_pool is None:
             return None
+        if self.allocator == "cuda_async" and not self.preallocate and self.extras.async_prealloc:
+            # -1 takes the whole pool size; N > 0 takes N bytes, no share of the GPU.
+            return self.fraction if self.extras.async_prealloc == -1 else None
         return self.fraction if takes_pool and self.preallocate else 0.0
 
     @property
@@ -168,16 +212,32 @@ class Effective:
                 "no pool, and memory_stats() reports nothing"
             )
         if self.allocator == "vmm":
-            return "vmm allocator: no preallocation, grows on demand"
+            forced = " (forced by XLA_FLAGS' command-buffer update mode)" if (
+                self.chosen_allocator and self.chosen_allocator != "vmm") else ""  # fmt: skip
+            return (
+                f"vmm allocator{forced}: no preallocation, grows on demand up to {share} of "
+                "GPU memory; memory_stats() reports nothing"
+            )
         if self.allocator == "address":
-            return "address allocator (jaxlib 0.11+), as jaxlib defines it"
+            return (
+                "address allocator: a synchronous passthrough that allocates and frees each "
+                "buffer directly, bypassing BFC; no pool"
+            )
         if self.allocator == "cuda_async":
-            if self.preallocate:
+            if self.preallocate or self.extras.async_prealloc == -1:
                 return (
-                    f"cuda_async allocator, allocates a pool of {share} of GPU memory at the "
-                    "first allocation and keeps it; the fraction is no cap: it grows past it"
+                    f"cuda_async allocator, takes a pool of {share} of GPU memory when the "
+                    "backend starts and keeps it; the fraction is no cap: it grows past it"
                 )
-            return "cuda_async allocator, no preallocation: grows on demand, with no cap"
+            if self.extras.async_prealloc:
+                return (
+                    f"cuda_async allocator, takes {self.extras.async_prealloc} bytes when the "
+                    "backend starts (TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC); grows on demand"
+                )
+            return (
+                "cuda_async allocator, no preallocation: takes nothing up front, grows on "
+                "demand with no cap; what it keeps after freeing depends on the XLA version"
+            )
         if self.preallocate:
             return (
                 f"BFC allocator, preallocates {share} of GPU memory at the first allocation "
@@ -318,9 +378,43 @@ def installed_jaxlib() -> JaxlibInfo:
     return _jaxlib_info(version, _xla_client_source() if version else None)
 
 
-def effective(environ: Mapping[str, str], jaxlib: JaxlibInfo | None = None) -> Effective:
-    """Read ``environ`` exactly as jaxlib will when its GPU backend starts."""
+def effective(
+    environ: Mapping[str, str], jaxlib: JaxlibInfo | None = None, options: Any = FROM_ENVIRON
+) -> Effective:
+    """Read ``environ`` exactly as jaxlib will when its GPU backend starts.
+
+    *options*: ``jax_pjrt_client_create_options`` as the process's JAX holds it (see
+    :func:`.extras.live_client_options`); by default what ``environ`` says of it.
+    """
     jaxlib = jaxlib or installed_jaxlib()
+    base = _from_variables(environ, jaxlib)
+    release = _version_tuple(jaxlib.version) if jaxlib.version else None
+    extras = read_extras(environ, release)
+    if options is FROM_ENVIRON:
+        options = environ.get("JAX_PJRT_CLIENT_CREATE_OPTIONS") or None
+    merged = client_options(options, release)
+    allocator = str(merged.overrides.get("allocator", base.allocator)).lower()
+    preallocate = merged.overrides.get("preallocate", base.preallocate)
+    fraction = merged.overrides.get("memory_fraction", base.fraction)
+    fraction_set = base.fraction_set or "memory_fraction" in merged.overrides
+    if "collective_memory_size" in merged.overrides:
+        extras = replace(
+            extras, collective_bytes=merged.overrides["collective_memory_size"] or None
+        )
+    error = base.error or merged.error or (extras.errors[0] if extras.errors else None)
+    if "allocator" in merged.overrides and allocator not in jaxlib.allocators and not error:
+        error = f"jax_pjrt_client_create_options' allocator {allocator!r} is unknown to the plugin"
+    chosen = allocator
+    if extras.vmm_forced and not error:
+        allocator = "vmm"
+    return Effective(
+        allocator, preallocate, fraction, fraction_set, error, extras, merged,
+        chosen if chosen != allocator else None,
+    )  # fmt: skip
+
+
+def _from_variables(environ: Mapping[str, str], jaxlib: JaxlibInfo) -> Effective:
+    """The allocator trio as ``generate_pjrt_gpu_plugin_options`` reads it."""
     allocator = environ.get(ALLOCATOR, "default").lower()
     # A jaxlib that does not know a name simply ignores it.
     values = [environ.get(name, "") for name in jaxlib.fraction_variables]

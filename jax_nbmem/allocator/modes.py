@@ -25,9 +25,11 @@ _ALLOCATOR_HELP = {
     "bfc": "XLA's best-fit-with-coalescing allocator (the default), preallocation as configured",
     "platform": "CUDA malloc/free for every buffer: no pool, frees memory, slow",
     "cuda_async": "CUDA's stream-ordered allocator (cudaMallocAsync): with preallocation on it "
-    "allocates its pool up front and keeps it, and the fraction is no cap",
-    "vmm": "virtual-memory-management allocator (jaxlib 0.10+): no preallocation, grows on demand",
-    "address": "address-space allocator (jaxlib 0.11+)",
+    "takes its pool when the backend starts and keeps it, and the fraction is no cap",
+    "vmm": "CUDA virtual-memory-management allocator (jaxlib 0.10+): no preallocation, grows "
+    "on demand up to the fraction; memory_stats() reports nothing",
+    "address": "a synchronous passthrough (jaxlib 0.11+): each buffer allocated and freed "
+    "directly, bypassing BFC; no pool",
 }
 
 

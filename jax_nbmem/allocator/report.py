@@ -7,15 +7,25 @@ from typing import Any
 
 from jax_nbmem.allocator.caps import MemoryCap, caps_by_gpu, has_caps, pool_under_cap
 from jax_nbmem.allocator.control import AllocatorReport, ApplyResult
+from jax_nbmem.allocator.extras import (
+    ABORT_COLLECTIVES,
+    ASYNC_PREALLOC,
+    CLIENT_OPTIONS_ENV,
+    COLLECTIVE_MEM,
+    USE_TFRT,
+)
+from jax_nbmem.allocator.jaxlib import Effective
 from jax_nbmem.allocator.modes import AllocatorMode
 from jax_nbmem.units import format_bytes
 
 __all__ = [
     "cap_lines",
     "cap_report",
+    "extra_lines",
     "format_applied",
     "format_report",
     "kernel_display_name",
+    "overridden_lines",
     "kernel_name",
     "too_late",
 ]
@@ -60,10 +70,82 @@ def _started_line(report: AllocatorReport) -> str:
         line += "\n               no GPU backend: allocator settings do not apply to the CPU"
     if report.backends_cleared:
         line += (
-            "\n               then torn down by jax.clear_backends(); JAX keeps the GPU "
-            "settings it took, so a new mode still needs a restart"
+            "\n               then torn down by jax.extend.backend.clear_backends() "
+            "(jax.clear_backends() before jax 0.4.36): a new client gets the options the CUDA "
+            "plugin took when it registered, never the environment again (only jax config "
+            "options are read anew), so a new mode still needs a restart"
         )
     return line
+
+
+# What each extra variable does, in one line (see allocator.extras for the source lines).
+_EXTRA_MEANING = {
+    COLLECTIVE_MEM: "a separate collective-memory allocator takes this many MiB per GPU at "
+    "start, outside memory_stats() (none with platform or vmm)",
+    ABORT_COLLECTIVES: "abort collectives when a peer fails (jaxlib 0.7.0+); not a memory "
+    "setting, but a value other than an integer stops the GPU backend",
+    USE_TFRT: "use the TFRT GPU client (jaxlib 0.7.1+); a value other than an integer stops the "
+    "GPU backend",
+    ASYNC_PREALLOC: "cuda_async takes memory when the backend starts even with preallocation "
+    "off (-1: its whole pool size; N: N bytes)",
+    CLIENT_OPTIONS_ENV: "jax_pjrt_client_create_options at JAX's import: merged after the "
+    "variables, so it wins",
+}
+
+
+def overridden_lines(report: AllocatorReport) -> list[str]:
+    """What will make JAX start otherwise than the variables say (empty: nothing)."""
+    settings = report.pending
+    lines = []
+    options = settings.options
+    if options.error:
+        lines.append(f"jax_pjrt_client_create_options breaks the GPU backend: {options.error}")
+    elif options.overrides:
+        said = ", ".join(f"{k}={v!r}" for k, v in options.overrides.items())
+        lines.append(f"jax_pjrt_client_create_options overrides {said}, and JAX merges it last")
+    if settings.chosen_allocator is not None:
+        lines.append(
+            f"XLA_FLAGS sets --xla_gpu_command_buffer_update_mode={settings.extras.update_mode}, "
+            f"so the CUDA plugin will run vmm, not {settings.chosen_allocator}"
+        )
+    return lines
+
+
+def extra_lines(report: AllocatorReport) -> list[str]:
+    """What else decides the pool: the extra variables, JAX's client options, its GPU list."""
+    settings: Effective = report.backend.effective if report.backend is not None else report.pending
+    lines = [
+        f"{v.name}={v.value}: {_EXTRA_MEANING[v.name]}"
+        for v in report.extra_variables
+        if v.name in _EXTRA_MEANING
+    ]
+    collective = settings.collective_bytes
+    if collective:
+        lines.append(
+            f"collective memory: {format_bytes(collective)} per GPU beside the pool, counted "
+            "in what this kernel holds"
+        )
+    options = settings.options
+    if options.error:
+        lines.append(f"jax_pjrt_client_create_options breaks the GPU backend: {options.error}")
+    elif options.overrides:
+        said = ", ".join(f"{k}={v!r}" for k, v in options.overrides.items())
+        lines.append(
+            f"jax_pjrt_client_create_options ({options.form}) overrides {said}: JAX merges "
+            "it after the variables, so it wins over what %jaxalloc set"
+        )
+    if settings.chosen_allocator is not None:
+        lines.append(
+            f"XLA_FLAGS sets --xla_gpu_command_buffer_update_mode={settings.extras.update_mode}, "
+            f"so the CUDA plugin runs vmm, not the chosen {settings.chosen_allocator}"
+        )
+    if report.cuda_visible_devices is not None:
+        devices = ", ".join(map(str, report.cuda_visible_devices))
+        lines.append(
+            f"jax_cuda_visible_devices={devices}: JAX makes a client, and a pool, only on "
+            "these CUDA devices"
+        )
+    return lines
 
 
 def cap_lines(
@@ -153,6 +235,8 @@ def format_report(report: AllocatorReport, caps: Sequence[str] = ()) -> str:
         lines.append(f"  next start:  {report.pending.mode_name} — {report.pending.describe()}")
     for i, line in enumerate(caps):
         lines.append(("  cap:         " if i == 0 else " " * 15) + line)
+    for i, line in enumerate(extra_lines(report)):
+        lines.append(("  also read:   " if i == 0 else " " * 15) + line)
     lines.append(f"  jaxlib:      {report.jaxlib.describe()}")
     return "\n".join(lines)
 

@@ -84,6 +84,8 @@ class JaxNbMemProvisioner(LocalProvisioner):
             "claims_dir": dirs[-1] if dirs else None,
             "claim_key": str(self.kernel_id),
             "status": lambda: collect(environ=env, share_dir=share or None),
+            # At launch the kernel has imported nothing yet: this server's modules are not its.
+            "frameworks": (),
         }
         try:
             mode, choice = decide(requested, **options)

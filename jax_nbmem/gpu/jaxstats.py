@@ -26,7 +26,9 @@ __all__ = [
     "host_rss_bytes",
     "initialized_platforms",
     "is_resource_exhausted",
+    "held_of",
     "live_array_bytes",
+    "note_limit_held",
 ]
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -39,9 +41,13 @@ GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 _OOM_MARKER = "RESOURCE_EXHAUSTED"
 
 _process_handle: Any = None
+# Whether a bytes_limit without pool_bytes (cuda_async's counters) is memory the allocator
+# holds: only when it took its pool when the backend started. Told by the allocator's control
+# when it records the start; None: not told (then read from the environment, see held_of).
+_limit_held: bool | None = None
 # jax.local_devices() takes JAX's backend lock; the devices do not change once the backend is
 # up, so they are listed once and kept, with the backends table they came from (a new table,
-# after jax.clear_backends(), means new devices).
+# after jax.extend.backend.clear_backends(), means new devices).
 _devices_of: tuple[Any, list[Any], list[Any]] | None = None  # (table, all, GPUs)
 
 
@@ -71,11 +77,8 @@ class DeviceStats:
 
     @property
     def held_bytes(self) -> int | None:
-        """What JAX's allocator holds from the GPU: ``pool_bytes`` (BFC), else ``bytes_limit``.
-
-        cuda_async reports no pool, and its pool is allocated up front to its limit.
-        """
-        return self.pool_bytes if self.pool_bytes is not None else self.bytes_limit
+        """What JAX's allocator holds from the GPU (see :func:`held_of`); None: not known."""
+        return held_of(self.pool_bytes, self.bytes_limit)
 
     @property
     def pool_free_bytes(self) -> int | None:
@@ -85,11 +88,42 @@ class DeviceStats:
         return max(0, self.pool_bytes - self.bytes_in_use)
 
 
+def note_limit_held(held: bool | None) -> None:
+    """Say whether ``bytes_limit`` alone (no ``pool_bytes``) is held memory in this process.
+
+    True for ``cuda_async`` when it took its pool at the backend's start (preallocation on, or
+    ``TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC=-1``); False with preallocation off, where
+    ``bytes_limit`` is only the pool's release threshold and nothing was taken up front.
+    """
+    global _limit_held
+    _limit_held = held
+
+
+def held_of(pool_bytes: int | None, bytes_limit: int | None) -> int | None:
+    """What JAX's allocator holds from the GPU, from its counters.
+
+    ``pool_bytes`` where BFC reports it. Without it (``cuda_async``), ``bytes_limit`` only when
+    that pool was taken up front; with preallocation off XLA still sets ``bytes_limit`` (older
+    versions) but takes nothing, and what it keeps after freeing depends on the XLA version:
+    None (not known), never the limit. Never ``bytes_reserved``, which XLA leaves at 0.
+    """
+    if pool_bytes is not None:
+        return pool_bytes
+    if bytes_limit is None:
+        return None
+    held = _limit_held
+    if held is None:  # not told how the backend started: the environment as it is now
+        held = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "") not in ("false", "False", "0")
+        held = held or os.environ.get("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "") == "-1"
+    return bytes_limit if held else None
+
+
 def backend_bridge() -> Any:
     """JAX's bridge module when JAX is imported and the module keeps its backends in a dict.
 
     ``None`` otherwise (JAX not imported, still importing, or its internals moved). The table
-    is replaced by ``jax.clear_backends()``: a caller reads ``bridge._backends`` each time.
+    is replaced by ``jax.extend.backend.clear_backends()`` (``jax.clear_backends()`` before
+    jax 0.4.36): a caller reads ``bridge._backends`` each time.
     """
     modules = sys.modules
     if "jax" not in modules:

@@ -124,6 +124,31 @@ def _simulated_gpu_counters() -> dict[str, dict[str, Any]]:
         return {}
 
 
+# The holders besides JAX's pool a beacon's GPU entry counts (status's own_split parts), each
+# as "<holder>_bytes"; "other" is CUDA's contexts and what no counter reports.
+HOLDER_KEYS = ("jax_collective", "torch", "cupy", "tensorflow", "other")
+
+
+def _add_holders(gpus: dict[str, dict[str, Any]], session: Any) -> None:
+    """Add what else this kernel holds on each GPU JAX counts (the watcher's last split)."""
+    watcher = getattr(session, "watcher", None)
+    try:
+        report = watcher.latest() if watcher is not None else None
+    except Exception:
+        return
+    if not isinstance(report, dict) or not report.get("own_split"):
+        return
+    uuids = {g["index"]: g.get("uuid") for g in report.get("gpus", [])}
+    for row in report["own_split"]:
+        counters = gpus.get(uuids.get(row["gpu"]) or "")
+        if counters is None:  # only beside JAX's own counters: a GPU JAX does not use has none
+            continue
+        parts = {**row["parts"], "other": row.get("other_bytes")}
+        for holder in HOLDER_KEYS:
+            if parts.get(holder) is not None:
+                counters[f"{holder}_bytes"] = parts[holder]
+
+
 def beacon_facts(session: Any) -> dict[str, Any]:
     """The beacon's content now (everything but ``written_at``)."""
     control = session.control
@@ -141,6 +166,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
             }
     if not gpus:  # JAX on the CPU: the simulated GPU's mirror, if it runs, says as JAX would
         gpus = _simulated_gpu_counters()
+    _add_holders(gpus, session)
     return {
         **_constant_facts(),
         "kernel_id": _own_kernel_id(),

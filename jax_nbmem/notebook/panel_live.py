@@ -35,9 +35,11 @@ from jax_nbmem.notebook.figure import (
 from jax_nbmem.notebook.panel_actions import ShutdownActions
 from jax_nbmem.notebook.panel_text import (
     HeaderMode,
+    beside_jax,
     code_html,
     context_line,
     first_gpu,
+    frameworks_line,
     header_details,
     header_line,
     mode_text,
@@ -342,8 +344,10 @@ class LivePanel:
         notes = sampler_status(self.sampler, latest, kind)
         if paused:
             notes = ["Paused: press Resume to follow the GPU again."]
-        context = context_line(latest, self.gpu_index)
-        notes = unique_lines(notes + ([context] if context else []))
+        report = self._watcher_report()
+        context = context_line(latest, self.gpu_index, beside_jax(report, self.gpu_index))
+        split = frameworks_line(report, self.gpu_index)
+        notes = unique_lines(notes + [n for n in (context, split) if n])
         value = f"<div style='{_NOTES_STYLE}'>{'<br>'.join(map(code_html, notes))}</div>"
         if self.notes.value != value:
             self.notes.value = value

@@ -4,7 +4,8 @@ The header is one line: the GPU, the allocator mode (:func:`mode_text`), free me
 does not fit in it is its hover text (:func:`header_details`). The banner carries the
 session's warnings (:func:`session_banner`, a yellow box where there are some); under it, in
 plain words, how the panel follows the GPU (:func:`sampler_status`: live, or after each cell,
-never "live" when it is not) and what this kernel's memory is made of (:func:`context_line`).
+never "live" when it is not) and what this kernel's memory is made of (:func:`context_line`;
+:func:`frameworks_line` where PyTorch, CuPy or TensorFlow hold some of it too).
 The text summary and the static snapshot (:func:`summary_text`, :func:`snapshot_html`) are
 what a terminal, an export or a frontend without widgets shows. All of it reads snapshots only: the
 sampler's history, the ledger's records, the allocator report and the session's banner lines.
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.notebook.figure import LiveFigure, gpu_indices, header_text
 from jax_nbmem.notebook.snapshot import figure_svg
@@ -29,9 +31,11 @@ from jax_nbmem.units import format_bytes, format_duration
 __all__ = [
     "HeaderMode",
     "code_html",
+    "beside_jax",
     "context_line",
     "fallback_bundle",
     "first_gpu",
+    "frameworks_line",
     "header_details",
     "header_line",
     "is_simulated",
@@ -179,7 +183,30 @@ def sampler_status(sampler: Any, latest: Any, kind: str = "widget") -> list[str]
     return lines
 
 
-def context_line(latest: Any, gpu_index: int | None) -> str | None:
+def frameworks_line(report: Any, gpu_index: int | None) -> str | None:
+    """This kernel's memory on the GPU by holder, where another framework holds some (or None).
+
+    From the status's ``own_split`` (the watcher's last report): JAX's pool, PyTorch's, CuPy's
+    or TensorFlow's, and the CUDA contexts with the rest.
+    """
+    rows = report.get("own_split") if isinstance(report, dict) else None
+    for row in rows or ():
+        others = [k for k in row["parts"] if not k.startswith("jax")]
+        if row["gpu"] == gpu_index and others:
+            return "This kernel by holder: " + split_lines([row])[0]
+    return None
+
+
+def beside_jax(report: Any, gpu_index: int | None) -> int:
+    """What other frameworks of this kernel hold on the GPU (0: none, or not known)."""
+    rows = report.get("own_split") if isinstance(report, dict) else None
+    for row in rows or ():
+        if row["gpu"] == gpu_index:
+            return sum(v or 0 for k, v in row["parts"].items() if not k.startswith("jax"))
+    return 0
+
+
+def context_line(latest: Any, gpu_index: int | None, beside: int = 0) -> str | None:
     """What this kernel's memory on the GPU is made of, where more than its arrays (or None).
 
     NVML counts a process's CUDA context (a few hundred MiB before any array) and JAX's pool;
@@ -190,6 +217,8 @@ def context_line(latest: Any, gpu_index: int | None) -> str | None:
     gpu = latest.gpu(gpu_index) if latest is not None and gpu_index is not None else None
     held = getattr(gpu, "self_bytes", None)
     if not held:
+        return None
+    if beside:  # other frameworks' memory is no puzzle of JAX's: frameworks_line says it
         return None
     arrays = gpu.jax_in_use
     if arrays is None and latest.host is not None:
@@ -231,8 +260,9 @@ def summary_text(session: Any, gpu_index: int | None, kind: str = "text") -> str
     watcher = getattr(session, "watcher", None)
     report = watcher.latest() if watcher is not None else None
     lines = [header_line(latest, gpu_index, mode_text(session), report)]
-    context = context_line(latest, gpu_index)
-    notes = sampler_status(sampler, latest, kind) + ([context] if context else [])
+    context = context_line(latest, gpu_index, beside_jax(report, gpu_index))
+    split = frameworks_line(report, gpu_index)
+    notes = sampler_status(sampler, latest, kind) + [n for n in (context, split) if n]
     lines += unique_lines(session_banner(session) + notes)
     for gpu in getattr(latest, "gpus", ()):
         lines.append(

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from jax_nbmem.allocator.control import ENV_MODE_REASON, AllocatorControl, ApplyResult
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, parse_mode
-from jax_nbmem.allocator.report import cap_report, format_applied, format_report, too_late
+from jax_nbmem.allocator.report import (
+    cap_report,
+    format_applied,
+    format_report,
+    overridden_lines,
+    too_late,
+)
+from jax_nbmem.gpu.frameworks import framework_of_oom
 from jax_nbmem.gpu.jaxstats import is_resource_exhausted
 from jax_nbmem.notebook.exits import at_hard_exit, forget_hard_exit
 from jax_nbmem.notebook.settings import JaxNbMem, startup_mode
@@ -202,6 +209,9 @@ class KernelSession:
         if result.too_late:
             return result, too_late(mode, self.control.report(), self.in_kernel)
         message = format_applied(result, self.in_kernel)
+        overridden = overridden_lines(self.control.report())
+        if overridden:  # JAX's config or XLA_FLAGS will run something else than this mode
+            message += "\n" + "\n".join(f"  But: {line}." for line in overridden)
         if asked.name == "auto" and self.auto_choice is not None:
             message = f"jax_nbmem: auto chose '{mode}': {self.auto_choice.reason}.\n{message}"
         # The new mode may not fit in what the GPU has free right now: say so before JAX fails.
@@ -313,6 +323,26 @@ class KernelSession:
                 self._say_error_holds(previous, self.error_hold, execution_count)
             except Exception:
                 log.debug("jax_nbmem: the out-of-memory diagnosis failed", exc_info=True)
+            return
+        framework = framework_of_oom(error)
+        if framework is not None:  # PyTorch's, CuPy's or TensorFlow's, beside JAX's pool
+            try:
+                self._explain_framework_oom(framework)
+                # JAX arrays an error's frames keep alive take the GPU from them too.
+                self._say_error_holds(previous, self.error_hold, execution_count)
+            except Exception:
+                log.debug("jax_nbmem: the %s out-of-memory diagnosis failed", framework,
+                          exc_info=True)  # fmt: skip
+
+    def _explain_framework_oom(self, framework: str) -> None:
+        """Under another framework's out-of-memory traceback: what JAX holds here, what to do."""
+        from jax_nbmem.tenants.own_memory import framework_oom_text
+
+        report, _ = self.watcher.fresh(_FRESH_STATUS_WAIT_S)
+        control = self.control.report()
+        started = control.backend is not None or control.backend_started
+        mode = self.started_mode().mode_name
+        self._say(framework_oom_text(framework, report or {}, self.own_name, mode, started))
 
     def started_mode(self):
         """The allocator settings JAX started with (or will start with, before it has)."""

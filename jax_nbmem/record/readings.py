@@ -171,14 +171,14 @@ def jax_gpus(stats: Sequence[Any]) -> list[Any]:
 
 
 def _held(stats: Any) -> int | None:
-    """What JAX's allocator holds (its pool): ``pool_bytes``, else ``bytes_limit``.
+    """What JAX's allocator holds (its pool), as :func:`~jax_nbmem.gpu.jaxstats.held_of` says.
 
-    Never ``bytes_reserved``, which XLA leaves at 0 on GPUs.
+    ``pool_bytes``, else ``bytes_limit`` only where cuda_async took its pool up front (with
+    preallocation off its ``bytes_limit`` is no memory held). Never ``bytes_reserved``.
     """
     if stats is None:
         return None
-    pool = getattr(stats, "pool_bytes", None)
-    return pool if pool is not None else getattr(stats, "bytes_limit", None)
+    return jaxstats.held_of(getattr(stats, "pool_bytes", None), getattr(stats, "bytes_limit", None))
 
 
 # How far a GPU's used bytes may move before its process list is taken as out of date.

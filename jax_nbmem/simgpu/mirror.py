@@ -26,7 +26,9 @@ tell the two apart), and kept minimal:
   reads them: a number ``strtoul`` accepts, then ``k``/``m``/``g``; 0 is none): CUDA's total
   is the cap, so the pool is ``F`` x the cap.
 
-Plus a CUDA context's worth for the process (counted under the cap). The figures are labelled
+Plus a CUDA context's worth for the process (counted under the cap), and what other frameworks
+in the process hold on device 0 (PyTorch, CuPy, TensorFlow; see :func:`beside_jax_bytes`), as a
+real driver counts a kernel's bytes whoever allocated them. The figures are labelled
 simulated wherever they show (the GPU's name says so). The entry lasts as long as the process
 (``ends=exit`` in the state file), as a real driver forgets a process that exited, however it
 ended.
@@ -67,6 +69,7 @@ from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
 __all__ = [
     "CONTEXT_BYTES",
+    "beside_jax_bytes",
     "Mirror",
     "gpu_counters",
     "held_bytes",
@@ -179,6 +182,29 @@ def memory_cap(environ: dict[str, str] | os._Environ) -> tuple[str, int] | None:
     if hami:
         caps.append(("hami", hami))
     return min(caps, key=lambda cap: cap[1]) if caps else None
+
+
+def beside_jax_bytes() -> int:
+    """What other frameworks in this process hold on CUDA device 0, beside JAX's pool.
+
+    A kernel that also runs PyTorch, CuPy or TensorFlow holds their memory too, and a real
+    driver counts it in the process's bytes. Their counters are read by jax_nbmem's own
+    reader when it is loaded (looked up in ``sys.modules``, never imported: the simulated GPU
+    stands alone); 0 without it. TensorFlow tells only what its tensors use.
+    """
+    reader = sys.modules.get("jax_nbmem.gpu.frameworks")
+    if reader is None:
+        return 0
+    try:
+        found = reader.read_frameworks(cuda_running=True)
+    except Exception:
+        return 0
+    total = 0
+    for framework in found:
+        if framework.started:
+            held = framework.held.get(0)
+            total += held if held is not None else (framework.in_use.get(0) or 0)
+    return total
 
 
 def _backend_started() -> bool:
@@ -347,12 +373,15 @@ class Mirror:
         if cap is not None:  # see the module's docstring
             free = cap[1] if free is None else min(free, cap[1])
             total = min(total, cap[1]) if cap[0] == "hami" else total
+        beside = beside_jax_bytes()
+        free = None if free is None else max(0, free - beside)
         if preallocates(self.mode):
             if self._pool is None:  # taken once, at the first allocation, and kept
                 self._pool = held_bytes(self.mode, total, live, self._high_water, free)
-            held = self._pool
+            jax_held = self._pool
         else:
-            held = held_bytes(self.mode, total, live, self._high_water, free)
+            jax_held = held_bytes(self.mode, total, live, self._high_water, free)
+        held = jax_held + beside
         if self._old is not None:
             state.remove_process(*self._old)
             self._old = None
@@ -365,7 +394,7 @@ class Mirror:
             self.written = held
         uuid = state.uuid_of(gpu, mig)
         if uuid is not None:
-            pool = max(0, held - CONTEXT_BYTES)
+            pool = max(0, jax_held - CONTEXT_BYTES)
             self._counters = {uuid: {
                 "bytes_in_use": live, "pool_bytes": pool,
                 "bytes_limit": pool if self._pool is not None else None,

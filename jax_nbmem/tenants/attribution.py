@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from jax_nbmem.allocator.extras import EXTRA_VARIABLES
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
 from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
@@ -27,6 +28,10 @@ from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
     from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+
+# What a process's environment at its start says of its GPU memory: the allocator variables,
+# the ones beside them (the collective allocator's size, JAX's client options...) and XLA_FLAGS.
+_READ_AT_START = (*MANAGED_VARIABLES, *(name for name, _ in EXTRA_VARIABLES), "XLA_FLAGS")
 
 __all__ = [
     "PID_MAX",
@@ -247,7 +252,7 @@ def inspect_process(
         notebook = environ.get("JPY_SESSION_NAME") or None
     shown = session.path if session is not None and session.path else None
     allocator_env = (
-        None if environ is None else {k: environ[k] for k in MANAGED_VARIABLES if k in environ}
+        None if environ is None else {k: environ[k] for k in _READ_AT_START if k in environ}
     )
     mode_at_start = None
     if allocator_env is not None and kind != "self" and runs_jax:
@@ -381,6 +386,8 @@ def _judge_preallocation(
         return False
     if fraction is None or used_bytes is None or total_bytes is None:
         return None
+    # The collective allocator's memory is beside the pool, in the same process's bytes.
+    used_bytes -= settings.collective_bytes or 0
     for pool in pool_sizes(fraction, total_bytes):
         if pool - PREALLOCATION_BELOW_BYTES <= used_bytes <= pool + PREALLOCATION_ABOVE_BYTES:
             return True

@@ -10,7 +10,10 @@ the most crowded one deciding:
   ``c.JaxNbMem.auto_fraction`` is set and that pool fits what is free with a margin; never a
   pool larger than what is free;
 * an administrator's policy (:class:`Policy`) caps the fraction, or forbids preallocation on a
-  shared GPU; ``auto`` keeps to it.
+  shared GPU; ``auto`` keeps to it;
+* PyTorch, CuPy or TensorFlow imported in this kernel → never a preallocated pool: JAX's pool
+  would starve them inside the same process (``off``; only the frameworks already imported
+  when ``auto`` decides are seen).
 
 Pure: the caller reads NVML and the claims (:mod:`.claims`) and passes them in.
 """
@@ -25,6 +28,7 @@ from typing import Any
 from jax_nbmem.allocator.caps import MemoryCap, capped_reading, caps_of_report
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.allocator.modes import AllocatorMode
+from jax_nbmem.gpu.frameworks import imported_frameworks
 from jax_nbmem.gpu.mig import gpu_label
 from jax_nbmem.tenants.claims import claim_book
 from jax_nbmem.tenants.status import collect
@@ -36,6 +40,7 @@ GIB = 1024**3
 # Room a pool must leave: a CUDA context, the driver, and other processes' small growth.
 _MARGIN_BYTES = GIB
 _MARGIN_SHARE = 0.02
+_FRAMEWORK_NAMES = {"torch": "PyTorch", "cupy": "CuPy", "tensorflow": "TensorFlow"}
 
 
 class PolicyError(ValueError):
@@ -120,11 +125,13 @@ def choose_mode(
     policy: Policy | None = None,
     no_gpu_reason: str | None = None,
     caps: Mapping[int, MemoryCap] | None = None,
+    frameworks: Sequence[str] = (),
 ) -> AutoChoice:
     """The mode for a kernel about to start JAX on *gpus* (its visible GPUs, NVML readings).
 
     *caps* (MPS's or HAMi's, by NVML index): a capped GPU is sized as this process's CUDA will
-    see it, free memory at most the cap, and under HAMi the cap as its total.
+    see it, free memory at most the cap, and under HAMi the cap as its total. *frameworks*:
+    the other GPU frameworks imported in this kernel (``torch``, ``cupy``, ``tensorflow``).
     """
     policy = policy or Policy()
     tenants, claims = list(tenants), list(claims)
@@ -158,6 +165,14 @@ def choose_mode(
     if cap is not None:
         situation += f", capped at {format_bytes(cap.bytes)} by {cap.system}"
 
+    if frameworks:
+        names = ", ".join(_FRAMEWORK_NAMES.get(f, f) for f in frameworks)
+        return AutoChoice(
+            AllocatorMode("off"),
+            f"{situation}; {names} imported in this kernel: off, so that JAX takes only what "
+            "its arrays need and leaves the rest to them (a pool would starve them here)",
+            {},
+        )
     cap = policy.max_fraction
     if not shared and free >= default_pool + _margin(total):
         if cap is None or cap >= DEFAULT_FRACTION:
@@ -229,12 +244,14 @@ def decide(
     claim_key: str | None = None,
     claim_pid: int | None = None,
     status: Any = None,
+    frameworks: Sequence[str] | None = None,
 ) -> tuple[AllocatorMode, AutoChoice | None]:
     """The mode to apply for *mode* now: ``auto`` resolved, a mode the policy forbids refused.
 
     Reads the GPU (``status()``, a :func:`jax_nbmem.tenants.status.collect` report) while
     holding the claims lock of *claims_dir*, and leaves this launch's claim there (named
-    *claim_key*, kept alive by process *claim_pid*). Raises :class:`PolicyError` with the
+    *claim_key*, kept alive by process *claim_pid*). *frameworks*: the other GPU frameworks
+    in the kernel (None: those imported in this process). Raises :class:`PolicyError` with the
     administrator's reason. Reads NVML: never on a cell's path, only on a user's command or
     at a kernel's launch.
     """
@@ -260,6 +277,7 @@ def decide(
         choice = choose_mode(
             gpus, tenants, claims, auto_fraction=auto_fraction, policy=policy,
             no_gpu_reason=no_gpu, caps=caps_of_report(report.get("gpus", [])),
+            frameworks=imported_frameworks() if frameworks is None else frameworks,
         )  # fmt: skip
         if book is not None:
             try:

@@ -42,6 +42,7 @@ from jax_nbmem.tenants.metric_labels import (
 __all__ = [
     "FAMILIES",
     "GPU_LABELS",
+    "HOLDERS",
     "CONTAINER_LABELS",
     "KERNEL_LABELS",
     "SOURCE_LABELS",
@@ -86,6 +87,8 @@ _WARNING_KINDS = (
     "pid-namespace",
     "agent-stale",
 )
+# jax_nbmem_kernel_gpu_memory_holder_bytes' holder: what else a kernel's beacon counts on a GPU.
+HOLDERS = ("torch", "cupy", "tensorflow", "jax_collective", "other")
 # jax_nbmem_kubernetes_api_up's reason: the pods' directory's state (tenants.kubepods).
 KUBERNETES_STATES = ("ok", "starting", "unreachable", "refused", "error")
 # jax_nbmem_nvml_up's reason: a fixed set, so that the label's values stay few.
@@ -126,6 +129,9 @@ FAMILIES: dict[str, str] = {
     "jax_nbmem_kernel_jax_in_use_bytes": f"Bytes JAX's arrays use {_H}.",
     "jax_nbmem_kernel_jax_pool_bytes": f"Bytes JAX's allocator pool holds {_H}.",
     "jax_nbmem_kernel_jax_limit_bytes": f"JAX's allocator limit, bytes {_H}.",
+    "jax_nbmem_kernel_gpu_memory_holder_bytes": "GPU memory a kernel holds besides JAX's "
+    "pool, by holder: torch, cupy, tensorflow (what its tensors use), jax_collective (JAX's "
+    f"collective allocator), other (CUDA contexts and what no counter reports), bytes {_H}.",
     "jax_nbmem_kernel_memory_cap_bytes": "The GPU memory MPS or HAMi lets the process take "
     "(its own environment, through its beacon), bytes; absent when uncapped or unknown.",
     "jax_nbmem_kernel_preallocated": "1 when the process's JAX preallocated its pool, 0 when "
@@ -325,6 +331,7 @@ def _kernel_families(
     in_use = _family(families, "jax_nbmem_kernel_jax_in_use_bytes", kernel)
     pool = _family(families, "jax_nbmem_kernel_jax_pool_bytes", kernel)
     limit = _family(families, "jax_nbmem_kernel_jax_limit_bytes", kernel)
+    holders = _family(families, "jax_nbmem_kernel_gpu_memory_holder_bytes", (*kernel, "holder"))
     memory_cap = _family(families, "jax_nbmem_kernel_memory_cap_bytes", kernel)
     preallocated = _family(families, "jax_nbmem_kernel_preallocated", (*kernel, "mode"))
     idle = _family(families, "jax_nbmem_kernel_idle_seconds", kernel)
@@ -355,6 +362,8 @@ def _kernel_families(
         in_use.add_strings(labels, jax.get("bytes_in_use"))
         limit.add_strings(labels, jax.get("bytes_limit"))
         pool.add_strings(labels, jax.get("pool_bytes"))
+        for holder in HOLDERS:  # a fixed set: the label stays bounded
+            holders.add_strings((*labels, holder), jax.get(f"{holder}_bytes"))
         memory_cap.add_strings(labels, process.get("memory_cap_bytes"))
         flag = process.get("preallocated")
         if flag is not None:

@@ -21,6 +21,7 @@ from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.tenants.advice import AT_SHELL, IN_IPYTHON, OWN_NAME, warnings_for
@@ -29,6 +30,7 @@ from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
+from jax_nbmem.tenants.own_memory import own_split
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.tenants.sharedir import agent_not_consulted
@@ -201,6 +203,8 @@ def collect(
     report._own_name = own_name
     if control is not None:
         report["allocator"] = control.report().to_dict()
+    if in_kernel:  # this kernel's own GPU memory by holder: JAX, other frameworks, the rest
+        _add_own_split(report, tenants, own_pid, look)
     if not look.gpus and not in_kernel:
         report["host"] = None  # the key stays; a CLI's own host memory would tell nothing
     elif not look.gpus:  # a kernel's own host memory, what it shows instead of a GPU
@@ -250,6 +254,16 @@ def _look_at_gpus(environ: Mapping[str, str]) -> _GpuLook:
         list_problems={listing.gpu: listing.problem for listing in listings if listing.problem},
         state=nvml.status(),  # after the calls, so that it says whether they were slow
     )
+
+
+def _add_own_split(report: StatusReport, tenants, own_pid: int, look: _GpuLook) -> None:
+    """``own_split`` and ``frameworks`` (see :mod:`.own_memory`); a failure is said, not raised."""
+    allocator = report.get("allocator") or {}
+    try:
+        report.update(own_split(tenants, own_pid, look.visible.indices, look.gpus,
+                                allocator.get("collective_bytes")))  # fmt: skip
+    except Exception as exc:
+        report.update({"own_split": None, "frameworks": [], "own_split_problem": repr(exc)})
 
 
 def _host_beacons(look: _GpuLook, dirs, host, own_pid: int, own) -> dict:
@@ -447,6 +461,13 @@ def format_status(report: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
             lines.append(
                 f"This kernel's JAX has not started; next start: {allocator['next_start']['mode']}"
             )
+    split = report.get("own_split") or []
+    if split:
+        lines.append(f"{own_name[0].upper() + own_name[1:]}'s GPU memory by holder:")
+        lines.extend("  " + line for line in split_lines(split))
+    for framework in report.get("frameworks") or []:
+        if not framework["started"]:
+            lines.append(f"Not counted: {framework['name']} ({framework['reason']}).")
     lines.extend(map(warning_line, report["warnings"]))
     if not report["warnings"] and nvml_state["available"]:
         lines.append("No warnings.")

@@ -133,6 +133,9 @@ class DeviceRoom:
     reserved_bytes: int | None = None
     gpu_label: str | None = None  # "GPU 0", "MIG 3g.71gb instance 1 of GPU 0"
     memory_cap_bytes: int | None = None  # MPS's or HAMi's cap on this process there
+    # A pool that backed off (pool_bytes < bytes_limit): what it lacks of its limit, which it
+    # can take only at once (None: no back-off, or not preallocated).
+    growth_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-friendly."""
@@ -256,8 +259,10 @@ def room_of(
     or ``None``), *gpu* NVML's reading of its GPU (``free_bytes``, ``total_bytes``; or
     ``None``). The rules, by allocator:
 
-    * BFC preallocating (``on``, ``fraction F``): the pool was taken whole; room is its
-      ``bytes_limit − bytes_in_use``, whatever the GPU has free.
+    * BFC preallocating (``on``, ``fraction F``): room is ``pool_bytes − bytes_in_use``; when
+      the pool backed off (``pool_bytes < bytes_limit``) it may still grow, but only by the
+      whole rest at once, so up to ``bytes_limit − bytes_in_use`` only while the GPU has that
+      rest free (see :func:`_preallocated_room`).
     * BFC growing (``off``): what is free in the pool plus what the GPU has free, capped by
       ``bytes_limit − bytes_in_use`` (the fraction still caps it).
     * ``cuda_async``: free in its pool plus the GPU's free memory (the fraction is no cap).
@@ -277,6 +282,7 @@ def room_of(
     room: int | None
     binding: str | None
     reason = None
+    growth_bytes = None
     if started.error:
         room, binding, reason = None, None, f"jaxlib refused the settings: {started.error}"
     elif started.allocator == "platform" or stats is None:
@@ -284,7 +290,7 @@ def room_of(
         if free is None:
             reason = "NVML cannot say what the GPU has free"
     elif preallocated and started.capped:
-        room, binding = pool_room, "pool"
+        room, binding, growth_bytes = _preallocated_room(in_use, limit, pool, free)
         if room is None:
             reason = "JAX does not report its pool's limit and use"
     else:
@@ -321,7 +327,29 @@ def room_of(
         preallocated=preallocated,
         reserved_bytes=getattr(gpu, "reserved_bytes", None),
         memory_cap_bytes=cap.bytes if cap is not None else None,
+        growth_bytes=growth_bytes,
     )
+
+
+def _preallocated_room(
+    in_use: int | None, limit: int | None, pool: int | None, free: int | None
+) -> tuple[int | None, str, int | None]:
+    """A preallocated BFC pool's room, its binding limit, and the growth it still lacks.
+
+    After a 0.9x back-off the pool (``pool_bytes``) is smaller than ``bytes_limit``. BFC backs
+    off only once (``started_backpedal_`` in bfc_allocator.cc's ``Extend``), so the pool can
+    grow later only by the whole remaining ``bytes_limit − pool_bytes`` at once, which a
+    shared GPU rarely has free: the room is ``pool_bytes − bytes_in_use`` unless the GPU has
+    that whole amount free now.
+    """
+    if in_use is None or limit is None:
+        return None, "pool", None
+    if pool is None or pool >= limit:
+        return max(0, limit - in_use), "pool", None
+    lacking = limit - pool
+    if free is not None and free >= lacking:
+        return max(0, limit - in_use), "pool", lacking
+    return max(0, pool - in_use), "pool", lacking
 
 
 def host_room(device: str) -> DeviceRoom:

@@ -405,6 +405,13 @@ def _room_line(room: DeviceRoom, needs: ProgramNeeds, spare: int | None) -> str:
                 f"pool limit {format_bytes(room.bytes_limit)}, "
                 f"{format_bytes(room.bytes_in_use)} in use"
             )
+        if room.growth_bytes is not None:
+            grows = room.free_bytes is not None and room.free_bytes >= room.growth_bytes
+            readings.append(
+                f"pool {format_bytes(room.pool_bytes)} after backing off; it can grow only "
+                f"by the whole {format_bytes(room.growth_bytes)} at once, which the GPU "
+                + ("has free now" if grows else "does not have free")
+            )
         readings.append(f"GPU free {format_bytes(room.free_bytes)}")
         where = f"room {format_bytes(room.room_bytes)}"
         if room.memory_cap_bytes is not None:

@@ -62,9 +62,11 @@ def test_version_table_is_the_fallback_when_the_source_is_unreadable():
     assert "vmm" in _jaxlib_info("0.10.2", None).allocators
     assert "address" in _jaxlib_info("0.11.0", None).allocators
     assert "vmm" not in _jaxlib_info("0.9.2", None).allocators
-    # The new fraction name from 0.4.33 on, beside the deprecated one; before, only that one.
+    # The new fraction name from 0.4.32 on (yanked, but installable), beside the deprecated one;
+    # before, only that one.
     assert _jaxlib_info("0.10.2", None).fraction_variables == (FRACTION, FRACTION_DEPRECATED)
-    assert _jaxlib_info("0.4.33", None).fraction_variable == FRACTION
+    assert _jaxlib_info("0.4.32", None).fraction_variable == FRACTION
+    assert _jaxlib_info("0.4.32", None).refuses_both_fractions
     assert _jaxlib_info("0.4.31", None).fraction_variables == (FRACTION_DEPRECATED,)
     assert _jaxlib_info("0.4.26", None).learned_from == "version table for 0.4.26"
     assert _jaxlib_info(None, None).version is None
@@ -156,9 +158,10 @@ def test_jaxlib_0_11_takes_a_hand_set_new_fraction_and_refuses_both():
         ({}, 0.75, True, "preallocates 75% of GPU memory at the first allocation"),
         ({PREALLOCATE: "false"}, 0.0, True, "grows on demand up to 75%"),
         ({FRACTION: "0.3"}, 0.3, True, "retries at 0.9x steps"),
-        ({ALLOCATOR: "cuda_async"}, 0.75, False, "the fraction is no cap"),
-        ({ALLOCATOR: "cuda_async", PREALLOCATE: "false"}, 0.0, False, "with no cap"),
-        ({ALLOCATOR: "vmm"}, 0.0, None, "no preallocation"),
+        ({ALLOCATOR: "cuda_async"}, 0.75, False, "when the backend starts"),
+        ({ALLOCATOR: "cuda_async", PREALLOCATE: "false"}, 0.0, False, "takes nothing up front"),
+        # A DeviceAddressAllocator: the fraction caps it, memory_stats() gives nothing.
+        ({ALLOCATOR: "vmm"}, 0.0, True, "memory_stats() reports nothing"),
         ({ALLOCATOR: "platform"}, 0.0, False, "no pool"),
     ],
 )
@@ -167,4 +170,12 @@ def test_each_allocator_is_described_as_xla_runs_it(environ, pool, capped, says)
     assert settings.pool_fraction == pool
     assert settings.capped is capped
     assert says in settings.describe()
-    assert "up to" not in settings.describe() or settings.allocator in ("default", "bfc")
+    assert "up to" not in settings.describe() or settings.allocator in ("default", "bfc", "vmm")
+
+
+def test_address_is_a_passthrough_without_a_pool():
+    info = _jaxlib_info("0.11.0", FROM_0_11)
+    settings = effective({ALLOCATOR: "address"}, info)
+    assert settings.pool_fraction == 0.0 and settings.capped is False
+    assert "synchronous passthrough" in settings.describe()
+    assert "bypassing BFC" in settings.describe()

@@ -247,7 +247,8 @@ def test_after_clear_backends_a_new_mode_still_needs_a_restart():
     )
     assert all(o.error is None for o in out), [o.text for o in out]
     assert out[3].stdout.strip() == "False"  # JAX's table is empty again
-    assert "torn down by jax.clear_backends()" in out[4].stdout
+    assert "torn down by jax.extend.backend.clear_backends()" in out[4].stdout
+    assert "never the environment again" in out[4].stdout
     assert "a new mode still needs a restart" in out[4].stdout
     assert "cannot take effect in this IPython session" in out[5].stdout
 
@@ -277,3 +278,30 @@ def test_help_texts_name_the_modes_one_way_and_the_settings_are_listed():
     for setting in ("JaxNbMem.allocator", "JaxNbMem.panel", "JaxNbMem.share_dir"):
         assert setting in out[3].stdout
     assert out[5].stdout.strip() == "text"
+
+
+def test_jaxalloc_says_what_else_decides_the_pool_and_what_overrides_the_mode():
+    env = {
+        "JAX_PJRT_CLIENT_CREATE_OPTIONS": "preallocate:false",
+        "XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": "512",
+        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=SKIP_TEMP",
+    }
+    out = run_cells(["%load_ext jax_nbmem", "%jaxalloc off", "%jaxalloc"], env=env)
+    applied, report = out[1].stdout, out[2].stdout
+    # The string form keeps "false" a string: the CUDA plugin's type check refuses it.
+    assert "But: jax_pjrt_client_create_options breaks the GPU backend" in applied
+    assert "wants a bool for preallocate" in applied
+    assert "also read:   XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=512" in report
+    assert "JAX_PJRT_CLIENT_CREATE_OPTIONS=preallocate:false" in report
+
+
+def test_a_typed_option_overrides_the_mode_and_xla_flags_forces_vmm():
+    cells = [
+        "%load_ext jax_nbmem",
+        "import jax\njax.config.update('jax_pjrt_client_create_options', {'allocator': 'bfc'})",
+        "%jaxalloc platform",
+    ]
+    env = {"XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"}
+    applied = run_cells(cells, env=env)[2].stdout
+    assert "But: jax_pjrt_client_create_options overrides allocator='bfc'" in applied
+    assert "so the CUDA plugin will run vmm, not bfc" in applied

@@ -39,6 +39,13 @@ def test_alone_with_room_takes_jax_default_and_says_why():
     assert choice.claim == {"GPU-a": int(0.75 * 80 * GIB)}
 
 
+def test_another_framework_in_the_kernel_means_no_pool_even_alone():
+    choice = choose_mode([Gpu()], [], frameworks=["torch"])
+    assert str(choice.mode) == "off" and choice.claim == {}
+    assert "PyTorch imported in this kernel" in choice.reason and "starve" in choice.reason
+    assert str(choose_mode([Gpu()], [], frameworks=[]).mode) == "on"
+
+
 def test_a_preallocated_neighbour_means_off_or_a_fraction_that_fits():
     gpu, hog = Gpu(free_bytes=19 * GIB), Tenant(pid=4242)
     choice = choose_mode([gpu], [hog])

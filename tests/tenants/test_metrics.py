@@ -251,3 +251,19 @@ def test_the_notebook_label_is_short_relative_and_masks_secrets():
     long = label("deep/" * 60 + "end.ipynb")
     assert len(long) == 120 and long.endswith("/end.ipynb") and long.startswith("…")
     assert label("bad\x1b[31mname.ipynb") == "bad\\x1b[31mname.ipynb"
+
+
+def test_what_a_kernel_holds_besides_jax_is_one_series_per_holder():
+    snapshot = report()
+    snapshot["processes"][0]["jax"].update(
+        {"torch_bytes": 4 * GIB, "other_bytes": GIB // 2, "cupy_bytes": None}
+    )
+    found = families(Snapshot(snapshot, NOW - 1, 0.02))
+    held = {
+        s["holder"]: value
+        for s, value in samples(found, "jax_nbmem_kernel_gpu_memory_holder_bytes")
+    }
+    assert held == {"torch": 4 * GIB, "other": GIB // 2}  # unknown is absent, never 0
+    assert all(
+        s["pid"] == "11" for s, _ in samples(found, "jax_nbmem_kernel_gpu_memory_holder_bytes")
+    )

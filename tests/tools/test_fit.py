@@ -11,12 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu.jaxstats import DeviceStats
-from jax_nbmem.tools.fit import ProgramNeeds, read_rooms
+from jax_nbmem.tools.fit import ProgramNeeds, read_rooms, room_of
 from jax_nbmem.tools.fit_report import Freeable, format_fit, judge
 from tests.ipython_session import run_cells
 
@@ -420,3 +421,16 @@ def test_on_a_mig_instance_the_room_and_the_advice_are_the_instance_s(
     assert report.advice.startswith(
         "other processes hold 30.0 GiB of MIG 3g.71gb instance 2 of GPU 0"
     )
+
+
+def test_a_backed_off_pool_counts_its_room_from_what_it_holds():
+    """After BFC's 0.9x back-off the pool is under its limit and grows only by the rest at once."""
+    started = mode()  # preallocate 75%
+    backed_off = pool(limit=12 * GiB, in_use=9 * GiB, held=10 * GiB)["gpu:0"]
+    tight = types.SimpleNamespace(index=0, free_bytes=1 * GiB, total_bytes=16 * GiB)
+    room = room_of("gpu:0", backed_off, tight, started)
+    assert room.room_bytes == 1 * GiB and room.growth_bytes == 2 * GiB  # pool − in use
+    roomy = types.SimpleNamespace(index=0, free_bytes=3 * GiB, total_bytes=16 * GiB)
+    assert room_of("gpu:0", backed_off, roomy, started).room_bytes == 3 * GiB  # limit − in use
+    whole = pool(limit=12 * GiB, in_use=9 * GiB, held=12 * GiB)["gpu:0"]
+    assert room_of("gpu:0", whole, tight, started).growth_bytes is None
