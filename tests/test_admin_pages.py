@@ -7,6 +7,7 @@ each file the product leaves outside its environment where the code puts it.
 from __future__ import annotations
 
 import re
+
 import tomllib
 
 from jax_nbmem.cli.stop import admin_log_path
