@@ -39,6 +39,8 @@ from jax_nbmem.agent.server import Registration
 from jax_nbmem.agent.visibility import (
     EVERY_NAME,
     HIDDEN_REASON,
+    UNKNOWN_NAMESPACE,
+    UNKNOWN_REASON,
     PodVisibility,
     hidden_container,
     hidden_kernel,
@@ -215,12 +217,15 @@ def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registra
     })[:-1]  # fmt: skip
     container = container_entry(seen)
     namespace = container.get("namespace") if container else None
+    reason = HIDDEN_REASON
+    if namespace is None and container and container.get("pod_uid"):
+        namespace, reason = UNKNOWN_NAMESPACE, UNKNOWN_REASON  # a pod's, not known: fail closed
     content = registration.content if registration else None
     tail = f',"kernel":{_dumps(content)},"source":"agent"}}'
     hidden = hidden_tail = ""
     if namespace is not None:
-        hidden = _dumps(hidden_container(container))
-        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content))},"source":"agent"}}'
+        hidden = _dumps(hidden_container(container, reason))
+        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content, reason))},"source":"agent"}}'
     return f'{head},"container":', _dumps(container), hidden, tail, hidden_tail, namespace
 
 
