@@ -83,8 +83,10 @@ def unix_group(proc: str, pid: int, uid: int) -> tuple:
 
 
 def _outermost(fd: int, ino: int, top: int) -> tuple[int, int]:
-    """(fd, inode) of the namespace of ``fd``'s ancestry whose parent is ``top``; ``fd`` is
-    consumed (closed unless it is the one returned)."""
+    """(fd, inode) of the namespace of ``fd``'s ancestry whose parent is ``top``.
+
+    ``fd`` is consumed: closed unless it is the one returned.
+    """
     for _ in range(_MAX_NESTING):
         try:
             parent = fcntl.ioctl(fd, _NS_GET_PARENT)

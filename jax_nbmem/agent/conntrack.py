@@ -36,8 +36,11 @@ def _plain(address: Address) -> Address:
 
 
 def parse_dialled(line: str, far: tuple, near: tuple) -> tuple[Address, int] | None:
-    """The original destination of a tracked TCP connection (one line of ``nf_conntrack``)
-    whose reply tuple is ``near`` → ``far`` and whose original source is ``far``; else None."""
+    """The original destination of a tracked TCP connection (one line of ``nf_conntrack``).
+
+    Only of one whose reply tuple is ``near`` → ``far`` and whose original source is ``far``
+    (no source NAT); else None.
+    """
     words = line.split()
     if "tcp" not in words[:4]:
         return None
@@ -66,8 +69,10 @@ def _end(ends: dict[str, str], address: str, port: str) -> tuple[Address, int]:
 
 
 def dialled(proc: str, far: tuple, near: tuple) -> tuple[list[tuple[Address, int]], str | None]:
-    """The distinct addresses a caller at ``far`` dialled to reach the agent's ``near`` (as
-    the host's connection tracking has them); or none, and why (no table readable)."""
+    """The distinct addresses a caller at ``far`` dialled to reach the agent's ``near``.
+
+    As the host's connection tracking has them; or none, and why (no table readable).
+    """
     needle = f"sport={near[1]} dport={far[1]}".encode()
     found: dict[tuple, None] = {}
     read, seen = False, set()

@@ -273,8 +273,11 @@ class PeerFinder:
         return held, None
 
     def _matches(self, owners: list[tuple[int, list[int]]], far: tuple, near: tuple) -> list:
-        """(socket inode, namespace inode, its PIDs) of the ESTABLISHED sockets whose ends are
-        ``far`` (local) and ``near`` (remote): the connection's exact 4-tuple, nothing less."""
+        """(socket inode, namespace inode, its PIDs) of the ESTABLISHED sockets of one 4-tuple.
+
+        Their local end is ``far``, their remote end ``near``: the connection's exact 4-tuple,
+        nothing less.
+        """
         return [
             (found.inode, namespace, pids)
             for namespace, pids in owners

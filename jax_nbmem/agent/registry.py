@@ -177,9 +177,13 @@ class Registry:
             return view, None, "not a beacon (schema, pid and started_at are needed)"
         size = len(json.dumps(kept_content(content), separators=(",", ":")))
         if size > MAX_KERNEL_BYTES:
-            return view, None, (
-                f"the beacon's keys take {size} bytes, over the {MAX_KERNEL_BYTES} the agent "
-                "keeps of a kernel"
+            return (
+                view,
+                None,
+                (
+                    f"the beacon's keys take {size} bytes, over the {MAX_KERNEL_BYTES} the agent "
+                    "keeps of a kernel"
+                ),
             )
         return view, beacon, None
 
