@@ -10,7 +10,9 @@ server stops. ``jax-nbmem exporter --defer-to-servers`` then leaves those PIDs t
 A reader trusts a claim as it trusts a beacon (:mod:`.beacons`): the server's PID is alive with
 the start time it states and belongs to the file's owner; a claim not rewritten for a few of
 its own intervals (the server hung or gone) is ignored, so its kernels come back to the
-exporter; and only processes of that same owner can be claimed: nobody hides another's.
+exporter; and only processes that server started (its descendants), of that same owner, can be
+claimed: nobody hides another's, not even a container's of the same uid (every DockerSpawner
+container runs as uid 1000).
 
 A server in a container (another PID namespace) knows its own PID only there, and its kernels'
 host PIDs only when the node agent told it; it also lists their PIDs in the container
@@ -141,7 +143,12 @@ def _read_claim(path: str, now: float, key: str) -> dict[int, str]:
         if server.uids().real != owner:
             return {}
         url = str(content.get("url") or "")
-        return {pid: url for pid in content["pids"] if _owned_by(pid, owner)}
+        # Only what that server started: every container writes as the same uid, so a file
+        # naming another's kernel (or that kernel as its "server") defers nothing of it.
+        from jax_nbmem.tenants.publishers_host import descendants
+
+        started = set(descendants(server.pid))
+        return {pid: url for pid in content["pids"] if pid in started and _owned_by(pid, owner)}
     except (OSError, ValueError, TypeError, KeyError, psutil.Error, OverflowError):
         return {}
     finally:

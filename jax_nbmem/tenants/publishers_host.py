@@ -27,7 +27,7 @@ import psutil
 from jax_nbmem.agent.hostview import HostView, HostViewer, boot_id, parse_nspids
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, same_namespace
 
-__all__ = ["from_namespace"]
+__all__ = ["descendants", "from_namespace"]
 
 _MAX_ANCESTORS = 16
 _MAX_SCAN = 1 << 17  # /proc entries looked at to find one server
@@ -61,7 +61,7 @@ def from_namespace(
         return {}
     url = str(content.get("url") or "")
     found = {}
-    for pid in _descendants(server.pid):
+    for pid in descendants(server.pid):
         view = _viewer.view(pid)
         if view is None or view.uid != owner:
             continue
@@ -70,7 +70,7 @@ def from_namespace(
     return found
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The host PIDs ``pid`` started, and theirs: from each task's ``children`` list.
 
     That costs what the server's own tree holds, not a pass over every process; where the

@@ -40,18 +40,30 @@ def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
 def test_nobody_claims_another_user_s_process(tmp_path, sleeper):
-    # A "server" of user nobody claims its own process and one of root's: only its own counts.
-    server = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    # A "server" of user nobody claims its own kernel and one of root's: only its own counts.
+    server = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], user=65534, group=65534)
     try:
+        kernel = wait_for_child(server.pid)
         started = psutil.Process(server.pid).create_time()
         claim = tmp_path / f"jax_nbmem-publisher-{server.pid}.json"
         claim.write_text(json.dumps({
             "schema": 1, "pid": server.pid, "started_at": started, "url": "u",
-            "pids": [server.pid, sleeper], "interval_s": 2.0, "written_at": time.time(),
+            "pids": [kernel, sleeper], "interval_s": 2.0, "written_at": time.time(),
         }))  # fmt: skip
         assert published_pids([str(tmp_path)]) == {}  # root's file speaks for no one's server
         os.chown(claim, 65534, 65534)
-        assert published_pids([str(tmp_path)]) == {server.pid: "u"}
+        assert published_pids([str(tmp_path)]) == {kernel: "u"}
     finally:
         server.kill()
         server.wait()
+
+
+def wait_for_child(pid: int) -> int:
+    """The first child of ``pid``, once it has one."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        children = psutil.Process(pid).children()
+        if children:
+            return children[0].pid
+        time.sleep(0.02)
+    raise AssertionError(f"{pid} started no child")
