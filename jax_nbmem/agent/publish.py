@@ -14,7 +14,8 @@ kernel of that namespace reads (over the agent's TCP connection); the file is wr
 reader of no namespace (anyone who reads the share directory).
 
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
-directory: only names of our own patterns, only regular files (never through a symlink), and
+directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.tenants.beacon_files`):
+only names of our own patterns, only regular files (never through a symlink), and
 only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
 or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old. And
 the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its lock granted
@@ -45,6 +46,7 @@ from jax_nbmem.agent.visibility import (
     hidden_container,
     hidden_kernel,
 )
+from jax_nbmem.tenants.beacon_files import FALLBACK
 from jax_nbmem.tenants.beacons import write_atomically
 
 __all__ = [
@@ -290,21 +292,26 @@ def clean_dead(
             claims.append(name)
         elif match := _LOCK.fullmatch(name):
             locks[match.group(1)] = name
-        elif match := _BEACON.fullmatch(name):
-            beacons[match.group(1)] = name
+        elif match := _BEACON.fullmatch(name) or FALLBACK.fullmatch(name):
+            beacons.setdefault(match.group(1), []).append(name)  # its own, and any fallback
     removed = []
     for key, name in locks.items():
         if key not in keep and _lock_granted_then_remove(
             share_dir, name, removed, beacons.get(key)
         ):
             beacons.pop(key, None)
-    for key, name in beacons.items():
+    for key, names in beacons.items():
         if key in keep or key in locks or "-" in key:
             continue  # a namespaced kernel without a lock: nothing on the host says it died
-        path = os.path.join(share_dir, name)
-        info = _regular(path)
-        if info is not None and not pid_alive(int(key)) and now - info.st_mtime > _NO_LOCK_GRACE_S:
-            _unlink(path, removed)
+        for name in names:
+            path = os.path.join(share_dir, name)
+            info = _regular(path)
+            if (
+                info is not None
+                and not pid_alive(int(key))
+                and now - info.st_mtime > _NO_LOCK_GRACE_S
+            ):
+                _unlink(path, removed)
     for name in claims:
         _lock_granted_then_remove(share_dir, name, removed, None, older_than=now - _CLAIM_GRACE_S)
     return removed
@@ -330,10 +337,10 @@ def _lock_granted_then_remove(
     directory: str,
     name: str,
     removed: list[str],
-    beacon: str | None,
+    beacons: list[str] | None,
     older_than: float | None = None,
 ) -> bool:
-    """If the lock at ``name`` has no holder, remove it and its beacon; whether it did.
+    """If the lock at ``name`` has no holder, remove it and its beacons; whether it did.
 
     ``older_than``: only a file last changed before then.
     """
@@ -356,8 +363,9 @@ def _lock_granted_then_remove(
         named = _regular(path)
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             return False  # replaced meanwhile: a new kernel's
-        if beacon is not None and _regular(os.path.join(directory, beacon)) is not None:
-            _unlink(os.path.join(directory, beacon), removed)
+        for beacon in beacons or ():
+            if _regular(os.path.join(directory, beacon)) is not None:
+                _unlink(os.path.join(directory, beacon), removed)
         _unlink(path, removed)
         return True
     finally:
