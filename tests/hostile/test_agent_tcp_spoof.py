@@ -6,12 +6,15 @@ default CAP_NET_RAW, poisons the node's ARP entry for bob's address (real ARP re
 namespace), takes bob's address as her own and connects *from bob's address and source port*
 to the node's other address, claiming bob's process. Only a socket with the connection's exact
 4-tuple proves anything: bob's has the same source but another destination, so she is refused,
-and the refusal names nothing of bob's. Root only.
+and the refusal names nothing of bob's. And a caller behind destination NAT (the DaemonSet's
+hostPort, an iptables DNAT rule here) is proven exactly, through the host's connection
+tracking. Root only.
 """
 
 import json
 import os
 import random
+import shutil
 import socket
 import struct
 import subprocess
@@ -156,6 +159,40 @@ def test_a_forged_source_after_arp_poisoning_proves_nothing(bridge):
         kept = agent.registry.proven()[bob_pid]
         assert kept.content.get("hub_user") != "mallory"  # bob's registration stands as his
     finally:
+        if bob is not None:
+            os.killpg(bob.pid, 9)
+            bob.wait(20)
+        agent.stop()
+
+
+def test_a_caller_behind_destination_nat_is_proven_through_connection_tracking(bridge):
+    """As the DaemonSet's hostPort does: bob dials the node's address, a DNAT rule delivers
+    the connection to the agent's; the agent undoes it through nf_conntrack, exactly."""
+    if shutil.which("iptables") is None:
+        pytest.fail("iptables is missing: .ci/system-deps.sh installs it")
+    network = bridge.network
+    empty = json.dumps({"schema": 1, "processes": []})
+    agent = AgentServer(None, Registry(), tcp=(f"{network}.100", 0), first_line_s=30.0,
+                        resolution=lambda pid: (1000.0, empty))  # fmt: skip
+    agent.start()
+    port = agent.tcp_address[1]
+    rule = ["PREROUTING", "-i", bridge.bridge, "-p", "tcp", "-d", f"{network}.1", "--dport",
+            str(port + 1), "-j", "DNAT", "--to-destination", f"{network}.100:{port}"]  # fmt: skip
+    _run("iptables", "-t", "nat", "-A", *rule)
+    bob = None
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        bob = subprocess.Popen(
+            ["ip", "netns", "exec", bridge.pods["bob"], "unshare", "--pid", "--fork",
+             "--mount-proc", sys.executable, str(CLIENT), f"{network}.1:{port + 1}", "[{}]"],
+            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        )  # fmt: skip
+        said = json.loads(bob.stdout.readline())
+        assert said["ok"], said
+        (connection,) = agent._connections.values()
+        assert connection.sock.getsockname()[:2] == (f"{network}.100", port)  # NATed to it
+    finally:
+        subprocess.run(["iptables", "-t", "nat", "-D", *rule], capture_output=True, timeout=20)
         if bob is not None:
             os.killpg(bob.pid, 9)
             bob.wait(20)
