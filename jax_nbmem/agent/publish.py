@@ -52,6 +52,7 @@ from jax_nbmem.tenants.beacons import write_atomically
 __all__ = [
     "FULL_RESOLUTION_NAME",
     "HIDDEN_REASON",
+    "MAX_KERNELS_CHARS",
     "PodVisibility",
     "RESOLUTION_NAME",
     "ResolutionWriter",
@@ -72,6 +73,11 @@ _CLAIM = re.compile(r"jax_nbmem-claim-[A-Za-z0-9_-]{1,80}\.json")  # beacon keys
 # A claim lasts at most 30 s (claims.CLAIM_TTL_S); one whose lock is free is cleared this late.
 _CLAIM_GRACE_S = 120.0
 _MAX_NAMES = 100_000
+# The resolution's entries, all together (characters of JSON, ASCII: bytes): past it, an
+# entry's kernel beacon is left out with a reason. Each beacon is at most 8 KiB
+# (registry.MAX_KERNEL_BYTES), so this binds only when the agent serves more than ~1,000
+# connections; it keeps the file far below the readers' 32 MiB whatever the limits.
+MAX_KERNELS_CHARS = 12 << 20
 # A kernel keyed by host PID with no lock is cleared only when its file is this old: one
 # starting now may not have taken its lock yet.
 _NO_LOCK_GRACE_S = 60.0
@@ -139,7 +145,7 @@ class ResolutionWriter:
                 listed.append(uuid)
         pids = [pid for pid in on_gpus if isinstance(pid, int)]
         pids += [pid for pid in registrations if pid not in on_gpus]
-        pieces, kept = [], {}
+        pieces, kept, size = [], {}, 0
         for pid in pids:
             seen = view(pid)
             registration = registrations.get(pid)
@@ -154,6 +160,10 @@ class ResolutionWriter:
             else:
                 piece = _pieces(pid, seen, gpus, registration)
             kept[pid] = (seen, registration, gpus, piece)
+            size += len(piece[0]) + max(len(piece[1]), len(piece[2]))
+            size += max(len(piece[3]), len(piece[4]))
+            if size > MAX_KERNELS_CHARS and registration is not None:  # over the total: no beacon
+                piece = _pieces(pid, seen, gpus, None, "the resolution is full")
             pieces.append(piece)
         self._entries = kept  # only this pass's: bounded by what NVML and the registry hold
         if not self._agent:
@@ -205,10 +215,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
+def _pieces(
+    pid: int,
+    seen: HostView | None,
+    gpus: tuple,
+    registration: Registration | None,
+    left_out: str | None = None,
+):
     """An entry's JSON in pieces: (head, container, tail, both hidden, its namespace).
 
     The hidden pieces (:mod:`.visibility`) are made only for an entry in a namespace.
+    ``left_out``: why its kernel's beacon is not published (``kernel_reason``).
     """
     head = _dumps({
         "pid": pid,
@@ -223,11 +240,12 @@ def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registra
     if namespace is None and container and container.get("pod_uid"):
         namespace, reason = UNKNOWN_NAMESPACE, UNKNOWN_REASON  # a pod's, not known: fail closed
     content = registration.content if registration else None
-    tail = f',"kernel":{_dumps(content)},"source":"agent"}}'
+    said = f',"kernel_reason":{_dumps(left_out)}' if left_out else ""
+    tail = f',"kernel":{_dumps(content)}{said},"source":"agent"}}'
     hidden = hidden_tail = ""
     if namespace is not None:
         hidden = _dumps(hidden_container(container, reason))
-        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content, reason))},"source":"agent"}}'
+        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content, reason))}{said},"source":"agent"}}'
     return f'{head},"container":', _dumps(container), hidden, tail, hidden_tail, namespace
 
 

@@ -58,3 +58,23 @@ def test_the_agent_keeps_a_beacon_s_contract_keys_only_and_bounds_them(reachable
             said = json.loads(box.line())
             assert not said["ok"] and f"over the {MAX_KERNEL_BYTES}" in said["reason"]
             assert box.host_pid not in agent.registry.proven()
+
+
+def test_past_its_total_the_resolution_leaves_kernels_out_with_a_reason(tmp_path, monkeypatch):
+    from jax_nbmem.agent import publish
+    from jax_nbmem.agent.hostview import HostViewer
+    from jax_nbmem.agent.registry import Registration
+    from tests.tenants.test_hostview import fake_process
+
+    for pid in (501, 502, 503):
+        fake_process(tmp_path, pid, ticks=pid)
+    viewer = HostViewer(str(tmp_path))
+    content = {"schema": 1, "pid": 1, "started_at": 1.0, "notebook": "n" * 1000}
+    registrations = {pid: Registration(pid, 0, viewer.view(pid), content, None, 1.0, pid)
+                     for pid in (501, 502, 503)}  # fmt: skip
+    monkeypatch.setattr(publish, "MAX_KERNELS_CHARS", 2500)
+    text = publish.ResolutionWriter().text({}, registrations, viewer.view, interval_s=5)
+    entries = {entry["pid"]: entry for entry in json.loads(text)["processes"]}
+    assert entries[501]["kernel"]["notebook"] == "n" * 1000
+    assert entries[503]["kernel"] is None
+    assert entries[503]["kernel_reason"] == "the resolution is full"
