@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -41,9 +41,17 @@ _MISSED_S = 60.0
 
 
 def from_namespace(
-    content: Mapping[str, Any], identity: Mapping[str, Any], key: str, owner: int
+    content: Mapping[str, Any],
+    identity: Mapping[str, Any],
+    key: str,
+    owner: int,
+    holds_file: Callable[[int], bool] | None = None,
 ) -> dict[int, str]:
-    """Host PID → URL of the kernels this file's server started (see the module); or {}."""
+    """Host PID → URL of the kernels this file's server started (see the module); or {}.
+
+    ``holds_file(host_pid)``: whether that process holds its lock on the file (the writer's
+    proof, :mod:`.publishers`); None: not asked.
+    """
     if not in_initial_namespace():
         return {}  # another namespace's PIDs: only the host can tell what they are
     ns, in_ns = identity.get("pid_ns"), identity.get("pid_in_ns")
@@ -59,6 +67,8 @@ def from_namespace(
     server = _server((ns[0], ns[1]), in_ns, ticks, host_pids)
     if server is None or server.uid != owner:
         return {}
+    if holds_file is not None and not holds_file(server.pid):
+        return {}  # the server named holds no lock on this file: not its word
     url = str(content.get("url") or "")
     found = {}
     for pid in descendants(server.pid):
