@@ -8,6 +8,7 @@ himself, still registers. A namespace root made (a container) keeps its own grou
 """
 
 import json
+from pathlib import Path
 
 from jax_nbmem.agent.admission import unix_group
 from tests.hostile.agents import as_user, reachable_share, running, serving, users
@@ -15,8 +16,6 @@ from tests.tenants.namespaces import client_args, contained
 from tests.waiting import wait_for
 
 __all__ = ["reachable_share", "users"]  # fixtures
-
-from pathlib import Path
 
 MINTED = Path(__file__).with_name("minted_caller.py")
 
