@@ -4,6 +4,9 @@
                                            [--sockets 12000] [--flood-width 16]
                                            [--unread 100] [--json PATH]
                                            [--agent-tree DIR]
+    sudo python benchmarks/agent_attack.py --namespaces 1040 [--beacon-bytes 64512]
+                                           [--registrations 40] [--json PATH]
+                                           [--agent-tree DIR]
 
 Issue 37's goal, measured (root: a throwaway user, a network namespace, PID namespaces). The
 agent runs as a process of its own (its RSS is read from ``/proc``), on a share directory and
@@ -25,6 +28,14 @@ answer, median and worst, against the same kernel with no attack in the same run
 agent's RSS before and at its peak during the attack. Goal: worst <= 1 s, median <= 50 ms,
 RSS growth <= 20 MiB. ``--agent-tree DIR``: the agent from another checkout (``git archive
 REV | tar -x -C DIR``), the rest from this one: the same attack on an agent from before.
+
+``--namespaces N`` runs issue 45's attack instead (:func:`namespace_flood`): an ordinary user
+mints N user and PID namespaces (``unshare --user --pid``, tests/hostile/minted_caller.py),
+and from each proves her process honestly with a beacon of ``--beacon-bytes`` (padded under a
+key the contract does not have). The agent writes its resolution as the exporter does (every
+0.5 s while registrations change). Meanwhile a kernel of another user (in a container: a PID
+namespace root made) registers ``--registrations`` times. Goal: every registration answered
+``ok`` within 1 s, ``resolution.json`` <= 8 MiB at its largest, agent RSS growth <= 64 MiB.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +74,38 @@ def serve(share: str, host: str) -> None:
     counts = {"refused": agent.refused, "connections": agent.connections,
               "lines_judged": lookups and lookups.done}  # fmt: skip
     print(json.dumps(counts), flush=True)
+    agent.stop()
+
+
+def serve_published(share: str) -> None:
+    """The agent that writes its resolution (``--serve-published``): prints its socket's path;
+    when stdin closes, the largest resolution it wrote and the most kernels it held."""
+    from jax_nbmem.agent.publish import ResolutionWriter, write_resolution
+    from jax_nbmem.agent.server import AgentServer, Registry
+
+    registry, changed, most = Registry(), threading.Event(), {"bytes": 0, "kernels": 0}
+    agent = AgentServer(share, registry, on_change=changed.set)
+    agent.start()
+    writer, done = ResolutionWriter(), threading.Event()
+
+    def publish() -> None:
+        while not done.wait(0.5):
+            if changed.is_set():
+                changed.clear()
+                proven = registry.proven()
+                text = writer.text({}, proven, registry.viewer.view, interval_s=5.0)
+                write_resolution(agent.directory, text)
+                most["bytes"] = max(most["bytes"], len(text.encode()))
+                most["kernels"] = max(most["kernels"], len(proven))
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    print(json.dumps({"path": agent.path}), flush=True)
+    sys.stdin.read()
+    done.set()
+    thread.join()
+    most["refused"] = agent.refused
+    print(json.dumps(most), flush=True)
     agent.stop()
 
 
@@ -156,6 +200,112 @@ def _registrations(bench: Bench, path: str, count: int) -> dict:
     }
 
 
+# --- Issue 45: PID namespaces minted by one ordinary user ---------------------------------
+
+MINTED = ROOT / "tests" / "hostile" / "minted_caller.py"
+AS_USER = ROOT / "tests" / "hostile" / "as_user.py"
+
+
+def namespace_flood(options) -> dict:
+    """Issue 45's flood (see the module): its figures, as a dict."""
+    names = [f"jnmint{os.getpid() % 100000}", f"jnhon{os.getpid() % 100000}"]
+    top = Path(tempfile.mkdtemp(prefix="jn-minted-"))
+    processes: list[subprocess.Popen] = []
+    env = {**os.environ, "PYTHONPATH": str(options.agent_tree or ROOT)}
+    bench = Bench()  # only its way of starting the honest kernel (and of stopping it)
+    try:
+        for name in names:
+            _run("useradd", "-M", name)
+        mallory, honest = ([_id("-u", n), _id("-g", n)] for n in names)
+        top.chmod(0o755)
+        share = top / "share"
+        share.mkdir()
+        share.chmod(0o1777)
+        agent = subprocess.Popen([sys.executable, __file__, "--serve-published", str(share)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=env, start_new_session=True)  # fmt: skip
+        processes.append(agent)
+        path = json.loads(agent.stdout.readline())["path"]
+        quiet = _kernel_of(bench, ":".join(honest), path, options.registrations)
+        rss_before = _rss_mib(agent.pid)
+        began = time.monotonic()
+        flood = subprocess.Popen([sys.executable, str(AS_USER), *mallory, str(MINTED), path,
+                                  str(options.namespaces), str(options.beacon_bytes)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                 start_new_session=True)  # fmt: skip
+        processes.append(flood)
+        said = Counter()
+        peak, stop = [rss_before], threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.1):
+                peak.append(_rss_mib(agent.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        for _ in range(options.namespaces):
+            line = json.loads(flood.stdout.readline())
+            said[next(iter(line))] += 1
+        minted_s = time.monotonic() - began
+        attacked = _kernel_of(bench, ":".join(honest), path, options.registrations)
+        time.sleep(1.5)  # its last resolution written
+        stop.set()
+        sampler.join()
+        agent.stdin.close()
+        published = json.loads(agent.stdout.readline())
+        on_disk = os.path.getsize(share / "agent" / "resolution.json")
+    finally:
+        for popen in processes:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            popen.wait(60)
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(top, ignore_errors=True)
+        bench.close()
+    return {
+        "attack": {"namespaces": options.namespaces, "beacon_bytes": options.beacon_bytes,
+                   "answers": dict(said), "minted_s": round(minted_s, 1)},
+        "quiet": quiet,
+        "under_attack": attacked,
+        "resolution_bytes": {"largest": published["bytes"], "last_on_disk": on_disk},
+        "agent": {"most_kernels": published["kernels"], "refused": published["refused"]},
+        "agent_rss_mib": {"before": round(rss_before, 1), "peak": round(max(peak), 1),
+                          "growth": round(max(peak) - rss_before, 1)},
+    }  # fmt: skip
+
+
+def _kernel_of(bench: Bench, user: str, path: str, count: int) -> dict:
+    """:func:`_registrations` by a kernel of ``user`` (UID:GID) in a container of its own."""
+    honest = bench.start(bench.caller(user, "kernel", path, count, pid_ns=True), ready=False)
+    said = json.loads(honest.stdout.readline())
+    seconds = said["seconds"]
+    return {
+        "median_ms": round(statistics.median(seconds) * 1000, 2),
+        "worst_ms": round(max(seconds) * 1000, 2),
+        "registered": f"{said['proven']} of {count}",
+        "answers": said["answers"],
+    }
+
+
+def _print_namespace_flood(result: dict) -> None:
+    print(json.dumps(result, indent=2))
+    print()
+    print("| another user's kernel registering | median | worst | registered |")
+    print("|---|---|---|---|")
+    for name in ("quiet", "under_attack"):
+        row = result[name]
+        print(f"| {name.replace('_', ' ')} | {row['median_ms']} ms | {row['worst_ms']} ms | "
+              f"{row['registered']} |")  # fmt: skip
+    size, rss = result["resolution_bytes"], result["agent_rss_mib"]
+    print(
+        f"\nresolution.json: {size['largest'] / 2**20:.2f} MiB at its largest; agent RSS "
+        f"{rss['before']} MiB before, {rss['peak']} MiB at peak (+{rss['growth']} MiB)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registrations", type=int, default=40)
@@ -165,13 +315,25 @@ def main() -> None:
     parser.add_argument("--unread", type=int, default=100)
     parser.add_argument("--json")
     parser.add_argument("--agent-tree", help="run the agent from this checkout (a before)")
+    parser.add_argument("--namespaces", type=int, help="issue 45's flood of minted namespaces")
+    parser.add_argument("--beacon-bytes", type=int, default=63 * 1024)
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-published", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.serve:
         serve(*options.serve)
         return
+    if options.serve_published:
+        serve_published(options.serve_published)
+        return
     if os.geteuid() != 0:
         raise SystemExit("agent_attack.py needs root (a user, namespaces, a veth pair)")
+    if options.namespaces:
+        result = namespace_flood(options)
+        _print_namespace_flood(result)
+        if options.json:
+            Path(options.json).write_text(json.dumps(result, indent=2))
+        return
     bench = Bench()
     try:
         bench.setup()

@@ -5,10 +5,17 @@ caller says yet):
 
 - Unix socket: its PID namespace, the outermost one below the host's (a container's, or a
   pod's; namespaces a caller nests inside it count as that one), read through
-  ``/proc/PID/ns/pid`` and the kernel's ``NS_GET_PARENT``. A process in the host's own PID
-  namespace is grouped by its UID instead: on a plain host users are distinct, whereas every
-  container runs as the same ``jovyan`` (uid 1000), so a per-user limit there would make one
-  container's quota every container's.
+  ``/proc/PID/ns/pid`` and the kernel's ``NS_GET_PARENT``, when root made it (rootful Docker,
+  Podman, Kubernetes: its owning user namespace is the host's, or one whose outermost
+  ancestor below the host's root owns): every container runs as the same ``jovyan`` (uid
+  1000), so a per-user limit there would make one container's quota every container's. A PID
+  namespace that a non-root user made (``unshare --user --pid``: any user can make thousands)
+  counts as that user: its owning user namespace is walked up (``NS_GET_USERNS``,
+  ``NS_GET_PARENT``) to the one just below the host's, whose owner (``NS_GET_OWNER_UID``) is
+  the user who made it (nested ones are owned by her subordinate UIDs; the outermost by her).
+  A process in the host's own PID namespace is grouped by its UID: on a plain host users are
+  distinct. So one user's minted namespaces and her host processes are one group, and the
+  reserve stays for callers whose owner has none open.
 - TCP: the network namespace that owns the source address (the peer finder's map, as it
   stands: no ``/proc`` walk at accept), else the address itself.
 
@@ -23,10 +30,11 @@ from __future__ import annotations
 import fcntl
 import os
 import resource
+import struct
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["Admission", "ServingLimits", "enough_descriptors", "unix_group"]
+__all__ = ["Admission", "ServingLimits", "enough_descriptors", "namespace_maker", "unix_group"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,10 @@ class ServingLimits:
     peer_pidfd: bool = True
 
 
-_NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
-_MAX_NESTING = 32  # the kernel's own bound on PID namespace nesting
+_NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1), linux/nsfs.h
+_NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2)
+_NS_GET_OWNER_UID = 0xB704  # _IO(0xb7, 0x4): a uid_t, as the caller's user namespace maps it
+_MAX_NESTING = 33  # the kernel's own bound on PID (32) and user (32) namespace nesting
 
 
 def unix_group(proc: str, pid: int, uid: int) -> tuple:
@@ -60,28 +70,64 @@ def unix_group(proc: str, pid: int, uid: int) -> tuple:
     except OSError:
         return ("uid", uid)  # unreadable (gone, or no ptrace access): counted as its user
     try:
-        outer = os.fstat(fd).st_ino
-        own_ino = os.stat(f"{proc}/{os.getpid()}/ns/pid").st_ino
-        if outer == own_ino:
+        outer, host_pid_ns = os.fstat(fd).st_ino, os.stat(f"{proc}/{os.getpid()}/ns/pid").st_ino
+        if outer == host_pid_ns:
             return ("uid", uid)
-        for _ in range(_MAX_NESTING):  # up to the namespace whose parent is the agent's
-            try:
-                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
-            except OSError:
-                break  # the parent is outside the agent's namespace, or no NS_GET_PARENT
-            try:
-                parent_ino = os.fstat(parent).st_ino
-            finally:
-                os.close(fd)
-                fd = parent
-            if parent_ino == own_ino:
-                break
-            outer = parent_ino
-        return ("pid_ns", outer)
+        fd, outer = _outermost(fd, outer, host_pid_ns)
+        maker = namespace_maker(fd, os.stat(f"{proc}/{os.getpid()}/ns/user").st_ino)
+        return ("uid", maker) if maker else ("pid_ns", outer)
     except OSError:
         return ("uid", uid)
     finally:
         os.close(fd)
+
+
+def _outermost(fd: int, ino: int, top: int) -> tuple[int, int]:
+    """(fd, inode) of the namespace of ``fd``'s ancestry whose parent is ``top``.
+
+    ``fd`` is consumed: closed unless it is the one returned.
+    """
+    for _ in range(_MAX_NESTING):
+        try:
+            parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+        except OSError:
+            break  # the parent is outside the agent's namespace, or no NS_GET_PARENT
+        try:
+            parent_ino = os.fstat(parent).st_ino
+        except OSError:
+            os.close(parent)
+            break
+        if parent_ino == top:
+            os.close(parent)
+            break
+        os.close(fd)
+        fd, ino = parent, parent_ino
+    return fd, ino
+
+
+def namespace_maker(fd: int, host_user_ns: int) -> int | None:
+    """The host UID of the non-root user who made the namespace open at ``fd``; None: root did.
+
+    Its owning user namespace (``NS_GET_USERNS``) walked up to the one just below
+    ``host_user_ns`` (the agent's, by inode), and that one's owner (``NS_GET_OWNER_UID``).
+    None as well where the kernel has none of these calls: the namespace keeps its own group.
+    """
+    try:
+        user = fcntl.ioctl(fd, _NS_GET_USERNS)
+    except OSError:
+        return None
+    try:
+        ino = os.fstat(user).st_ino
+        if ino == host_user_ns:
+            return None  # made with the host's privileges: root (a rootful runtime, the kubelet)
+        user, _ = _outermost(user, ino, host_user_ns)
+        owner = bytearray(4)
+        fcntl.ioctl(user, _NS_GET_OWNER_UID, owner, True)
+        return struct.unpack("=I", owner)[0] or None
+    except OSError:
+        return None
+    finally:
+        os.close(user)
 
 
 class Admission:

@@ -267,7 +267,10 @@ class ContainerNames:
         """``container`` with its name (and pod, namespace) filled in where the host says."""
         if container is None:
             return None
-        key = (container.id, container.runtime, container.pod_uid)
+        # Keyed by all that decides the name: a rootless cgroup of the same id (a user's own
+        # ``docker-<id>.scope`` under her delegated subtree) is named from her store, never
+        # from root's name of that id, nor root's cgroup from hers.
+        key = (container.id, container.runtime, container.pod_uid, container.rootless_uid)
         now = time.monotonic()
         cached = self._named.get(key)
         if cached is not None and (named_fully(cached[1]) or now - cached[0] < _LISTING_EVERY_S):

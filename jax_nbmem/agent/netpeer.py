@@ -16,12 +16,14 @@ host's side, reading ``/proc`` in the host's PID namespace (:mod:`.server`):
    from elsewhere: refused at once (a flood of them costs a dictionary lookup each).
 2. In those tables, the caller's socket is an ESTABLISHED one whose local end is ``peer`` and
    whose remote end is the agent's own (address, port): the connection's 4-tuple as the
-   caller's namespace sees it. Replies to ``peer`` are routed into the namespace that owns
-   that address, so a caller cannot borrow another namespace's end: its handshake would not
-   complete. If no table has the 4-tuple, a socket whose local end alone is ``peer`` is taken
-   (destination NAT, e.g. a Service in front of the agent, rewrites the remote end only);
-   source NAT (masquerading pod traffic to the node's address) leaves nothing to match and
-   the connection is refused with that reason.
+   caller's namespace sees it, exactly: one socket in one namespace, or nothing is proven.
+   A socket whose local end alone is ``peer`` proves nothing: a caller that forges its
+   source (ARP poisoning on a bridge, a pod's default CAP_NET_RAW) and dials another of the
+   agent's addresses would be taken for the process whose end it copied. Where destination
+   NAT rewrote the address the caller dialled (the DaemonSet's ``hostPort``, a Service), the
+   host's connection tracking (:mod:`.conntrack`) says what it dialled, and the 4-tuple with
+   that remote end is matched, exactly as well. Source NAT (masquerading pod traffic to the
+   node's address) leaves nothing to match: refused, and the refusal says so.
 3. The table gives the socket's inode; the process (or processes, after a fork) holding
    ``socket:[inode]`` among its ``/proc/PID/fd`` links, in that namespace, is the caller.
 
@@ -40,6 +42,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+
+from jax_nbmem.agent import conntrack
 
 __all__ = ["PeerFinder", "Socket", "family_of", "parse_tcp_table", "sockets_with_local_end"]
 
@@ -240,6 +244,13 @@ class PeerFinder:
             self._make_map()  # the address may have moved to a new pod since the map was made
             owners = self._owners(far[0])
             matches = self._matches(owners, far, near)
+        translated = None
+        if owners and not matches and not far[0].is_loopback:
+            dialled, translated = conntrack.dialled(self.proc, far, near)
+            if len(dialled) == 1:
+                matches = self._matches(owners, far, dialled[0])
+            elif dialled:
+                translated = f"{len(dialled)} tracked connections have the end {_shown(far)}"
         if not owners:
             return [], (
                 f"no network namespace on this node has the address {far[0]} (a caller from "
@@ -247,8 +258,9 @@ class PeerFinder:
             )
         if not matches:
             return [], (
-                f"no process on this node holds the connecting socket {_shown(far)} (a caller "
-                "from another machine, or source NAT between the pod and the node)"
+                f"no socket on this node is exactly this connection from {_shown(far)} (a "
+                "forged source, a caller from another machine, or source NAT between the pod "
+                f"and the node){f': {translated}' if translated else ''}; nothing is proven"
             )
         if len({inode for inode, _, _ in matches}) > 1:
             return [], f"{len(matches)} sockets on this node have the end {_shown(far)}"
@@ -261,16 +273,17 @@ class PeerFinder:
         return held, None
 
     def _matches(self, owners: list[tuple[int, list[int]]], far: tuple, near: tuple) -> list:
-        """(socket inode, namespace inode, its PIDs) of ESTABLISHED sockets with the end ``far``."""
-        exact: list[tuple[int, int, list[int]]] = []
-        loose: list[tuple[int, int, list[int]]] = []
-        for namespace, pids in owners:
-            for found in self._table(pids, far):
-                if found.state != _ESTABLISHED:
-                    continue
-                matched = (found.inode, namespace, pids)
-                (exact if found.remote == near else loose).append(matched)
-        return exact or loose
+        """(socket inode, namespace inode, its PIDs) of the ESTABLISHED sockets of one 4-tuple.
+
+        Their local end is ``far``, their remote end ``near``: the connection's exact 4-tuple,
+        nothing less.
+        """
+        return [
+            (found.inode, namespace, pids)
+            for namespace, pids in owners
+            for found in self._table(pids, far)
+            if found.state == _ESTABLISHED and found.remote == near
+        ]
 
     def _map_older_than(self, seconds: float) -> bool:
         return time.monotonic() - self._map_at > seconds

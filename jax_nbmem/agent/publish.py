@@ -14,7 +14,8 @@ kernel of that namespace reads (over the agent's TCP connection); the file is wr
 reader of no namespace (anyone who reads the share directory).
 
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
-directory: only names of our own patterns, only regular files (never through a symlink), and
+directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.tenants.beacon_files`):
+only names of our own patterns, only regular files (never through a symlink), and
 only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
 or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old. And
 the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its lock granted
@@ -39,15 +40,19 @@ from jax_nbmem.agent.server import Registration
 from jax_nbmem.agent.visibility import (
     EVERY_NAME,
     HIDDEN_REASON,
+    UNKNOWN_NAMESPACE,
+    UNKNOWN_REASON,
     PodVisibility,
     hidden_container,
     hidden_kernel,
 )
+from jax_nbmem.tenants.beacon_files import FALLBACK
 from jax_nbmem.tenants.beacons import write_atomically
 
 __all__ = [
     "FULL_RESOLUTION_NAME",
     "HIDDEN_REASON",
+    "MAX_KERNELS_CHARS",
     "PodVisibility",
     "RESOLUTION_NAME",
     "ResolutionWriter",
@@ -68,6 +73,11 @@ _CLAIM = re.compile(r"jax_nbmem-claim-[A-Za-z0-9_-]{1,80}\.json")  # beacon keys
 # A claim lasts at most 30 s (claims.CLAIM_TTL_S); one whose lock is free is cleared this late.
 _CLAIM_GRACE_S = 120.0
 _MAX_NAMES = 100_000
+# The resolution's entries, all together (characters of JSON, ASCII: bytes): past it, an
+# entry's kernel beacon is left out with a reason. Each beacon is at most 8 KiB
+# (registry.MAX_KERNEL_BYTES), so this binds only when the agent serves more than ~1,000
+# connections; it keeps the file far below the readers' 32 MiB whatever the limits.
+MAX_KERNELS_CHARS = 12 << 20
 # A kernel keyed by host PID with no lock is cleared only when its file is this old: one
 # starting now may not have taken its lock yet.
 _NO_LOCK_GRACE_S = 60.0
@@ -135,7 +145,7 @@ class ResolutionWriter:
                 listed.append(uuid)
         pids = [pid for pid in on_gpus if isinstance(pid, int)]
         pids += [pid for pid in registrations if pid not in on_gpus]
-        pieces, kept = [], {}
+        pieces, kept, size = [], {}, 0
         for pid in pids:
             seen = view(pid)
             registration = registrations.get(pid)
@@ -150,6 +160,10 @@ class ResolutionWriter:
             else:
                 piece = _pieces(pid, seen, gpus, registration)
             kept[pid] = (seen, registration, gpus, piece)
+            size += len(piece[0]) + max(len(piece[1]), len(piece[2]))
+            size += max(len(piece[3]), len(piece[4]))
+            if size > MAX_KERNELS_CHARS and registration is not None:  # over the total: no beacon
+                piece = _pieces(pid, seen, gpus, None, "the resolution is full")
             pieces.append(piece)
         self._entries = kept  # only this pass's: bounded by what NVML and the registry hold
         if not self._agent:
@@ -201,10 +215,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registration | None):
+def _pieces(
+    pid: int,
+    seen: HostView | None,
+    gpus: tuple,
+    registration: Registration | None,
+    left_out: str | None = None,
+):
     """An entry's JSON in pieces: (head, container, tail, both hidden, its namespace).
 
     The hidden pieces (:mod:`.visibility`) are made only for an entry in a namespace.
+    ``left_out``: why its kernel's beacon is not published (``kernel_reason``).
     """
     head = _dumps({
         "pid": pid,
@@ -215,12 +236,16 @@ def _pieces(pid: int, seen: HostView | None, gpus: tuple, registration: Registra
     })[:-1]  # fmt: skip
     container = container_entry(seen)
     namespace = container.get("namespace") if container else None
+    reason = HIDDEN_REASON
+    if namespace is None and container and container.get("pod_uid"):
+        namespace, reason = UNKNOWN_NAMESPACE, UNKNOWN_REASON  # a pod's, not known: fail closed
     content = registration.content if registration else None
-    tail = f',"kernel":{_dumps(content)},"source":"agent"}}'
+    said = f',"kernel_reason":{_dumps(left_out)}' if left_out else ""
+    tail = f',"kernel":{_dumps(content)}{said},"source":"agent"}}'
     hidden = hidden_tail = ""
     if namespace is not None:
-        hidden = _dumps(hidden_container(container))
-        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content))},"source":"agent"}}'
+        hidden = _dumps(hidden_container(container, reason))
+        hidden_tail = f',"kernel":{_dumps(hidden_kernel(content, reason))}{said},"source":"agent"}}'
     return f'{head},"container":', _dumps(container), hidden, tail, hidden_tail, namespace
 
 
@@ -285,21 +310,26 @@ def clean_dead(
             claims.append(name)
         elif match := _LOCK.fullmatch(name):
             locks[match.group(1)] = name
-        elif match := _BEACON.fullmatch(name):
-            beacons[match.group(1)] = name
+        elif match := _BEACON.fullmatch(name) or FALLBACK.fullmatch(name):
+            beacons.setdefault(match.group(1), []).append(name)  # its own, and any fallback
     removed = []
     for key, name in locks.items():
         if key not in keep and _lock_granted_then_remove(
             share_dir, name, removed, beacons.get(key)
         ):
             beacons.pop(key, None)
-    for key, name in beacons.items():
+    for key, names in beacons.items():
         if key in keep or key in locks or "-" in key:
             continue  # a namespaced kernel without a lock: nothing on the host says it died
-        path = os.path.join(share_dir, name)
-        info = _regular(path)
-        if info is not None and not pid_alive(int(key)) and now - info.st_mtime > _NO_LOCK_GRACE_S:
-            _unlink(path, removed)
+        for name in names:
+            path = os.path.join(share_dir, name)
+            info = _regular(path)
+            if (
+                info is not None
+                and not pid_alive(int(key))
+                and now - info.st_mtime > _NO_LOCK_GRACE_S
+            ):
+                _unlink(path, removed)
     for name in claims:
         _lock_granted_then_remove(share_dir, name, removed, None, older_than=now - _CLAIM_GRACE_S)
     return removed
@@ -325,10 +355,10 @@ def _lock_granted_then_remove(
     directory: str,
     name: str,
     removed: list[str],
-    beacon: str | None,
+    beacons: list[str] | None,
     older_than: float | None = None,
 ) -> bool:
-    """If the lock at ``name`` has no holder, remove it and its beacon; whether it did.
+    """If the lock at ``name`` has no holder, remove it and its beacons; whether it did.
 
     ``older_than``: only a file last changed before then.
     """
@@ -351,8 +381,9 @@ def _lock_granted_then_remove(
         named = _regular(path)
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
             return False  # replaced meanwhile: a new kernel's
-        if beacon is not None and _regular(os.path.join(directory, beacon)) is not None:
-            _unlink(os.path.join(directory, beacon), removed)
+        for beacon in beacons or ():
+            if _regular(os.path.join(directory, beacon)) is not None:
+                _unlink(os.path.join(directory, beacon), removed)
         _unlink(path, removed)
         return True
     finally:

@@ -13,6 +13,7 @@ trusted beyond that; a beacon *file* never is.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -29,6 +30,8 @@ from jax_nbmem.tenants.beacons import Beacon
 __all__ = [
     "AGENT_DIR",
     "PROCESS_ENDED",
+    "KERNEL_KEYS",
+    "MAX_KERNEL_BYTES",
     "AgentDirError",
     "Registration",
     "Registry",
@@ -37,6 +40,18 @@ __all__ = [
 ]
 
 AGENT_DIR = "agent"
+# What the agent keeps and publishes of a kernel's beacon: the contract's keys only (a key
+# of any other name is dropped), and at most MAX_KERNEL_BYTES of them as JSON (else the line
+# is refused). With one registration per connection and at most max_connections of them,
+# that bounds the resolution (1,024 x 8 KiB: 8 MiB at worst; an honest beacon is 1-2 KiB)
+# far below the readers' 32 MiB.
+KERNEL_KEYS = frozenset({
+    "schema", "pid", "started_at", "user", "hub_user", "kernel_id", "notebook",
+    "mode_requested", "mode_in_effect", "mode_reason", "pool_fraction", "gpus",
+    "cell_running", "last_cell_finished_at", "written_at", "jax", "jaxlib", "jax_nbmem",
+    "variables", "identity", "memory_caps",
+})  # fmt: skip
+MAX_KERNEL_BYTES = 8 * 1024
 
 
 class AgentDirError(RuntimeError):
@@ -109,6 +124,11 @@ class Registration:
         return beacon_key(self.view.pid_ns, self.view.pid_in_ns)
 
 
+def kept_content(content: Mapping[str, Any]) -> dict:
+    """What the agent keeps of a beacon's content: the keys of :data:`KERNEL_KEYS` only."""
+    return {key: value for key, value in content.items() if key in KERNEL_KEYS}
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -131,9 +151,9 @@ class Registry:
             return None, None, "no identity claims (the beacon's 'identity' object)"
         view = self.viewer.view(pid)
         if view is None:
-            return None, None, f"host PID {pid} cannot be read on the host (gone?)"
+            return None, None, "your process cannot be read on the host (gone?)"
         if view.pid_ns is None:
-            return view, None, f"host PID {pid}: {view.pid_ns_reason}"
+            return view, None, f"your process: {view.pid_ns_reason}"
         # A refusal names the claim that failed and what was claimed, never what the host
         # sees: that would tell the caller what to claim (of another process, if the PID was
         # reused).
@@ -141,20 +161,30 @@ class Registry:
         if not (isinstance(ns, list) and len(ns) == 2 and all(map(_is_int, ns))):
             return view, None, "pid_ns is not [device, inode]"
         if tuple(ns) != view.pid_ns:
-            return view, None, f"pid_ns {ns} is not the namespace the host sees for host PID {pid}"
+            return view, None, f"pid_ns {ns} is not the namespace the host sees for your process"
         in_ns = claims.get("pid_in_ns")
         if in_ns != view.pid_in_ns or not _is_int(in_ns):
-            return view, None, f"pid_in_ns {in_ns!r} is not host PID {pid}'s PID in its namespace"
+            return view, None, f"pid_in_ns {in_ns!r} is not your process's PID in its namespace"
         if content.get("pid") is not None and content.get("pid") != view.pid_in_ns:
             return view, None, f"the beacon's pid {content.get('pid')!r} is not its PID"
         if claims.get("start_ticks") != view.start_ticks or not _is_int(claims["start_ticks"]):
             said = claims.get("start_ticks")
-            return view, None, f"start_ticks {said!r} is not host PID {pid}'s start"
+            return view, None, f"start_ticks {said!r} is not your process's start"
         if self.boot_id is None or claims.get("boot_id") != self.boot_id:
             return view, None, f"boot_id {claims.get('boot_id')!r} is not this boot's"
         beacon = beacon_from_content(content, pid)
         if beacon is None:
             return view, None, "not a beacon (schema, pid and started_at are needed)"
+        size = len(json.dumps(kept_content(content), separators=(",", ":")))
+        if size > MAX_KERNEL_BYTES:
+            return (
+                view,
+                None,
+                (
+                    f"the beacon's keys take {size} bytes, over the {MAX_KERNEL_BYTES} the agent "
+                    "keeps of a kernel"
+                ),
+            )
         return view, beacon, None
 
     def register(
@@ -181,7 +211,8 @@ class Registry:
             return reason
         if socket_uid is not None and view.uid != socket_uid:
             return "this connection's user (its socket's UID) is not its process's owner"
-        registration = Registration(pid, uid, view, content, beacon, time.time(), connection)
+        kept = kept_content(content)
+        registration = Registration(pid, uid, view, kept, beacon, time.time(), connection)
         with self._lock:
             self._by_pid[pid] = registration  # a reused PID's old registration is replaced
         return None

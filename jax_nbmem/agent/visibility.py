@@ -14,6 +14,9 @@ own namespace's only), everything that names it is null, the keys kept, with the
 What is left (PIDs, namespace inode, start, GPUs, memory, mode, idle time) tells a reader who
 holds how much, not who it is. A process in no Kubernetes namespace (a plain host's, a
 Docker or Podman container's) is named for everyone, as the share directory's beacons are.
+A pod whose namespace is not known (yet: the Kubernetes API unreachable, the pod not listed)
+is :data:`UNKNOWN_NAMESPACE`'s, hidden from every reader but the one that sees every name
+(fail closed: its namespace may be any reader's but this one's), ``all`` included.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ __all__ = [
     "HIDDEN_REASON",
     "KERNEL_NAME_KEYS",
     "PodVisibility",
+    "UNKNOWN_NAMESPACE",
+    "UNKNOWN_REASON",
     "hidden_container",
     "hidden_kernel",
 ]
@@ -34,6 +39,9 @@ __all__ = [
 HIDDEN_REASON = "a pod of another Kubernetes namespace: its names are hidden"
 # The reader that sees every name (root's file, the agent itself): no namespace is called so.
 EVERY_NAME = "*"
+# A pod's namespace before it is known: no Kubernetes namespace is called so either.
+UNKNOWN_NAMESPACE = "?"
+UNKNOWN_REASON = "a pod whose Kubernetes namespace is not known yet: its names are hidden"
 KERNEL_NAME_KEYS = ("hub_user", "user", "notebook", "kernel_id")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -66,22 +74,26 @@ class PodVisibility:
 
         ``reader`` :data:`EVERY_NAME` sees them all.
         """
-        if namespace is None or self.all or reader == EVERY_NAME:
+        if namespace is None or reader == EVERY_NAME:
+            return True
+        if namespace == UNKNOWN_NAMESPACE:
+            return False  # fail closed: it may be another namespace's
+        if self.all:
             return True
         return namespace in self.extra or (self.own and reader is not None and reader == namespace)
 
 
-def hidden_container(entry: Mapping[str, Any]) -> dict:
+def hidden_container(entry: Mapping[str, Any], reason: str = HIDDEN_REASON) -> dict:
     """A resolution's ``container`` object with its names hidden (see the module)."""
     return {**entry, "name": None, "pod_uid": None, "pod": None, "namespace": None,
-            "hub_user": None, "name_reason": HIDDEN_REASON}  # fmt: skip
+            "hub_user": None, "name_reason": reason}  # fmt: skip
 
 
-def hidden_kernel(content: Mapping[str, Any] | None) -> dict | None:
+def hidden_kernel(content: Mapping[str, Any] | None, reason: str = HIDDEN_REASON) -> dict | None:
     """A proven kernel's beacon with what names it hidden (see the module); None stays None."""
     if content is None:
         return None
-    hidden: dict = {**content, **dict.fromkeys(KERNEL_NAME_KEYS), "names_reason": HIDDEN_REASON}
+    hidden: dict = {**content, **dict.fromkeys(KERNEL_NAME_KEYS), "names_reason": reason}
     identity = content.get("identity")
     if isinstance(identity, Mapping):
         hidden["identity"] = {**identity, "hostname": None}

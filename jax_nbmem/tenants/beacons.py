@@ -7,8 +7,9 @@ effect, its pool and when its last cell finished. :class:`BeaconWriter` keeps th
 removed at unload and at exit); :func:`read_beacons` gives the beacons a reader can trust.
 In a container (a PID namespace that is not the host's) the name is
 ``jax_nbmem-beacon-<ns inode>-<pid>.json``, and the content says the kernel's ``identity``
-(:mod:`.identity`). Beside it the writer holds an alive lock for the kernel's life
-(:mod:`.alive`), and sends each beacon to the node agent, where one listens
+(:mod:`.identity`); a name another user took first is replaced by an unpredictable one that
+readers find too (:mod:`.beacon_files`). Beside it the writer holds an alive lock for the
+kernel's life (:mod:`.alive`), and sends each beacon to the node agent, where one listens
 (:mod:`jax_nbmem.agent.client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
 
 Where: the user's Jupyter runtime directory, so the user's own kernels, CLI and server see each
@@ -33,7 +34,6 @@ import json
 import logging
 import math
 import os
-import stat
 import tempfile
 import threading
 import time
@@ -46,6 +46,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 from jax_nbmem.agent.client import AgentClient
 from jax_nbmem.agent.client_tcp import network_client
+from jax_nbmem.tenants import beacon_files as _files
 from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
 
@@ -70,13 +71,13 @@ SCHEMA = 1
 ENV_SHARE_DIR = "JAX_NBMEM_SHARE_DIR"
 _PREFIX = "jax_nbmem-beacon-"
 _SUFFIX = ".json"
-_MAX_BYTES = 64 * 1024
 # A beacon's start time and the process's may differ by the rounding of /proc's clock ticks.
 _START_SLACK_S = 1.0
 _MAX_KEY_CHARS = 256
 # More processes than any GPU node runs: what one look at the beacons reads at most.
 MAX_PIDS = 1024
 _WRITE_EVERY_S = 1.0
+read_small_file = _files.read_small_file  # where it always was
 
 
 @dataclass(frozen=True)
@@ -243,9 +244,12 @@ class BeaconWriter:
             if facts == self._last:
                 return False
             content, errors = {**facts, "written_at": time.time()}, []
-            for path in self.paths:
+            for number, path in enumerate(self.paths):
                 try:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
+                    if _files.taken_by_another(path):  # squatted: a name readers find too
+                        path = _files.fallback_path(path, self.key)
+                        self.paths[number] = path
                     write_atomically(path, content)
                 except (OSError, TypeError, ValueError) as exc:  # unwritable, or not JSON
                     errors.append(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}")
@@ -328,14 +332,26 @@ def read_beacons(
     for directory in beacon_dirs() if dirs is None else dirs:
         if not isinstance(directory, str) or not directory:
             continue
+        squatted: dict[str, int] = {}
         for pid in _listed_pids(directory, own) if wanted is None else wanted:
             key = beacon_key({**own, "pid_in_ns": pid})
-            beacon = _read_one(os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}"), pid, own)
-            if beacon is not None and (
-                beacon.pid not in found or beacon.written_at > found[beacon.pid].written_at
-            ):
-                found[beacon.pid] = beacon
+            path = os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}")
+            beacon = _read_one(path, pid, own)
+            if beacon is None and os.path.lexists(path):  # its name taken: has it a fallback?
+                squatted[key] = _files.owner_of(pid)
+            _keep(found, beacon)
+        for key, paths in (_files.fallbacks(directory, squatted) if squatted else {}).items():
+            pid = int(key.rpartition("-")[2])
+            for path in paths:
+                _keep(found, _read_one(path, pid, own))
     return found
+
+
+def _keep(found: dict[int, Beacon], beacon: Beacon | None) -> None:
+    if beacon is not None and (
+        beacon.pid not in found or beacon.written_at > found[beacon.pid].written_at
+    ):
+        found[beacon.pid] = beacon
 
 
 def _pid_list(pids: Iterable[int]) -> list[int]:
@@ -402,28 +418,6 @@ def _is_pid(digits: str, limit: int = 2**31) -> bool:
 # is the parse.
 _parsed: dict[str, tuple[tuple, Beacon | None]] = {}
 _PARSED_MAX = 4096
-
-
-def read_small_file(path: str, max_bytes: int = _MAX_BYTES) -> tuple[bytes, os.stat_result] | None:
-    """The bytes of the regular file at ``path`` and its ``fstat``, or None; never blocks.
-
-    For files anyone may have put there: a symlink, a FIFO (opened without blocking, never
-    read), a directory, a device, a socket or a file over ``max_bytes`` gives None.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, ValueError):  # a symlink (ELOOP), gone, not ours to read, a NUL in it
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            return None
-        data = os.read(fd, max_bytes + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return (data, info) if len(data) <= max_bytes else None  # None: it grew while read
 
 
 def parse_beacon_file(path: str) -> tuple[Beacon, os.stat_result] | None:

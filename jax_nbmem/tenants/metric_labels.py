@@ -1,10 +1,10 @@
 """Label values of the metrics (:mod:`.metrics`): each as Prometheus reads it, bounded.
 
-Names that processes give themselves (a notebook path, a user, a hub user, a kernel id) are
-claims: each value is printable and bounded, so no process can make a label of any length or
-shape. A notebook is shown as its server shows it, an absolute path by its tail, and a
-``key=value`` in it masked (it may be a secret). Which of ``user`` and ``hub_user`` came from
-whom is in :func:`name_sources`.
+Names that processes give themselves (a notebook path, a user, a hub user, a kernel id, a
+mode, a rootless container's name) are claims: each value is printable and bounded, so no
+process can make a label of any length or shape. A notebook is shown as its server shows
+it, an absolute path by its tail, and a ``key=value`` in it masked (it may be a secret).
+Which of ``user`` and ``hub_user`` came from whom is in :func:`name_sources`.
 """
 
 from __future__ import annotations
@@ -74,8 +74,13 @@ def container_labels(container: Any) -> tuple[str, str, str]:
     """
     if not isinstance(container, Mapping):
         return "", "", ""
-    name = container.get("name") or (container.get("id") or "")[:12]
-    return name or "", container.get("pod") or "", container.get("namespace") or ""
+    name = container.get("name") or str(container.get("id") or "")[:12]
+    # A rootless container's name is its user's claim: bounded as every claimed name is.
+    return (
+        bounded_name(name or None),
+        bounded_name(container.get("pod")),
+        bounded_name(container.get("namespace")),
+    )
 
 
 def gpu_identity(gpu: Mapping[str, Any]) -> tuple[str, str, str, str]:

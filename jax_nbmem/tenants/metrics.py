@@ -368,7 +368,7 @@ def _kernel_families(
         flag = process.get("preallocated")
         if flag is not None:
             mode = process.get("mode") or process.get("mode_at_start") or ""
-            preallocated.add_strings((*labels, str(mode)), 1.0 if flag else 0.0)
+            preallocated.add_strings((*labels, bounded_name(mode)), 1.0 if flag else 0.0)
         idle_s = process.get("idle_s")
         idle.add_strings(labels, idle_s)
         if idle_s is not None:

@@ -10,7 +10,11 @@ server stops. ``jax-nbmem exporter --defer-to-servers`` then leaves those PIDs t
 A reader trusts a claim as it trusts a beacon (:mod:`.beacons`): the server's PID is alive with
 the start time it states and belongs to the file's owner; a claim not rewritten for a few of
 its own intervals (the server hung or gone) is ignored, so its kernels come back to the
-exporter; and only processes of that same owner can be claimed: nobody hides another's.
+exporter; the server holds a shared ``flock`` on its file while it stands (``/proc/locks``
+shows it: no other process can make it hold one, so a file another process wrote or put in its
+place, same uid or not, is not its word); and only processes that server started (its
+descendants), of that same owner, can be claimed: nobody hides another's, not even a
+container's of the same uid (every DockerSpawner container runs as uid 1000).
 
 A server in a container (another PID namespace) knows its own PID only there, and its kernels'
 host PIDs only when the node agent told it; it also lists their PIDs in the container
@@ -24,15 +28,20 @@ is not on the host.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
 import os
 import stat
+import tempfile
+import threading
 import time
 from collections.abc import Iterable
 
 import psutil
 
-from jax_nbmem.tenants.beacons import _START_SLACK_S, write_atomically
+from jax_nbmem.tenants.beacons import _START_SLACK_S
 from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
@@ -45,6 +54,9 @@ _MAX_BYTES = 256 * 1024
 # A claim is good for this many of its own intervals, and never less than _MIN_FRESH_S.
 _FRESH_INTERVALS = 3
 _MIN_FRESH_S = 5.0
+# The claim files this process wrote, each with a shared flock held on it (see _write_held).
+_held: dict[str, int] = {}
+_held_lock = threading.Lock()
 
 
 def _path(directory: str, key: int | str) -> str:
@@ -80,24 +92,75 @@ def write_claim(
     for directory in directories:
         try:
             os.makedirs(directory, exist_ok=True)
-            write_atomically(_path(directory, beacon_key()), content)
+            _write_held(_path(directory, beacon_key()), json.dumps(content))
         except OSError:
             pass  # a directory we may not write: the exporter keeps these kernels
+
+
+def _write_held(path: str, text: str) -> None:
+    """Write ``path`` atomically, and hold a shared flock on the new file while it stands.
+
+    The lock is the file's proof of its writer: a reader defers only for a server that holds
+    a lock on the very file (``/proc/locks``), which no other process can make it hold.
+    """
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    try:
+        os.fchmod(fd, 0o644)
+        with open(fd, "w", encoding="utf-8", closefd=False) as out:
+            out.write(text)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.replace(partial, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    with _held_lock:
+        old, _held[path] = _held.get(path), fd
+    if old is not None:
+        os.close(old)
 
 
 def remove_claim(directories: Iterable[str]) -> None:
     """Take this process's claims away; never raises."""
     for directory in directories:
+        path = _path(directory, beacon_key())
         try:
-            os.unlink(_path(directory, beacon_key()))
+            os.unlink(path)
         except OSError:
             pass
+        with _held_lock:
+            fd = _held.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _lock_holders() -> set[tuple[int, int]]:
+    """(PID, inode) of every flock on this host, as ``/proc/locks`` shows them.
+
+    PIDs as this reader's namespace sees them; the device is left out (btrfs and overlay show
+    another than ``stat`` does).
+    """
+    held = set()
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            lines = locks.read(8 << 20).splitlines()
+    except OSError:
+        return held
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
+            inode = fields[5].rpartition(":")[2]
+            if inode.isdigit():
+                held.add((int(fields[4]), int(inode)))
+    return held
 
 
 def published_pids(directories: Iterable[str], now: float | None = None) -> dict[int, str]:
     """PID → URL of the server that publishes it, from the claims that can be trusted."""
     now = time.time() if now is None else now
     found: dict[int, str] = {}
+    holders = functools.cache(_lock_holders)  # read once per call, and only if a claim is found
     for directory in directories:
         try:
             entries = list(os.scandir(directory))
@@ -105,11 +168,12 @@ def published_pids(directories: Iterable[str], now: float | None = None) -> dict
             continue
         for entry in entries:
             if entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX):
-                found.update(_read_claim(entry.path, now, entry.name[len(_PREFIX) : -_LEN]))
+                key = entry.name[len(_PREFIX) : -_LEN]
+                found.update(_read_claim(entry.path, now, key, holders))
     return found
 
 
-def _read_claim(path: str, now: float, key: str) -> dict[int, str]:
+def _read_claim(path: str, now: float, key: str, holders) -> dict[int, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -131,17 +195,23 @@ def _read_claim(path: str, now: float, key: str) -> dict[int, str]:
                 return {}  # malformed, or the host's seen from a container: not checkable
             from jax_nbmem.tenants.publishers_host import from_namespace
 
-            return from_namespace(content, identity, key, info.st_uid)
+            held = lambda pid: (pid, info.st_ino) in holders()  # noqa: E731
+            return from_namespace(content, identity, key, info.st_uid, held)
         if key != beacon_key({"pid_in_ns": int(content["pid"]), "pid_ns": ns}):
             return {}  # its name says another server than its content
         server = psutil.Process(int(content["pid"]))
         if abs(server.create_time() - float(content["started_at"])) > _START_SLACK_S:
             return {}
         owner = info.st_uid
-        if server.uids().real != owner:
-            return {}
+        if server.uids().real != owner or (server.pid, info.st_ino) not in holders():
+            return {}  # another's, or a file its server does not hold: not the server's word
         url = str(content.get("url") or "")
-        return {pid: url for pid in content["pids"] if _owned_by(pid, owner)}
+        # Only what that server started: every container writes as the same uid, so a file
+        # naming another's kernel (or that kernel as its "server") defers nothing of it.
+        from jax_nbmem.tenants.publishers_host import descendants
+
+        started = set(descendants(server.pid))
+        return {pid: url for pid in content["pids"] if pid in started and _owned_by(pid, owner)}
     except (OSError, ValueError, TypeError, KeyError, psutil.Error, OverflowError):
         return {}
     finally:

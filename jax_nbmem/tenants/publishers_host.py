@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -27,7 +27,7 @@ import psutil
 from jax_nbmem.agent.hostview import HostView, HostViewer, boot_id, parse_nspids
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, same_namespace
 
-__all__ = ["from_namespace"]
+__all__ = ["descendants", "from_namespace"]
 
 _MAX_ANCESTORS = 16
 _MAX_SCAN = 1 << 17  # /proc entries looked at to find one server
@@ -41,9 +41,17 @@ _MISSED_S = 60.0
 
 
 def from_namespace(
-    content: Mapping[str, Any], identity: Mapping[str, Any], key: str, owner: int
+    content: Mapping[str, Any],
+    identity: Mapping[str, Any],
+    key: str,
+    owner: int,
+    holds_file: Callable[[int], bool] | None = None,
 ) -> dict[int, str]:
-    """Host PID → URL of the kernels this file's server started (see the module); or {}."""
+    """Host PID → URL of the kernels this file's server started (see the module); or {}.
+
+    ``holds_file(host_pid)``: whether that process holds its lock on the file (the writer's
+    proof, :mod:`.publishers`); None: not asked.
+    """
     if not in_initial_namespace():
         return {}  # another namespace's PIDs: only the host can tell what they are
     ns, in_ns = identity.get("pid_ns"), identity.get("pid_in_ns")
@@ -59,9 +67,11 @@ def from_namespace(
     server = _server((ns[0], ns[1]), in_ns, ticks, host_pids)
     if server is None or server.uid != owner:
         return {}
+    if holds_file is not None and not holds_file(server.pid):
+        return {}  # the server named holds no lock on this file: not its word
     url = str(content.get("url") or "")
     found = {}
-    for pid in _descendants(server.pid):
+    for pid in descendants(server.pid):
         view = _viewer.view(pid)
         if view is None or view.uid != owner:
             continue
@@ -70,7 +80,7 @@ def from_namespace(
     return found
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The host PIDs ``pid`` started, and theirs: from each task's ``children`` list.
 
     That costs what the server's own tree holds, not a pass over every process; where the

@@ -9,10 +9,13 @@ reads it to name its neighbours by their host PIDs and to find its own row.
 Only the agent may write it, so a reader trusts it only when it can tell so: ``S/agent`` is a
 real directory (no symlink), owned by root or by the agent's user (``$JAX_NBMEM_AGENT_USER``
 or ``c.JaxNbMem.agent_user``: a name or a number) and writable by nobody else; the file is a
-regular file of the same owner, writable by nobody else, of at most ``MAX_BYTES``. A reader
-never trusts a directory of its own uid unless it is root. Anything else is ignored with a
-said reason (``Resolution.reason``), and so is content of any malformed shape. A resolution
-older than ``max(3 x interval_s, 10)`` seconds is stale: its agent is dead or stuck.
+regular file of the same owner, writable by nobody else. A reader never trusts a directory of
+its own uid unless it is root. Anything else is ignored with a said reason
+(``Resolution.reason``). A file of the agent's that is over ``MAX_BYTES``, or whose JSON breaks
+off, is read as far as it goes (its first ``MAX_BYTES``): its head and every whole entry before
+the fault are used, the rest left out, and ``reason`` says so (the agent bounds what it
+publishes far below; one bad entry never costs the others). A resolution older than
+``max(3 x interval_s, 10)`` seconds is stale: its agent is dead or stuck.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import stat
 import time
 from collections.abc import Mapping
@@ -210,19 +214,15 @@ def load_resolution(
     if problem:
         return Resolution("untrusted", problem, path)
     # The file with every name where this reader may open it (root, the agent's user).
-    found = read_small_file(full_resolution_path(share_dir), MAX_BYTES)
+    found = _read_head(full_resolution_path(share_dir))
     if found is not None:
         path = full_resolution_path(share_dir)
     else:
-        found = read_small_file(path, MAX_BYTES)
+        found = _read_head(path)
     if found is None:
         if not os.path.lexists(path):
             return Resolution("absent", f"the node agent has written no {path} yet", path)
-        return Resolution(
-            "untrusted",
-            f"{path} is not a regular file of at most {MAX_BYTES >> 20} MiB (or unreadable)",
-            path,
-        )
+        return Resolution("untrusted", f"{path} is not a regular file (or unreadable)", path)
     data, file_info = found
     problem = _untrusted(file_info, path, {info.st_uid}, is_dir=False)
     if problem:
@@ -273,11 +273,45 @@ def _judge_age(resolution: Resolution, now: float) -> Resolution:
     return resolution
 
 
-def _parse(data: bytes, path: str) -> Resolution:
+def _read_head(path: str) -> tuple[bytes, os.stat_result] | None:
+    """The first ``MAX_BYTES`` (and one more) of the regular file ``path``, and its ``fstat``."""
+    found = read_small_file(path, MAX_BYTES)
+    if found is not None:
+        return found
     try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        chunks, size = [], 0
+        while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks), info
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_PROCESSES = re.compile(rb'"processes"\s*:\s*\[')
+
+
+def _parse(data: bytes, path: str) -> Resolution:
+    cut = len(data) > MAX_BYTES
+    try:
+        if cut:
+            raise ValueError("over the cap")
         content = json.loads(data)
     except Exception as exc:  # any bytes at all: too deep, not UTF-8, numbers beyond a float
-        return Resolution("malformed", f"{path} is no JSON ({type(exc).__name__}); ignored", path)
+        if cut:
+            cause = f"is over the readers' {MAX_BYTES >> 20} MiB"
+        else:
+            cause = f"is malformed JSON ({type(exc).__name__})"
+        return _parse_head(data[:MAX_BYTES], path, cause)
     if not isinstance(content, dict) or content.get("schema") != SCHEMA:
         return Resolution("malformed", f"{path} is not a schema {SCHEMA} resolution; ignored", path)
     written_at, interval = _number(content.get("written_at")), _number(content.get("interval_s"))
@@ -295,6 +329,30 @@ def _parse(data: bytes, path: str) -> Resolution:
     agent = content.get("agent")
     agent = {k: v for k, v in agent.items() if _text(k, 64)} if isinstance(agent, dict) else None
     return Resolution("fresh", None, path, written_at, interval, agent, processes)
+
+
+def _parse_head(data: bytes, path: str, cause: str) -> Resolution:
+    """What can be trusted of a resolution that breaks off: its head, its whole entries."""
+    found = _PROCESSES.search(data)
+    if found is None:
+        return Resolution("malformed", f"{path} {cause}; ignored", path)
+    head = _parse(data[: found.end()] + b"]}", path)
+    if head.state != "fresh":
+        return Resolution("malformed", f"{path} {cause}; ignored", path)
+    text = data[found.end() :].decode("utf-8", "ignore")
+    decoder, position, processes = json.JSONDecoder(), 0, {}
+    while True:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        try:
+            entry, position = decoder.raw_decode(text, position)
+            resolved = _entry(entry, path)
+        except Exception:  # the fault (or the cut): what came before it stands
+            break
+        if resolved is not None:
+            processes[resolved.pid] = resolved
+    reason = f"{path} {cause}: its {len(processes)} entries before that are used, the rest left out"
+    return replace(head, reason=reason, processes=processes)
 
 
 def _entry(entry: Any, path: str) -> ResolvedProcess | None:

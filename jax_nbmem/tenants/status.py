@@ -213,13 +213,14 @@ def collect(
 
 
 def _agent_notes(resolution, shared: str | None, environ: Mapping[str, str]) -> list[str]:
-    """What the report notes of the node agent: a resolution untrusted or malformed.
+    """What the report notes of the node agent: a resolution untrusted, malformed or cut short.
 
     Also a pod given the agent's address that has not heard from it (a plain host without
     one is not).
     """
     unheard = resolution.state == "absent" and not shared and network_configured(environ)
-    if resolution.state in ("untrusted", "malformed") or unheard:
+    partial = resolution.state == "fresh" and resolution.reason
+    if resolution.state in ("untrusted", "malformed") or unheard or partial:
         return [f"Node agent: {resolution.reason}."]
     return []
 

@@ -28,6 +28,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -250,3 +251,33 @@ def test_the_unit_s_privileges_read_what_proofs_need_and_write_no_process_s_memo
         for process in (theirs, ours):
             process.kill()
             process.wait()
+
+
+def test_the_unit_s_privileges_tell_who_made_a_namespace(jovyan):
+    """The agent's limits count a namespace a user minted as hers (issue 45): the ioctls that
+    tell so (NS_GET_USERNS, NS_GET_PARENT, NS_GET_OWNER_UID) work under the unit's privileges."""
+    user, _python, _env, _ = jovyan
+    minted = subprocess.Popen(
+        ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "unshare",
+         "--user", "--pid", "--fork", "sleep", "120"], start_new_session=True,
+    )  # fmt: skip
+    try:
+
+        def inner() -> int | None:
+            children = psutil.Process(minted.pid).children(recursive=True)
+            sleeping = [c.pid for c in children if c.name() == "sleep"]
+            return sleeping[0] if sleeping else None
+
+        pid = wait_for("the user's namespace's process", inner)
+        code = (
+            "import json; from jax_nbmem.agent.admission import unix_group; "
+            f"print(json.dumps(unix_group('/proc', {pid}, -1)))"
+        )
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(as_shipped([sys.executable, "-c", code], unit_capabilities()),
+                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == ["uid", user.uid]
+    finally:
+        os.killpg(minted.pid, signal.SIGKILL)
+        minted.wait()

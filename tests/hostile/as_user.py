@@ -15,7 +15,7 @@ import sys
 
 # What the scripts import, imported before the drop: root's standard library may be
 # unreadable to the user afterwards.
-_THEIR_MODULES = ("fcntl", "json", "select", "signal", "socket", "time")
+_THEIR_MODULES = ("ctypes", "fcntl", "json", "select", "signal", "socket", "time")
 
 
 def main() -> None:

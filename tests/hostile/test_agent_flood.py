@@ -52,7 +52,8 @@ def test_an_idle_connection_flood_leaves_room_for_an_honest_kernel(users, reacha
             with contained(client_args(agent.path), hostname="bob-box") as box:
                 assert json.loads(box.line()) == {"ok": True, "pid": box.host_pid}
                 assert box.host_pid in agent.registry.proven()
-            assert agent.connections == 40  # and his connection was let go with him
+            # and his connection was let go with him (once the agent saw it close)
+            wait_for("bob's connection to close", lambda: agent.connections == 40)
 
 
 class _HeldUp(PeerFinder):

@@ -157,7 +157,9 @@ def test_a_pod_claiming_another_pod_s_kernel_is_refused_and_the_other_keeps_its_
             (said,) = answers(bob, 1)
             assert not said["ok"] and "is not the namespace the host sees" in said["reason"]
             assert set(agent.registry.proven()) == {alice.host_pid}
-            assert str(bob.host_pid) in said["reason"]  # judged as bob's own process
+            # Judged as bob's own process, and the refusal names only what he claimed: no host
+            # PID of the socket the agent found (issue 45).
+            assert str(bob.host_pid) not in said["reason"] and "your process" in said["reason"]
 
 
 def test_a_kernel_in_the_host_s_network_namespace_over_loopback_is_proven(tmp_path):

@@ -113,18 +113,45 @@ def test_ipv6_and_ipv4_mapped_ends_are_compared_as_addresses(proc):
     assert mapped == ([4200], None)
 
 
-def test_destination_nat_matches_the_caller_s_own_end_alone(proc):
-    service = ("10.96.0.20", 9842)  # the caller dialled a Service; the agent sees its own end
-    alice = proc.namespace("alice", tcp=line(POD, service, 500), addresses=[POD[0]])
+def conntrack(proc, *lines):
+    """The host's connection tracking (PID 1's network namespace), as the kernel writes it."""
+    host = proc.namespace("host")
+    proc.process(1, host)
+    (proc.root / "1" / "net" / "nf_conntrack").write_text("".join(lines))
+
+
+def tracked(caller, dialled, agent):
+    """One tracked TCP connection: the caller dialled ``dialled``, DNAT gave it to ``agent``."""
+    return (f"ipv4     2 tcp      6 431999 ESTABLISHED src={caller[0]} dst={dialled[0]} "
+            f"sport={caller[1]} dport={dialled[1]} src={agent[0]} dst={caller[0]} "
+            f"sport={agent[1]} dport={caller[1]} [ASSURED] mark=0 zone=0 use=2\n")  # fmt: skip
+
+
+def test_destination_nat_is_undone_through_the_host_s_connection_tracking(proc):
+    node = ("10.0.0.1", 9842)  # the caller dialled its node's address (the hostPort)
+    alice = proc.namespace("alice", tcp=line(POD, node, 500), addresses=[POD[0]])
     proc.process(4100, alice, [500])
+    conntrack(proc, tracked(("10.244.9.9", 5000), node, AGENT), tracked(POD, node, AGENT))
     assert PeerFinder(str(proc.root)).holders(POD, AGENT) == ([4100], None)
+
+
+def test_a_socket_that_shares_only_the_caller_s_end_proves_nothing(proc):
+    """Mallory forges bob's address and port and dials another of the agent's addresses: bob's
+    socket has that end, but not the connection's other one (issue 45)."""
+    other_address = ("10.0.0.6", 9842)
+    bob = proc.namespace("bob", tcp=line(POD, other_address, 500), addresses=[POD[0]])
+    proc.process(4100, bob, [500])
+    conntrack(proc)  # nothing translated: the agent's own end is what she dialled
+    held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
+    assert held == [] and "no socket on this node is exactly this connection" in reason
+    assert "nothing is proven" in reason and "4100" not in reason
 
 
 def test_source_nat_a_remote_caller_or_a_closed_socket_are_refused_with_the_reason(proc):
     alice = proc.namespace("alice", tcp=line(POD, AGENT, 500, state="06"), addresses=[POD[0]])
     proc.process(4100, alice, [500])
     held, reason = PeerFinder(str(proc.root)).holders(POD, AGENT)
-    assert held == [] and "no process on this node holds the connecting socket" in reason
+    assert held == [] and "no socket on this node is exactly this connection" in reason
     assert "source NAT" in reason and "10.244.1.7:40112" in reason
 
 

@@ -2,8 +2,11 @@
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -40,18 +43,45 @@ def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
 def test_nobody_claims_another_user_s_process(tmp_path, sleeper):
-    # A "server" of user nobody claims its own process and one of root's: only its own counts.
-    server = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    tmp_path = Path(tempfile.mkdtemp())  # under /tmp: nobody reaches it (pytest's is 0700)
+    tmp_path.chmod(0o755)
+    # A "server" of user nobody (flock(1): it holds a lock on its claim and starts its
+    # "kernel") claims its own kernel and one of root's: only its own counts.
+    claim = tmp_path / "claim.json"
+    claim.touch()
+    server = subprocess.Popen(["flock", "--shared", str(claim), "sh", "-c", "sleep 60 & wait"],
+                              user=65534, group=65534)  # fmt: skip
     try:
+        kernel = wait_for_child(server.pid, "sleep")
         started = psutil.Process(server.pid).create_time()
-        claim = tmp_path / f"jax_nbmem-publisher-{server.pid}.json"
         claim.write_text(json.dumps({
             "schema": 1, "pid": server.pid, "started_at": started, "url": "u",
-            "pids": [server.pid, sleeper], "interval_s": 2.0, "written_at": time.time(),
+            "pids": [kernel, sleeper], "interval_s": 2.0, "written_at": time.time(),
         }))  # fmt: skip
+        claim = claim.rename(tmp_path / f"jax_nbmem-publisher-{server.pid}.json")
         assert published_pids([str(tmp_path)]) == {}  # root's file speaks for no one's server
         os.chown(claim, 65534, 65534)
-        assert published_pids([str(tmp_path)]) == {server.pid: "u"}
+        assert published_pids([str(tmp_path)]) == {kernel: "u"}
+        # The same words in a file the server holds no lock on: not its word.
+        claim.rename(tmp_path / "old")
+        (tmp_path / "old").rename(tmp_path / "x")  # the locked inode gone from the name
+        copy = tmp_path / f"jax_nbmem-publisher-{server.pid}.json"
+        copy.write_text((tmp_path / "x").read_text())
+        os.chown(copy, 65534, 65534)
+        assert published_pids([str(tmp_path)]) == {}
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def wait_for_child(pid: int, name: str | None = None) -> int:
+    """The first child of ``pid`` (with ``name``: its first descendant of that name)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        children = psutil.Process(pid).children(recursive=name is not None)
+        children = [c for c in children if name is None or c.name() == name]
+        if children:
+            return children[0].pid
+        time.sleep(0.02)
+    raise AssertionError(f"{pid} started no child")
