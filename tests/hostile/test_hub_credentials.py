@@ -14,7 +14,7 @@ its answer one byte at a time, each byte well within any per-read timeout.
 
 from __future__ import annotations
 
-import os
+import io
 
 import psutil
 import pytest
@@ -100,8 +100,8 @@ def test_her_trickling_server_delays_no_other_users_cull(servers, simgpu_in_proc
     simgpu_in_process.process(0, his, 36 * GIB).write()
     hub = StandInHub({servers.bob.name: bob, servers.mallory.name: mallory})
     api = Hub(url=hub.url, api_url=hub.url + "/hub/api", token=HUB_TOKEN)
-    culler = Culler(CullPolicy(idle_s=60, warn_s=0), str(servers.share), api,
-                    out=open(os.devnull, "w"), log_path=tmp_path / "admin.log")  # noqa: SIM115
+    policy = CullPolicy(idle_s=60, warn_s=0)
+    culler = Culler(policy, str(servers.share), api, out=io.StringIO(), log_path=tmp_path / "log")
     try:
         host = host_proof(str(servers.share))
         report = collect(share_dir=str(servers.share), host=host)
