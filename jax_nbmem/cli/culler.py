@@ -4,8 +4,10 @@ Each round (every ``--every`` seconds, or once with ``--once``) it reads the nod
 ``jax-nbmem status`` does (NVML, every user's beacons in the shared directory), picks the
 kernels the policy would stop, warns each one first (a notice its own panel and status show),
 and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts it down
-through its user's server with the hub token JupyterHub gives its services
-(``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
+through its user's server: the hub token JupyterHub gives its services
+(``$JUPYTERHUB_API_TOKEN``) goes to the hub only, which issues a token for that one server
+(:mod:`jax_nbmem.cli.hubapi`). The stops of one round run at once, each bounded by its
+deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says what it would do. Every warning, stop and
 change of mind is a JSON line in the log and a line on stdout; stops are counted in
 ``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
 exporter serves it (counting on from there after a restart), and served at the culler's own
