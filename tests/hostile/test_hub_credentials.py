@@ -39,8 +39,8 @@ def _shutdown(capsys, hub: StandInHub, share, pid: int, *args: str) -> tuple[int
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JUPYTERHUB_API_TOKEN", HUB_TOKEN)
         patch.delenv("JUPYTERHUB_API_URL", raising=False)
-        code = main(["shutdown", str(pid), "--yes", "--hub-url", hub.url,
-                     "--share-dir", str(share), *args])  # fmt: skip
+        code = main(["shutdown", str(pid), "--yes", "--hub-url", hub.url, "--share-dir",
+                     str(share), "--log", str(share.parent / "admin.log"), *args])  # fmt: skip
     said = capsys.readouterr()
     return code, said.out + said.err
 
