@@ -7,9 +7,10 @@ and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts
 through its user's server: the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``) goes to the hub only, which issues a token for that one server
 (:mod:`jax_nbmem.cli.hubapi`). The stops of one round run at once, each bounded by its
-deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says what it would do. Every warning, stop and
-change of mind is a JSON line in the log and a line on stdout; stops are counted in
-``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
+deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says
+what it would do. Every warning, stop and change of mind is a JSON line in the log and a
+line on stdout (users' words in it neutralised; a hub user the host did not prove marked
+"(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
 exporter serves it (counting on from there after a restart), and served at the culler's own
 ``/metrics`` with ``--listen``.
 
