@@ -10,9 +10,9 @@ through its user's server: the hub token JupyterHub gives its services
 deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says
 what it would do. Every warning, stop and change of mind is a JSON line in the log and a
 line on stdout (users' words in it neutralised; a hub user the host did not prove marked
-"(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
-exporter serves it (counting on from there after a restart), and served at the culler's own
-``/metrics`` with ``--listen``.
+"(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in
+the shared directory, from which the node exporter serves it (counting on from there after
+a restart), and served at the culler's own ``/metrics`` with ``--listen``.
 
 Whose a kernel is, for its exemption (``--exempt USER``) and for the server asked, is what the
 host proves (:mod:`jax_nbmem.agent.facts`), never what the kernel, its beacon or the status
