@@ -123,9 +123,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _shutdown(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.deadline import within
     from jax_nbmem.cli.hubapi import HubError, hub_from_environment, own_server_from_environment
     from jax_nbmem.cli.stop import StopError, find, stop
-    from jax_nbmem.text import printable_lines
 
     def work():
         hub = hub_from_environment(args.hub_url)
@@ -136,7 +136,7 @@ def _shutdown(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     try:
-        kernel, stopped = _within(args.deadline, work)
+        kernel, stopped = within(args.deadline, work)
     except (HubError, StopError, TimeoutError) as error:
         print(printable_lines(f"jax-nbmem shutdown: {error}"), file=sys.stderr)
         return 1
@@ -151,35 +151,6 @@ def _shutdown(args: argparse.Namespace) -> int:
     else:
         print(printable_lines(stopped.message))
     return 0
-
-
-def _within(deadline_s: float, work):
-    """``work()``'s result, or TimeoutError once ``deadline_s`` seconds have passed.
-
-    The work runs on a daemon thread: whatever it waits on (a server, a file, a process
-    that will not exit), this command ends by the deadline and says so.
-    """
-    import threading
-
-    done: dict = {}
-
-    def run() -> None:
-        try:
-            done["result"] = work()
-        except BaseException as error:  # handed to the caller as it is
-            done["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True, name="jax-nbmem-shutdown")
-    thread.start()
-    thread.join(deadline_s)
-    if thread.is_alive():
-        raise TimeoutError(
-            f"not finished within --deadline {deadline_s:g} s, so given up; whatever was "
-            "under way may still complete (see the administrators' log), nothing more is done"
-        )
-    if "error" in done:
-        raise done["error"]
-    return done["result"]
 
 
 def _cull(args: argparse.Namespace) -> int:
