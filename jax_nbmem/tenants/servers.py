@@ -22,7 +22,6 @@ import os
 import signal
 import socket
 import ssl
-import stat
 import threading
 import time
 import urllib.parse
@@ -33,6 +32,7 @@ from datetime import datetime
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
+from jax_nbmem.tenants.beacons import read_small_file
 from jax_nbmem.tenants.exchange import exchange
 
 __all__ = [
@@ -259,24 +259,10 @@ def read_runtime_file(path: str, owner_uid: int | None = None) -> JupyterServer 
     is gone, gives None.
     """
     owner_uid = os.geteuid() if owner_uid is None else owner_uid
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    read = read_small_file(path, MAX_RUNTIME_FILE_BYTES)
+    if read is None or read[1].st_uid != owner_uid:
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner_uid:
-            return None
-        if info.st_size > MAX_RUNTIME_FILE_BYTES:
-            return None
-        data = os.read(fd, MAX_RUNTIME_FILE_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RUNTIME_FILE_BYTES:
-        return None
-    return _server_from(path, data)
+    return _server_from(path, read[0])
 
 
 def _server_from(path: str, data: bytes) -> JupyterServer | None:
