@@ -75,7 +75,10 @@ class Node:
         """Start ``user``'s stand-in server with ``kernels``; ``hostile``: what else it does.
 
         See standin_server.py for both; every request it receives is kept (``requests()``).
+        ``netns=True``: it runs in a network namespace of its own (its loopback up), as any
+        user can make one with an unprivileged user namespace.
         """
+        netns = hostile.pop("netns", False)
         deletes, requests = (self.folder / f"{what}-{user.name}-{secrets.token_hex(4)}"
                              for what in ("deletes", "requests"))  # fmt: skip
         for path in (deletes, requests):
@@ -86,10 +89,14 @@ class Node:
                   "kernels": kernels, "requests": str(requests), **hostile}  # fmt: skip
         env = {**self.env, "HOME": str(user.home), "USER": user.name}
         env.pop("JUPYTER_RUNTIME_DIR", None)
-        process = subprocess.Popen(
-            [self.python, str(STANDIN), json.dumps(config)], user=user.uid, group=user.gid,
-            extra_groups=[], env=env, cwd=user.home, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        argv = [self.python, str(STANDIN), json.dumps(config)]
+        if netns:  # made by root here, then the server drops to the user, as before
+            argv = ["unshare", "--net", "sh", "-c", 'ip link set lo up && u=$0 g=$1 && shift '
+                    '&& exec setpriv --reuid="$u" --regid="$g" --clear-groups "$@"',
+                    str(user.uid), str(user.gid), *argv]  # fmt: skip
+        as_user = {} if netns else {"user": user.uid, "group": user.gid, "extra_groups": []}
+        process = subprocess.Popen(argv, env=env, cwd=user.home, stdout=subprocess.PIPE,
+                                   text=True, **as_user)  # fmt: skip
         said = json.loads(process.stdout.readline() or "null")
         assert said, f"{user.name}'s stand-in server did not start"
         started = StandInServer(user, process, said["pid"], said["port"], token,

@@ -3,6 +3,7 @@
 - Mallory's server listens on 127.0.0.2 at the very port bob's listens on at 127.0.0.1, and
   her runtime file names 127.0.0.1: root's ``jax-nbmem shutdown`` of her kernel sends bob's
   server nothing (the address is compared whole, in her server's own network namespace).
+  Nor when her server listens at bob's very address in a network namespace of her own.
 - A FIFO named ``jpserver-1.json`` in her runtime folder: root's stop of her kernel finishes
   (runtime files are opened without blocking, and must be regular files of their user).
 - A notebook name with terminal escapes in her beacon: ``jax-nbmem shutdown --dry-run`` and
@@ -51,6 +52,18 @@ def test_her_server_at_bobs_port_on_another_loopback_address_sends_bob_nothing(s
     assert bob.requests() == [] and bob.deletes() == []
     assert psutil.pid_exists(bob.kernels["b0b0-kernel"])
     wait_for("her kernel stopped", lambda: not _running(hers), 30)
+
+
+def test_her_server_at_bobs_address_in_a_network_namespace_of_her_own_sends_bob_nothing(
+    servers, capsys
+):
+    bob = servers.server(servers.bob, [{"id": "b0b0-kernel"}])
+    mallory = servers.server(servers.mallory, [{"id": "ma11-netns"}], port=bob.port, netns=True)
+    assert mallory.port == bob.port  # the same address and port, in her own namespace
+    hers = mallory.kernels["ma11-netns"]
+    code, said = _run(capsys, "shutdown", str(hers), "--dry-run")
+    assert code == 0 and "with SIGTERM" in said, said
+    assert bob.requests() == [] and mallory.requests() == []
 
 
 def _running(pid: int) -> bool:
