@@ -40,8 +40,9 @@ c.JupyterHub.services = [
 c.JupyterHub.load_roles = [
     {
         "name": "jax-nbmem-culler",
-        # Find a user's server, and call it to stop one kernel (never the whole server).
-        "scopes": ["read:servers", "access:servers"],
+        # Find a user's server, and have the hub issue a token for that one server to stop
+        # one kernel (never the whole server): this token itself goes to the hub only.
+        "scopes": ["read:servers", "tokens"],
         "services": ["jax-nbmem-culler"],
     },
 ]

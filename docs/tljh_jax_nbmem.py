@@ -19,10 +19,11 @@ c.JupyterHub.services.append({"name": "jax-nbmem-culler", "api_token": token})
 c.JupyterHub.load_roles.append(
     {
         "name": "jax-nbmem-culler",
-        # Find a user's server, and call it to stop one kernel (never the whole server);
-        # admin:server_state: the spawner's record of each server (its systemd unit), which
-        # proves whose a kernel is where Unix user jupyter-alice is hub user alice.
-        "scopes": ["read:servers", "access:servers", "admin:server_state"],
+        # Find a user's server, and have the hub issue a token for that one server to stop
+        # one kernel (never the whole server); admin:server_state: the spawner's record of
+        # each server (its systemd unit), which proves whose a kernel is where Unix user
+        # jupyter-alice is hub user alice.
+        "scopes": ["read:servers", "tokens", "admin:server_state"],
         "services": ["jax-nbmem-culler"],
     }
 )

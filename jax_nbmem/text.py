@@ -1,8 +1,12 @@
 """Text that comes from elsewhere, made safe to show; numbers that users type, read strictly.
 
 Process names, command lines, user names, notebook paths and GPU names come from other people
-and other programs. :func:`printable` neutralises what a terminal or a browser would act on
-(control and escape sequences, bidirectional overrides) before any of it is shown, and
+and other programs. Everything of ours that reaches a terminal or a log goes through
+:func:`printable_lines` (or :func:`printable` for one field, or :class:`NeutralFormatter` for a
+log handler, or JSON, which escapes every control character); ``tests/test_neutral_output.py``
+finds any print, write or log call that does not. :func:`printable` neutralises what a
+terminal or a browser would act on (control and escape sequences, bidirectional overrides)
+before any of it is shown, and
 :func:`mask_secrets` blots out what looks like a token or a password in a command line, so
 that no output of ours carries one. :func:`parse_number` and :func:`parse_count` accept plain
 ASCII numbers only: ``float("０.５")`` (fullwidth digits), ``nan`` and ``inf`` are all valid
@@ -11,11 +15,19 @@ Python, and none of them is what a user means by a memory fraction or a timeout.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Sequence
 
-__all__ = ["mask_secrets", "parse_count", "parse_number", "printable", "printable_lines"]
+__all__ = [
+    "NeutralFormatter",
+    "mask_secrets",
+    "parse_count",
+    "parse_number",
+    "printable",
+    "printable_lines",
+]
 
 # C0 and C1 controls, DEL, and the Unicode controls that reorder or hide text (bidi overrides
 # and isolates, zero-width joiners and marks, the BOM): a terminal or a browser acts on these.
@@ -43,6 +55,18 @@ def printable(text: object) -> str:
 def printable_lines(text: str) -> str:
     """:func:`printable` on each line of ``text``, keeping its line breaks."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+class NeutralFormatter(logging.Formatter):
+    """A log formatter whose every line is :func:`printable_lines`.
+
+    What a log record carries (a notebook name, a hub user, an exception's message) reaches
+    the terminal or the journal neutralised, whatever the call site passed.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as :class:`logging.Formatter` writes it, each line made printable."""
+        return printable_lines(super().format(record))
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -3,7 +3,9 @@
 The server of a kernel on the host is found from its *real* ancestors (``/proc``'s parent
 links, never ``$JPY_PARENT_PID``): the nearest one of the same UID and PID namespace whose
 runtime file (``jpserver-<its PID>.json``, in that user's runtime folder) is the user's own
-regular file, names that PID, and names an address the ancestor itself listens on. The
+regular file (opened without blocking or following links, of bounded size), names that PID,
+and names an address the ancestor itself listens on, compared whole in its own network
+namespace (:mod:`.listeners`); the server is then asked at that proven address. The
 runtime file's token then speaks to that server only. A kernel id, whatever its source,
 is used only with that server, and only once the server's own ``api/kernels`` lists it.
 """
@@ -25,7 +27,8 @@ from jax_nbmem.agent.facts import (
     prove_process,
 )
 from jax_nbmem.agent.hostview import HostViewer
-from jax_nbmem.tenants.servers import JupyterServer, ServerError, find_servers
+from jax_nbmem.agent.listeners import proven_address
+from jax_nbmem.tenants.servers import JupyterServer, ServerError, read_runtime_file
 
 __all__ = ["ancestors", "listed_by", "parent_server"]
 
@@ -83,13 +86,15 @@ def _runtime_server(process: ProvenProcess) -> tuple[ProvenServer | None, str]:
                 continue
             if not stat.S_ISREG(info.st_mode) or info.st_uid != process.uid:
                 return None, f"{path} is not its user's own regular file"
-            found = [s for s in find_servers(folder) if s.runtime_file == path]
-            if not found or found[0].pid != process.pid or found[0].refused:
-                why = found[0].refused if found and found[0].refused else "names another PID"
+            found = read_runtime_file(path, process.uid)  # never blocks, never follows a link
+            if found is None or found.pid != process.pid or found.refused:
+                why = found.refused if found is not None and found.refused else (
+                    "unreadable, too big, or names another PID")  # fmt: skip
                 return None, f"{path}: {why}"
-            if not _listens_where(process.pid, found[0]):
-                return None, f"{path} names an address PID {process.pid} does not listen on"
-            return ProvenServer(process.pid, found[0].url, found[0]), ""
+            asked, why = proven_address(process.pid, process.uid, found)
+            if asked is None:
+                return None, f"{path}: {why}"
+            return ProvenServer(process.pid, asked.url, asked), ""
     return None, "no runtime file of its PID"
 
 
@@ -113,19 +118,6 @@ def _runtime_folders(process: ProvenProcess) -> list[str]:
     except KeyError:
         pass
     return list(dict.fromkeys(folders))
-
-
-def _listens_where(pid: int, server: JupyterServer) -> bool:
-    """Whether host PID ``pid`` itself listens where ``server``'s runtime file says."""
-    try:
-        if server.sock:
-            sockets = psutil.Process(pid).net_connections(kind="unix")
-            return any(c.laddr == server.sock for c in sockets)
-        sockets = psutil.Process(pid).net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == server.port
-               for c in sockets)  # fmt: skip
 
 
 def listed_by(server: ProvenServer, kernel_id: str | None) -> ProvenKernelId:

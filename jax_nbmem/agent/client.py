@@ -22,6 +22,8 @@ import socket
 import time
 from typing import Any
 
+from jax_nbmem.text import printable
+
 __all__ = ["AGENT_DIR", "AgentClient", "RECONNECT_S", "socket_path"]
 
 log = logging.getLogger("jax_nbmem")
@@ -170,4 +172,4 @@ class AgentClient:
     def _once(self, what: str, message: str) -> None:
         if what not in self._logged:
             self._logged.add(what)
-            log.info(message)
+            log.info("%s", printable(message))

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from jax_nbmem.agent.client import _MAX_LINE, _TIMEOUT_S, RECONNECT_S, AgentClient
+from jax_nbmem.text import printable
 
 __all__ = [
     "DEFAULT_PORT",
@@ -114,7 +115,7 @@ def network_client(environ: Mapping[str, str] | None = None) -> TcpAgentClient |
     try:
         address = agent_address(environ)
     except ValueError as error:
-        log.warning("jax_nbmem: no node agent: %s", error)
+        log.warning("jax_nbmem: no node agent: %s", printable(error))
         return None
     return TcpAgentClient(address) if address is not None else None
 

@@ -19,6 +19,7 @@ import selectors
 from jax_nbmem.agent.binding import PROCESS_ENDED
 from jax_nbmem.agent.connection import Connection
 from jax_nbmem.agent.tcp import MAX_LINE_BYTES, Verdict
+from jax_nbmem.text import printable
 
 __all__ = ["MAX_ANSWER_BYTES", "RESOLUTION_REQUEST", "Judging", "release"]
 
@@ -149,7 +150,8 @@ class Judging:
 
     def _refuse(self, connection: Connection, reason: str, *, close: bool) -> None:
         self.refused += 1
-        log.info("jax-nbmem agent: refused host PID %s: %s", connection.pid, reason)
+        log.info("jax-nbmem agent: refused host PID %d: %s", connection.pid,
+                 printable(reason))  # fmt: skip
         self._send(connection, {"ok": False, "reason": reason})
         if close:
             connection.closing = True
@@ -163,7 +165,7 @@ class Judging:
             parts = (json.dumps({"ok": False, "reason": "the answer is too long"}).encode()
                      + b"\n",)  # fmt: skip
         if not connection.queue(*parts):
-            log.info("jax-nbmem agent: host PID %s does not read its answers", connection.pid)
+            log.info("jax-nbmem agent: host PID %d does not read its answers", connection.pid)
             self._close(connection)
             return
         self._flush(connection)
@@ -188,7 +190,7 @@ class Judging:
             self._swept_at = now
         for connection in list(self._connections.values()):
             if connection.stalled(now, self.write_s):
-                log.info("jax-nbmem agent: host PID %s does not read its answers", connection.pid)
+                log.info("jax-nbmem agent: host PID %d does not read its answers", connection.pid)
                 self._close(connection)
             elif connection.line_since is not None and now - connection.line_since > self.line_s:
                 self._refuse(connection, f"a line unfinished after {self.line_s:g} s", close=True)

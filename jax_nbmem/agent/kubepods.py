@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from jax_nbmem.text import printable
+
 __all__ = [
     "KubeAPI",
     "KubeError",
@@ -356,7 +358,7 @@ class PodDirectory:
                 self._watch(version)
             except KubeError as error:
                 self._state, self._reason = error.state, error.reason
-                log.warning("jax-nbmem agent: pods unknown: %s", error.reason)
+                log.warning("jax-nbmem agent: pods unknown: %s", printable(error.reason))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 60.0)
             except Exception as error:  # never the thread's end

@@ -69,6 +69,7 @@ from jax_nbmem.agent.registry import (
     prepare_agent_dir,
 )
 from jax_nbmem.agent.tcp import LISTENER_TCP, MAX_LINE_BYTES, TcpSide
+from jax_nbmem.text import printable
 
 __all__ = [
     "AGENT_DIR",
@@ -276,7 +277,7 @@ class AgentServer(TcpSide, Judging):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:  # EMFILE and the like: say it, keep serving
-                log.warning("jax-nbmem agent: accept failed: %s", error)
+                log.warning("jax-nbmem agent: accept failed: %s", printable(error))
                 return
             sock.setblocking(False)
             try:

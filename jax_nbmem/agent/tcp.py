@@ -37,6 +37,7 @@ from jax_nbmem.agent.connection import Connection
 from jax_nbmem.agent.netpeer import family_of
 from jax_nbmem.agent.registry import AgentDirError
 from jax_nbmem.tenants.culling import notice_content, read_notice
+from jax_nbmem.text import printable
 
 __all__ = ["LISTENER_TCP", "MAX_LINE_BYTES", "Connection", "TcpSide", "Verdict"]
 
@@ -85,7 +86,7 @@ class TcpSide:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
-                log.warning("jax-nbmem agent: accept failed: %s", error)
+                log.warning("jax-nbmem agent: accept failed: %s", printable(error))
                 return
             sock.setblocking(False)
             try:

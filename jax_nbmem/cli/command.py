@@ -7,6 +7,7 @@ jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stal
                    [--pod-names-visible own|all|none|NS,...]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
 jax-nbmem shutdown PID [--yes | --dry-run] [--hub-url URL] [--share-dir DIR] [--log FILE] [--json]
+                   [--deadline SECONDS]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
                          [--user | --sys-prefix | --prefix PATH]
 jax-nbmem kernel list [--json] [--prefix PATH]
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from jax_nbmem import guide
 from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
+from jax_nbmem.text import printable_lines
 
 __all__ = ["main"]
 
@@ -33,7 +35,7 @@ def _kernel_install(args: argparse.Namespace) -> int:
     try:
         mode = parse_mode(args.allocator)
     except ModeError as exc:
-        print(f"jax-nbmem: --allocator: {exc}", file=sys.stderr)
+        print(printable_lines(f"jax-nbmem: --allocator: {exc}"), file=sys.stderr)
         return 2
     prefix = sys.prefix if args.sys_prefix else args.prefix
     try:
@@ -47,12 +49,12 @@ def _kernel_install(args: argparse.Namespace) -> int:
             provisioner=args.provisioner,
         )
     except KernelSpecError as exc:
-        print(f"jax-nbmem: {exc}", file=sys.stderr)
+        print(printable_lines(f"jax-nbmem: {exc}"), file=sys.stderr)
         return 1
-    print(f"Installed kernelspec {kernel.name} in {kernel.resource_dir}")
-    print(f'  "{kernel.display_name}": allocator mode {kernel.allocator}')
+    print(printable_lines(f"Installed kernelspec {kernel.name} in {kernel.resource_dir}"))
+    print(printable_lines(f'  "{kernel.display_name}": allocator mode {kernel.allocator}'))
     for name, value in kernel.env.items():
-        print(f"  {name}={value}")
+        print(printable_lines(f"  {name}={value}"))
     return 0
 
 
@@ -68,8 +70,10 @@ def _kernel_list(args: argparse.Namespace) -> int:
         return 0
     width = max(len(kernel.name) for kernel in kernels)
     for kernel in kernels:
-        print(f"{kernel.name:<{width}}  {kernel.allocator:<14} {kernel.display_name}")
-        print(f"{'':<{width}}  {kernel.resource_dir}")
+        print(
+            printable_lines(f"{kernel.name:<{width}}  {kernel.allocator:<14} {kernel.display_name}")
+        )
+        print(printable_lines(f"{'':<{width}}  {kernel.resource_dir}"))
     return 0
 
 
@@ -79,9 +83,9 @@ def _kernel_remove(args: argparse.Namespace) -> int:
     try:
         folder = remove(args.name, args.prefix)
     except KernelSpecError as exc:
-        print(f"jax-nbmem: {exc}", file=sys.stderr)
+        print(printable_lines(f"jax-nbmem: {exc}"), file=sys.stderr)
         return 1
-    print(f"Removed kernelspec {args.name} ({folder})")
+    print(printable_lines(f"Removed kernelspec {args.name} ({folder})"))
     return 0
 
 
@@ -96,10 +100,12 @@ def _log_to_stderr() -> None:
     """The exporter's log (what it serves, the agent's socket, its proven kernels) on stderr."""
     import logging
 
+    from jax_nbmem.text import NeutralFormatter
+
     logger = logging.getLogger("jax_nbmem")
     if not logger.handlers:  # warnings of every part, as without a handler; INFO: its own
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(NeutralFormatter("%(message)s"))  # users' words, neutralised
         logger.addHandler(handler)
     logging.getLogger("jax_nbmem.exporter").setLevel(logging.INFO)
 
@@ -112,25 +118,29 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(format_status(report))
+        print(printable_lines(format_status(report)))
     return 0
 
 
 def _shutdown(args: argparse.Namespace) -> int:
+    from jax_nbmem.cli.deadline import within
     from jax_nbmem.cli.hubapi import HubError, hub_from_environment, own_server_from_environment
     from jax_nbmem.cli.stop import StopError, find, stop
 
-    try:
+    def work():
         hub = hub_from_environment(args.hub_url)
         kernel = find(args.pid, _share_dir(args.share_dir))
-        stopped = stop(
+        return kernel, stop(
             kernel, hub, dry_run=args.dry_run, log_path=args.log,
             own_server=own_server_from_environment(),
         )  # fmt: skip
-    except (HubError, StopError) as error:
-        print(f"jax-nbmem shutdown: {error}", file=sys.stderr)
+
+    try:
+        kernel, stopped = within(args.deadline, work)
+    except (HubError, StopError, TimeoutError) as error:
+        print(printable_lines(f"jax-nbmem shutdown: {error}"), file=sys.stderr)
         return 1
-    if args.json:
+    if args.json:  # JSON escapes every control character a notebook name may carry
         print(json.dumps({
             "pid": kernel.pid, "kernel_id": kernel.kernel_id, "user": kernel.user,
             "hub_user": kernel.hub_user, "notebook": kernel.notebook, "how": stopped.how,
@@ -139,7 +149,7 @@ def _shutdown(args: argparse.Namespace) -> int:
             "free_bytes_after": stopped.free_after, "message": stopped.message,
         }, indent=2))  # fmt: skip
     else:
-        print(stopped.message)
+        print(printable_lines(stopped.message))
     return 0
 
 
@@ -154,9 +164,11 @@ def _cull(args: argparse.Namespace) -> int:
     share_dir = _share_dir(args.share_dir)
     if not share_dir or not os.path.isdir(share_dir):
         print(
-            f"jax-nbmem cull: needs the shared beacon directory of every user's kernels "
-            f"(--share-dir or ${ENV_SHARE_DIR}, else {DEFAULT_SHARE_DIR} where it is); "
-            f"{share_dir or 'none given'} is no folder",
+            printable_lines(
+                f"jax-nbmem cull: needs the shared beacon directory of every user's kernels "
+                f"(--share-dir or ${ENV_SHARE_DIR}, else {DEFAULT_SHARE_DIR} where it is); "
+                f"{share_dir or 'none given'} is no folder"
+            ),
             file=sys.stderr,
         )
         return 2
@@ -170,7 +182,7 @@ def _cull(args: argparse.Namespace) -> int:
         hub = hub_from_environment(args.hub_url)
     except HubError as error:
         if not args.dry_run:  # a dry run asks no server: it needs no token
-            print(f"jax-nbmem cull: {error}", file=sys.stderr)
+            print(printable_lines(f"jax-nbmem cull: {error}"), file=sys.stderr)
             return 2
         hub = None
     if hub is None and not args.dry_run:
@@ -200,8 +212,8 @@ def _cull(args: argparse.Namespace) -> int:
             registry = prometheus_client.CollectorRegistry()
             prometheus_client.start_http_server(port, host, registry)
         except (ImportError, ValueError, OSError) as error:
-            print(f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}",
-                  file=sys.stderr)  # fmt: skip
+            said = f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}"
+            print(printable_lines(said), file=sys.stderr)
             return 2
     culler = Culler(
         policy, share_dir, hub, dry_run=args.dry_run,
@@ -248,17 +260,27 @@ def _exporter(args: argparse.Namespace) -> int:
         )
         exporter = Exporter(settings)
     except ValueError as error:
-        print(f"jax-nbmem exporter: {error}", file=sys.stderr)
+        print(printable_lines(f"jax-nbmem exporter: {error}"), file=sys.stderr)
         return 2
     from jax_nbmem.agent.server import AgentDirError
 
     try:
-        exporter.serve(ready=lambda url: print(f"jax-nbmem exporter: serving {url}", flush=True))
+        exporter.serve(
+            ready=lambda url: print(
+                printable_lines(f"jax-nbmem exporter: serving {url}"), flush=True
+            )
+        )
     except AgentDirError as error:
-        print(f"jax-nbmem exporter: no node agent: {error} (or --no-agent)", file=sys.stderr)
+        print(
+            printable_lines(f"jax-nbmem exporter: no node agent: {error} (or --no-agent)"),
+            file=sys.stderr,
+        )
         return 2
     except OSError as error:
-        print(f"jax-nbmem exporter: cannot listen on {args.listen}: {error}", file=sys.stderr)
+        print(
+            printable_lines(f"jax-nbmem exporter: cannot listen on {args.listen}: {error}"),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -380,6 +402,15 @@ def _add_exporter(commands) -> None:
     exporter.set_defaults(run=_exporter)
 
 
+def _positive_seconds(text: str) -> float:
+    from jax_nbmem.text import parse_number
+
+    try:
+        return parse_number(text, "--deadline", low=0, high=3600)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _add_shutdown(commands) -> None:
     """``jax-nbmem shutdown PID``."""
     from jax_nbmem.cli.hubapi import SCOPES_TEXT
@@ -418,6 +449,13 @@ def _add_shutdown(commands) -> None:
         "/var/log/jax_nbmem/admin.log for root)",
     )
     shutdown.add_argument("--json", action="store_true", help="print one JSON object")
+    shutdown.add_argument(
+        "--deadline",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up, saying so, when the whole stop has not finished in SECONDS (default 60)",
+    )
     shutdown.set_defaults(run=_shutdown)
 
 

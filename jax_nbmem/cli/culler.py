@@ -4,12 +4,15 @@ Each round (every ``--every`` seconds, or once with ``--once``) it reads the nod
 ``jax-nbmem status`` does (NVML, every user's beacons in the shared directory), picks the
 kernels the policy would stop, warns each one first (a notice its own panel and status show),
 and after ``--warn`` seconds, if it still qualifies and ran no cell since, shuts it down
-through its user's server with the hub token JupyterHub gives its services
-(``$JUPYTERHUB_API_TOKEN``). ``--dry-run`` only says what it would do. Every warning, stop and
-change of mind is a JSON line in the log and a line on stdout; stops are counted in
-``jax_nbmem_culled_kernels_total{reason}``: kept in the shared directory, from which the node
-exporter serves it (counting on from there after a restart), and served at the culler's own
-``/metrics`` with ``--listen``.
+through its user's server: the hub token JupyterHub gives its services
+(``$JUPYTERHUB_API_TOKEN``) goes to the hub only, which issues a token for that one server
+(:mod:`jax_nbmem.cli.hubapi`). The stops of one round run at once, each bounded by its
+deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says
+what it would do. Every warning, stop and change of mind is a JSON line in the log and a
+line on stdout (users' words in it neutralised; a hub user the host did not prove marked
+"(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in
+the shared directory, from which the node exporter serves it (counting on from there after
+a restart), and served at the culler's own ``/metrics`` with ``--listen``.
 
 Whose a kernel is, for its exemption (``--exempt USER``) and for the server asked, is what the
 host proves (:mod:`jax_nbmem.agent.facts`), never what the kernel, its beacon or the status
@@ -33,10 +36,12 @@ gets it from the node agent over its connection (:mod:`jax_nbmem.agent.tcp`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +65,7 @@ from jax_nbmem.tenants.culling import (
     write_counts,
     write_notice,
 )
+from jax_nbmem.text import printable_lines
 
 __all__ = ["Culler"]
 
@@ -88,6 +94,7 @@ class Culler:
         self.out = out or sys.stdout
         self.culled: dict[str, int] = {}
         self._unproven_said: set[int] = set()
+        self._proven_hub_users: dict[int, str] = {}  # PID -> its hub user, where proven
         self._outside_said = False
         self._host: HostProof | None = None
         self._counts: CullCounts | None = None  # as kept in the shared directory
@@ -121,7 +128,6 @@ class Culler:
         self._host = host
         report = collect(share_dir=self.share_dir, host=host or False) if report is None else report
         events = []
-        chosen = {}
         found = candidates(report, self.policy)
         if host is None and found and not self._outside_said:
             self._outside_said = True
@@ -129,21 +135,12 @@ class Culler:
                 "not culling: this culler runs outside the host's PID namespace, where it "
                 "cannot prove whose a kernel is; run it in the host's PID namespace"
             )})  # fmt: skip
-        for candidate in found if host is not None else ():
-            if host.namespaced(candidate.pid) and not host.is_proven(candidate.pid):
-                events.extend(self._unproven(candidate))
-                continue
-            kernel, why = self._facts(candidate, host)
-            if kernel is None:
-                events.extend(self._unproven(candidate, why))
-                continue
-            if self.policy.exempts(kernel.proven_owner, kernel.process.user):
-                continue
-            chosen[candidate.pid] = candidate
+        chosen = self._choose(found, host, events) if host is not None else {}
         keys = {pid: host.key(pid) if host is not None else str(pid) for pid in chosen}
         beacons = read_beacons([self.share_dir])
         if host is not None:
             beacons = host.beacons(beacons, chosen)
+        due = []
         for pid, candidate in chosen.items():
             key = keys[pid]
             notice = read_notice([self.share_dir], pid, candidate.started_at,
@@ -153,15 +150,34 @@ class Culler:
             elif now < notice.deadline:
                 continue  # warned; its time has not come
             elif self._ran_a_cell_since(pid, notice, beacons):
-                events.append(self._forget(key, candidate.label(), "it ran a cell", pid))
+                events.append(self._forget(key, self._label(candidate), "it ran a cell", pid))
             else:
-                events.append(self._cull(candidate, key))
+                due.append((candidate, key))
+        events.extend(self._cull_all(due))
         if not self.dry_run:
             for key in self._noticed() - set(keys.values()):
                 events.append(self._forget(key, f"kernel {key}", "it no longer qualifies"))
         for event in events:
             self._say(event)
         return events
+
+    def _choose(self, found: list[Candidate], host: HostProof, events: list) -> dict:
+        """The candidates whose facts allow acting, not exempt; why not is added to ``events``."""
+        chosen = {}
+        for candidate in found:
+            if host.namespaced(candidate.pid) and not host.is_proven(candidate.pid):
+                events.extend(self._unproven(candidate))
+                continue
+            kernel, why = self._facts(candidate, host)
+            if kernel is None:
+                events.extend(self._unproven(candidate, why))
+                continue
+            if kernel.proven_owner.is_hub_user:
+                self._proven_hub_users[candidate.pid] = kernel.proven_owner.name
+            if self.policy.exempts(kernel.proven_owner, kernel.process.user):
+                continue
+            chosen[candidate.pid] = candidate
+        return chosen
 
     def _facts(self, candidate: Candidate, host: HostProof) -> tuple[Kernel | None, str]:
         """The candidate's kernel with a proven owner and no contradicting claim, or why not."""
@@ -185,7 +201,7 @@ class Culler:
             return []
         self._unproven_said.add(candidate.pid)
         event = self._event("skip", candidate)
-        event["message"] = f"not culling {candidate.label()}: " + (why or (
+        event["message"] = f"not culling {self._label(candidate)}: " + (why or (
             "it runs in a container and the node agent has not proven who it is (is "
             "`jax-nbmem exporter --share-dir` running on this node?)"
         ))  # fmt: skip
@@ -198,7 +214,7 @@ class Culler:
         if self.dry_run:
             wait = "at once" if self.policy.warn_s <= 0 else f"at {at}"
             event["message"] = (
-                f"would warn {candidate.label()} and shut it down {wait} unless it runs a "
+                f"would warn {self._label(candidate)} and shut it down {wait} unless it runs a "
                 f"cell: {candidate.why} (--dry-run: nothing done)"
             )
             return event
@@ -208,26 +224,54 @@ class Culler:
         try:
             write_notice(self.share_dir, notice)
         except OSError as error:
-            event.update(action="error", message=f"cannot warn {candidate.label()}: {error}")
+            event.update(action="error", message=f"cannot warn {self._label(candidate)}: {error}")
             return event
         event["deadline"] = deadline
         event["message"] = (
-            f"warned {candidate.label()}: it will be shut down at {at} unless it runs a cell; "
+            f"warned {self._label(candidate)}: it will be shut down at {at} unless it runs a cell; "
             f"{candidate.why}"
         )
         return event
 
-    def _cull(self, candidate: Candidate, key: str | None = None) -> dict:
-        event = self._event("cull", candidate)
-        if self.dry_run:
-            event["message"] = f"would shut down {candidate.label()} (--dry-run: nothing done)"
-            return event
+    def _cull_all(self, due: list[tuple[Candidate, str]]) -> list[dict]:
+        """Cull each of ``due`` at once, each on its own thread: a slow server delays no other.
+
+        Every request of a stop has its own deadline (:mod:`jax_nbmem.cli.hubapi`), so each
+        thread ends; the bookkeeping is done here, in order, once they have.
+        """
+        if self.dry_run or len(due) <= 1:
+            return [self._cull(candidate, key) for candidate, key in due]
+        stopped: list = [None] * len(due)
+
+        def stop_one(index: int, candidate: Candidate) -> None:
+            stopped[index] = self._stop(candidate)
+
+        threads = [threading.Thread(target=stop_one, args=(i, c), daemon=True,
+                                    name=f"jax-nbmem-cull-{c.pid}")
+                   for i, (c, _) in enumerate(due)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [self._cull(c, key, stopped[i]) for i, (c, key) in enumerate(due)]
+
+    def _stop(self, candidate: Candidate):
+        """Stop the candidate's kernel: what :func:`stop` did, or the StopError it raised."""
         try:
             kernel = find(candidate.pid, self.share_dir, self._host)
-            stopped = stop(kernel, self.hub, log_path=self.log_path)
+            return stop(kernel, self.hub, log_path=self.log_path)
         except StopError as error:
-            event.update(action="error", message=f"could not shut down {candidate.label()}: "
-                         f"{error}")  # fmt: skip
+            return error
+
+    def _cull(self, candidate: Candidate, key: str | None = None, stopped=None) -> dict:
+        event = self._event("cull", candidate)
+        if self.dry_run:
+            event["message"] = f"would shut down {self._label(candidate)} (--dry-run: nothing done)"
+            return event
+        stopped = self._stop(candidate) if stopped is None else stopped
+        if isinstance(stopped, StopError):
+            event.update(action="error", message=f"could not shut down {self._label(candidate)}: "
+                         f"{stopped}")  # fmt: skip
             return event
         remove_notice(self.share_dir, key or candidate.pid)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
@@ -244,8 +288,8 @@ class Culler:
         try:
             write_counts(self.share_dir, self._counts)
         except OSError as error:
-            print(f"jax-nbmem cull: cannot keep the cull counts in {self.share_dir}: {error}",
-                  file=self.out, flush=True)  # fmt: skip
+            said = f"jax-nbmem cull: cannot keep the cull counts in {self.share_dir}: {error}"
+            print(printable_lines(said), file=self.out, flush=True)
 
     def _forget(self, key: str, label: str, why: str, pid: int | None = None) -> dict:
         remove_notice(self.share_dir, key)
@@ -278,9 +322,18 @@ class Culler:
             "reason": candidate.reason, "dry_run": self.dry_run,
         }  # fmt: skip
 
+    def _label(self, candidate: Candidate) -> str:
+        """The candidate as people know it; a hub user the host did not prove is "(claimed)"."""
+        claimed = candidate.hub_user
+        if claimed and claimed != candidate.user:
+            if self._proven_hub_users.get(candidate.pid) != claimed:
+                candidate = dataclasses.replace(candidate, hub_user=f"{claimed} (claimed)")
+        return candidate.label()
+
     def _say(self, event: dict) -> None:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        print(f"jax-nbmem cull: {event['message']}", file=self.out, flush=True)
+        # Notebook names and hub users are their users' words: shown only neutralised.
+        print(printable_lines(f"jax-nbmem cull: {event['message']}"), file=self.out, flush=True)
         if self.log_path is None:
             return
         try:
@@ -288,7 +341,8 @@ class Culler:
             with open(self.log_path, "a", encoding="utf-8") as log:
                 log.write(json.dumps({"at": at, "by": "jax-nbmem cull", **event}) + "\n")
         except OSError as error:
-            print(f"jax-nbmem cull: cannot write {self.log_path}: {error}", file=self.out)
+            print(printable_lines(f"jax-nbmem cull: cannot write {self.log_path}: {error}"),
+                  file=self.out)  # fmt: skip
 
     def serve(self, every_s: float) -> None:
         """Rounds every ``every_s`` seconds until interrupted; a failed round is said, not fatal."""
@@ -297,5 +351,6 @@ class Culler:
             try:
                 self.round()
             except Exception as error:  # a service keeps running: say it and try again
-                print(f"jax-nbmem cull: the round failed: {error!r}", file=self.out, flush=True)
+                print(printable_lines(f"jax-nbmem cull: the round failed: {error!r}"),
+                      file=self.out, flush=True)  # fmt: skip
             time.sleep(max(0.0, every_s - (time.monotonic() - began)))

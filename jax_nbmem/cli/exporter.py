@@ -73,6 +73,7 @@ from jax_nbmem.tenants.metrics import Snapshot, is_fresh
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 from jax_nbmem.tenants.status import collect
+from jax_nbmem.text import printable
 
 __all__ = [
     "DEFAULT_AGENT_PORT",
@@ -111,7 +112,8 @@ class _Server6(_Server):
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
-        log.debug("jax-nbmem exporter: " + format, *args)
+        # The request line is whoever connected: neutralised like any text from elsewhere.
+        log.debug("jax-nbmem exporter: %s", printable(format % args))
 
 
 class Exporter:
@@ -196,7 +198,8 @@ class Exporter:
         log.info(
             "jax-nbmem exporter: acting as the node agent for kernels in containers: socket %s; "
             "resolution in %s",
-            " and TCP ".join(where), server.directory or "none (TCP alone: kernels ask for it)",
+            printable(" and TCP ".join(where)),
+            printable(server.directory or "none (TCP alone: kernels ask for it)"),
         )  # fmt: skip
 
     def _resolution_for(self, pid: int) -> tuple[float, str] | None:
@@ -211,7 +214,7 @@ class Exporter:
             self._agent_problem = None
         except AgentDirError as error:
             if str(error) != self._agent_problem:
-                log.error("jax-nbmem exporter: no node agent: %s", error)
+                log.error("jax-nbmem exporter: no node agent: %s", printable(error))
             self._agent_problem = str(error)
 
     def _publish(self, report: dict, registrations: dict, host: HostProof) -> None:
@@ -225,7 +228,7 @@ class Exporter:
             try:
                 write_resolution(self.agent.directory, text, None if full == text else full)
             except OSError as error:
-                log.warning("jax-nbmem exporter: cannot write the resolution: %s", error)
+                log.warning("jax-nbmem exporter: cannot write the resolution: %s", printable(error))
             clean_dead(self.agent.share_dir, [r.key for r in registrations.values()])
         self.viewer.forget([*registrations, *(p["pid"] for p in report.get("processes", []))])
 
@@ -269,7 +272,9 @@ class Exporter:
         scheme = "https" if settings.web.tls is not None else "http"
         url = f"{scheme}://{host}:{server.server_port}/metrics"
         if settings.insecure and not is_loopback(settings.host) and settings.web.users is None:
-            log.warning("jax-nbmem exporter: --insecure: anyone who reaches %s reads it", url)
+            log.warning(
+                "jax-nbmem exporter: --insecure: anyone who reaches %s reads it", printable(url)
+            )
         if ready is not None:
             ready(url)
         try:
@@ -360,16 +365,16 @@ class Exporter:
             log.warning(
                 "jax-nbmem exporter: no --share-dir (nor $%s, nor %s): other users' kernels are "
                 "judged without their beacons and no node agent runs (%s; %s)",
-                ENV_SHARE_DIR,
-                DEFAULT_SHARE_DIR,
-                guide.page("shared-node.md", "On a shared GPU server"),
-                guide.page("containers.md"),
+                printable(ENV_SHARE_DIR),
+                printable(DEFAULT_SHARE_DIR),
+                printable(guide.page("shared-node.md", "On a shared GPU server")),
+                printable(guide.page("containers.md")),
             )
         elif not os.path.isdir(shared) or not os.access(shared, os.R_OK | os.X_OK):
             log.warning(
                 "jax-nbmem exporter: the share directory %s is missing or unreadable: no "
                 "beacon is read from it until it is there (deploy/jax-nbmem-exporter.tmpfiles)",
-                shared,
+                printable(shared),
             )
 
     def stop(self) -> None:

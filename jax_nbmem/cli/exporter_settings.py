@@ -17,6 +17,7 @@ from jax_nbmem import guide
 from jax_nbmem.agent.kubepods import KubeAPI, KubeError, NoPods, PodDirectory
 from jax_nbmem.agent.publish import PodVisibility
 from jax_nbmem.cli.webconfig import WebConfig, load_web_config
+from jax_nbmem.text import printable
 
 __all__ = ["DEFAULT_LISTEN", "ENV_NODE_NAME", "ExporterSettings", "is_loopback", "parse_listen"]
 
@@ -130,6 +131,6 @@ def _pod_directory(kubernetes: str, node_name: str | None) -> PodDirectory | NoP
         )
         if kubernetes == "on":
             raise ValueError(f"--kubernetes on: {why}")
-        log.warning("jax-nbmem exporter: pods unnamed: %s", why)
+        log.warning("jax-nbmem exporter: pods unnamed: %s", printable(why))
         return NoPods("error", why)  # said in its report and metrics, not fatal
     return PodDirectory(api, node)

@@ -2,27 +2,44 @@
 
 What ``jax-nbmem shutdown`` and ``jax-nbmem cull`` need: a user's server address, and a
 kernel's shutdown through that server, with an administrator's hub API token
-(``$JUPYTERHUB_API_TOKEN``, the scopes :data:`SCOPES`: ``read:servers`` to find a server,
-``access:servers`` to call it) — a :class:`Hub`. A hub user's own kernels need no such token:
-in their server, its terminals and kernels, JupyterHub sets the server's own address and token
-(``$JUPYTERHUB_SERVICE_URL``, ``$JUPYTERHUB_API_TOKEN``), which may call that server only —
-an :class:`OwnServer`. Every fault is a :class:`HubError` that says what went wrong and what
-to do; the token never shows.
+(``$JUPYTERHUB_API_TOKEN``, the scopes :data:`SCOPES`) — a :class:`Hub`. That token goes to
+the hub's API only, never to a user's server, which is a process its user controls: what a
+user's server is sent is a token the hub issues for that one server, on demand
+(``POST users/NAME/tokens`` with the scope ``access:servers!server=NAME/``, owned by that
+user, expiring in :data:`SERVER_TOKEN_S` seconds and revoked once used), whose power is what
+that user could already do to their own server. ``read:servers`` finds a server; ``tokens``
+issues those tokens.
+
+A hub user's own kernels need no such token: in their server, its terminals and kernels,
+JupyterHub sets the server's own address and token (``$JUPYTERHUB_SERVICE_URL``,
+``$JUPYTERHUB_API_TOKEN``), which may call that server only — an :class:`OwnServer`.
+
+Every request is one exchange (:func:`~jax_nbmem.tenants.exchange.exchange`): no redirect is
+followed (a credential goes only where it was addressed), and the whole of it — connecting,
+sending, every byte of the answer — ends within :data:`REQUEST_S` seconds, however slowly
+the other side answers. Every fault is a :class:`HubError` that says what went wrong and
+what to do; no token ever shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
-import urllib.error
+import ssl
 import urllib.parse
-import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from jax_nbmem.tenants.exchange import exchange
 
 __all__ = [
     "ENV_HUB_URL",
+    "REQUEST_S",
     "SCOPES",
     "SCOPES_TEXT",
+    "SERVER_TOKEN_S",
     "Hub",
     "HubError",
     "OwnServer",
@@ -33,9 +50,10 @@ __all__ = [
 ENV_HUB_URL = "JAX_NBMEM_HUB_URL"
 # What an administrator's token needs to stop another user's kernel (the culler's too): one
 # set, said in these words by every message, help text and docs page.
-SCOPES = ("read:servers", "access:servers")
-SCOPES_TEXT = "the scopes read:servers and access:servers"
-_TIMEOUT_S = 10.0
+SCOPES = ("read:servers", "tokens")
+SCOPES_TEXT = "the scopes read:servers and tokens"
+REQUEST_S = 10.0  # one whole exchange, answer included
+SERVER_TOKEN_S = 120  # a one-server token's life, should its revocation not get through
 
 
 class HubError(RuntimeError):
@@ -49,10 +67,14 @@ class Hub:
     url: str
     api_url: str
     token: str = field(repr=False)
+    # Each server address server_url() gave, and whose it is: only those are asked.
+    _named: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
-    def request(self, method: str, url: str, what: str) -> object:
-        """One request with the token; the decoded JSON answer (None when empty)."""
-        return _request(method, url, self.token, what)
+    def request(self, method: str, url: str, what: str, body: object = None) -> object:
+        """One request with the hub token, to the hub's API only; the decoded JSON answer."""
+        if not url.startswith(self.api_url + "/"):
+            raise HubError(f"{what}: {url} is not the hub's API ({self.api_url}); not sent")
+        return _request(method, url, self.token, what, body)
 
     def server_url(self, user: str) -> str:
         """The address of ``user``'s default server through the hub's proxy."""
@@ -61,15 +83,59 @@ class Hub:
         server = ((model or {}).get("servers") or {}).get("") if isinstance(model, dict) else None
         if not server or not server.get("url"):
             raise HubError(f"hub user {user} has no running server")
-        return self.url.rstrip("/") + server["url"]
+        path = str(server["url"])
+        if not path.startswith("/") or path.startswith("//"):
+            raise HubError(f"the hub records hub user {user}'s server at {path!r}, not a path")
+        url = self.url.rstrip("/") + path
+        self._named[url] = user
+        return url
 
-    def shutdown_kernel(self, server_url: str, kernel_id: str) -> None:
-        """Shut one kernel down through its server (``DELETE api/kernels/<id>``)."""
-        _shutdown_kernel(server_url, kernel_id, self.token)
+    @contextlib.contextmanager
+    def server_token(self, user: str) -> Iterator[str]:
+        """A token the hub issues for ``user``'s default server alone, revoked afterwards."""
+        quoted = urllib.parse.quote(user, safe="")
+        issued = self.request(
+            "POST", f"{self.api_url}/users/{quoted}/tokens",
+            f"a token for hub user {user}'s server",
+            {"scopes": [f"access:servers!server={user}/"], "expires_in": SERVER_TOKEN_S,
+             "note": "jax-nbmem: one kernel's shutdown (revoked once used)"},
+        )  # fmt: skip
+        if not isinstance(issued, dict) or not isinstance(issued.get("token"), str):
+            raise HubError(f"the hub issued no token for hub user {user}'s server")
+        try:
+            yield issued["token"]
+        finally:
+            token_id = issued.get("id")
+            if isinstance(token_id, str):
+                with contextlib.suppress(HubError):  # it expires by itself in any case
+                    self.request(
+                        "DELETE",
+                        f"{self.api_url}/users/{quoted}/tokens/"
+                        f"{urllib.parse.quote(token_id, safe='')}",
+                        "revoking the server's token",
+                    )  # fmt: skip
 
-    def kernel_ids(self, server_url: str) -> set[str]:
-        """The ids of the kernels that the server at ``server_url`` lists (``api/kernels``)."""
-        return _kernel_ids(server_url, self.token)
+    def shutdown_kernel(self, server_url: str, kernel_id: str, user: str | None = None) -> None:
+        """Shut one kernel down through ``server_url`` (a :meth:`server_url` of ``user``).
+
+        With a token for that server alone (:meth:`server_token`); ``user`` defaults to
+        whose :meth:`server_url` gave that address.
+        """
+        with self.server_token(self._whose(server_url, user)) as token:
+            _shutdown_kernel(server_url, kernel_id, token)
+
+    def kernel_ids(self, server_url: str, user: str | None = None) -> set[str]:
+        """The ids of the kernels the server at ``server_url`` lists (as in shutdown_kernel)."""
+        with self.server_token(self._whose(server_url, user)) as token:
+            return _kernel_ids(server_url, token)
+
+    def _whose(self, server_url: str, user: str | None) -> str:
+        if not _same_origin(server_url, self.url):
+            raise HubError(f"{server_url} is not behind the hub's proxy ({self.url}); not asked")
+        user = user or self._named.get(server_url)
+        if not user:
+            raise HubError(f"{server_url} is no server the hub named; not asked")
+        return user
 
 
 @dataclass(frozen=True)
@@ -94,36 +160,70 @@ class OwnServer:
         return _kernel_ids(self.url, self.token)
 
 
-def _request(method: str, url: str, token: str, what: str) -> object:
-    """One request with ``token``; the decoded JSON answer (None when empty)."""
-    request = urllib.request.Request(
-        url, method=method, headers={"Authorization": f"token {token}"}
-    )
+def _same_origin(url: str, base: str) -> bool:
+    one, two = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
+    return (one.scheme, one.netloc.lower()) == (two.scheme, two.netloc.lower())
+
+
+def _request(method: str, url: str, token: str, what: str, body: object = None) -> object:
+    """One exchange with ``token``; the decoded JSON answer (None when empty).
+
+    A redirect is an answer, not an address to go to: HubError, and nothing is sent there.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HubError(f"{what}: {url} is not an http(s) address")
+    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    headers = {"Authorization": f"token {token}", "Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as reply:
-            body = reply.read()
-    except urllib.error.HTTPError as error:
-        raise HubError(f"{what}: {_refusal(error)}") from None
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "reason", error)
-        raise HubError(f"{what}: {url} does not answer ({reason})") from None
+        connection = (
+            http.client.HTTPSConnection(parts.hostname, parts.port, timeout=REQUEST_S,
+                                        context=ssl.create_default_context())
+            if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_S)
+        )  # fmt: skip
+        answer = exchange(connection, method, path, headers, REQUEST_S, data)
+    except TimeoutError:
+        raise HubError(
+            f"{what}: {url} gave no full answer within {REQUEST_S:g} s; given up"
+        ) from None
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise HubError(f"{what}: {url} does not answer ({_reason(error, token)})") from None
+    if 300 <= answer.status < 400:
+        raise HubError(
+            f"{what}: {url} answered HTTP {answer.status} with a redirect to "
+            f"{answer.location or 'nowhere'}, which is not followed (a credential is sent only "
+            "where it was addressed)"
+        )
+    if answer.status >= 400:
+        raise HubError(f"{what}: {_refusal(answer.status, answer.reason, answer.body)}")
     try:
-        return json.loads(body) if body else None
+        return json.loads(answer.body) if answer.body else None
     except ValueError:
         raise HubError(f"{what}: {url} answered something that is not JSON") from None
 
 
-def _refusal(error: urllib.error.HTTPError) -> str:
+def _reason(error: BaseException, token: str) -> str:
+    text = str(getattr(error, "reason", None) or error) or type(error).__name__
+    return text.replace(token, "***") if token else text
+
+
+def _refusal(status: int, reason: str, body: bytes) -> str:
     try:
-        message = json.loads(error.read() or b"{}").get("message") or ""
-    except (ValueError, AttributeError, OSError):
+        message = json.loads(body or b"{}").get("message") or ""
+    except (ValueError, AttributeError):
         message = ""
-    if error.code == 403 or (error.code == 404 and message.startswith("No access")):
+    message = str(message)[:500]
+    if status == 403 or (status == 404 and message.startswith("No access")):
         return (
-            f"HTTP {error.code}: the token may not do this (it needs {SCOPES_TEXT})"
+            f"HTTP {status}: the token may not do this (it needs {SCOPES_TEXT})"
             f"{': ' + message if message else ''}"
         )
-    return f"HTTP {error.code} {error.reason}{': ' + message if message else ''}"
+    return f"HTTP {status} {reason}{': ' + message if message else ''}"
 
 
 def _shutdown_kernel(server_url: str, kernel_id: str, token: str) -> None:

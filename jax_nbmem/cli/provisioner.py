@@ -28,6 +28,7 @@ from jax_nbmem.allocator.control import ENV_ALLOCATOR, ENV_MODE_REASON
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables, parse_mode
 from jax_nbmem.tenants.auto import Policy, PolicyError, decide
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
+from jax_nbmem.text import printable
 
 __all__ = ["JaxNbMemProvisioner"]
 
@@ -52,7 +53,7 @@ class JaxNbMemProvisioner(LocalProvisioner):
         try:
             mode, reason = await asyncio.to_thread(self._choose, env)
         except Exception as exc:  # the kernel still starts, in the mode its spec asked for
-            log.warning("jax_nbmem provisioner: no decision (%s)", exc, exc_info=True)
+            log.warning("jax_nbmem provisioner: no decision (%s)", printable(exc), exc_info=True)
             return kwargs
         for name, value in mode_variables(mode).items():
             if value is None:
@@ -63,7 +64,10 @@ class JaxNbMemProvisioner(LocalProvisioner):
         if reason:
             env[ENV_MODE_REASON] = reason
         log.info(
-            "jax_nbmem provisioner: kernel %s starts in '%s': %s", self.kernel_id, mode, reason
+            "jax_nbmem provisioner: kernel %s starts in '%s': %s",
+            printable(self.kernel_id),
+            printable(mode),
+            printable(reason),
         )
         return kwargs
 

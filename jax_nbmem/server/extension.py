@@ -14,6 +14,7 @@ from jax_nbmem.server.monitor import ServerMonitor
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
 from jax_nbmem.tenants.publishers import remove_claim, write_claim
+from jax_nbmem.text import printable
 
 __all__ = ["JaxNbMemServer", "load", "unload"]
 
@@ -116,7 +117,7 @@ def load(serverapp: Any) -> None:
     web_app.settings["jax_nbmem_collector"] = collector
     monitor.start()
     serverapp.log.info(
-        "jax_nbmem: GPU board at %sjax-nbmem/", web_app.settings.get("base_url", "/")
+        "jax_nbmem: GPU board at %sjax-nbmem/", printable(web_app.settings.get("base_url", "/"))
     )
 
 

@@ -32,6 +32,9 @@ from datetime import datetime
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
+from jax_nbmem.tenants.beacons import read_small_file
+from jax_nbmem.tenants.exchange import exchange
+
 __all__ = [
     "JupyterServer",
     "ServerKernel",
@@ -42,6 +45,7 @@ __all__ = [
     "find_servers",
     "notebook_path",
     "kernel_sessions",
+    "read_runtime_file",
     "shutdown_kernel",
 ]
 
@@ -50,6 +54,8 @@ _CACHE_SECONDS = 3.0
 # An answer bigger than this is not a list of kernels: it is cut off, not read to the end.
 _MAX_BODY_BYTES = 8 << 20
 _WILDCARDS = ("", "0.0.0.0", "::", "*")
+# A runtime file is a few hundred bytes of JSON; a bigger one is not read at all.
+MAX_RUNTIME_FILE_BYTES = 64 << 10
 
 
 class ServerError(OSError):
@@ -76,6 +82,7 @@ class JupyterServer:
     secure: bool = False
     base_path: str = "/"
     refused: str | None = None
+    host: str = ""  # the address or name its runtime file says it listens at, as written
 
     def request(self, method: str, endpoint: str, timeout: float) -> object:
         """Send one API request with the token as a header; return the decoded JSON (or None).
@@ -86,34 +93,17 @@ class JupyterServer:
         """
         if self.refused:
             raise ServerError(self.refused)
-        deadline = time.monotonic() + timeout
-        connection = self._connection(timeout)
-        # Closing the socket at the deadline breaks any read in progress, however the
-        # server trickles its bytes: the per-read timeout alone would not.
-        watchdog = threading.Timer(timeout, _abort, args=(connection,))
-        watchdog.daemon = True
-        watchdog.name = "jax-nbmem-jpy-deadline"
-        watchdog.start()
+        headers = {"Authorization": f"token {self.token}"} if self.token else {}
         try:
-            headers = {"Authorization": f"token {self.token}"} if self.token else {}
-            connection.request(method, self.base_path + endpoint, headers=headers)
-            response = connection.getresponse()
-            body = response.read(_MAX_BODY_BYTES + 1)
+            answer = exchange(self._connection(timeout), method, self.base_path + endpoint,
+                              headers, timeout, max_body=_MAX_BODY_BYTES)  # fmt: skip
+        except TimeoutError:
+            raise
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"no full answer within {timeout:g} s") from None
             raise ServerError(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            watchdog.cancel()
-            watchdog.join()  # returns at once once cancelled: no thread outlives the request
-            connection.close()
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"no full answer within {timeout:g} s")
-        if response.status >= 400:
-            raise ServerError(f"HTTP {response.status} {response.reason}")
-        if len(body) > _MAX_BODY_BYTES:
-            raise ServerError(f"answer larger than {_MAX_BODY_BYTES >> 20} MiB")
-        return json.loads(body) if body else None
+        if answer.status >= 300:  # a redirect is not followed: the token goes nowhere else
+            raise ServerError(f"HTTP {answer.status} {answer.reason}")
+        return json.loads(answer.body) if answer.body else None
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self.sock:
@@ -150,15 +140,6 @@ class _UnixConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
-
-
-def _abort(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already closed or never connected
-            pass
 
 
 def _loopback_host(host: str) -> tuple[str | None, str | None]:
@@ -244,18 +225,21 @@ class ShutdownResult:
     message: str
 
 
-def find_servers(runtime_dir: str | None = None) -> list[JupyterServer]:
+def find_servers(
+    runtime_dir: str | None = None, owner_uid: int | None = None
+) -> list[JupyterServer]:
     """Jupyter servers whose runtime files are in ``runtime_dir`` (default: Jupyter's own).
 
-    Files whose server process is gone or that cannot be read are skipped; a server on a
-    unix socket is reached through it; one at a non-loopback address is listed with
-    ``refused`` set and never asked.
+    Only regular files of ``owner_uid`` (default: this process's user) are read, each as
+    :func:`read_runtime_file` says; files whose server process is gone or that cannot be read
+    are skipped; a server on a unix socket is reached through it; one at a non-loopback
+    address is listed with ``refused`` set and never asked.
     """
     runtime_dir = runtime_dir or _default_runtime_dir()
     servers = []
     for pattern in ("jpserver-*.json", "nbserver-*.json"):
         for path in sorted(glob.glob(os.path.join(runtime_dir, pattern))):
-            server = _read_runtime_file(path)
+            server = read_runtime_file(path, owner_uid)
             if server is not None:
                 servers.append(server)
     return servers
@@ -266,10 +250,24 @@ def _default_runtime_dir() -> str:
     return jupyter_runtime_dir()
 
 
-def _read_runtime_file(path: str) -> JupyterServer | None:
+def read_runtime_file(path: str, owner_uid: int | None = None) -> JupyterServer | None:
+    """The server a runtime file describes; None unless it is a regular file of ``owner_uid``.
+
+    ``owner_uid`` defaults to this process's user. The file is opened without following a
+    link and without blocking (a FIFO or a device under that name is never waited on), and
+    read up to :data:`MAX_RUNTIME_FILE_BYTES`; anything else, or a file whose server process
+    is gone, gives None.
+    """
+    owner_uid = os.geteuid() if owner_uid is None else owner_uid
+    read = read_small_file(path, MAX_RUNTIME_FILE_BYTES)
+    if read is None or read[1].st_uid != owner_uid:
+        return None
+    return _server_from(path, read[0])
+
+
+def _server_from(path: str, data: bytes) -> JupyterServer | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
+        info = json.loads(data)
         pid = info.get("pid")
         if isinstance(pid, int) and not psutil.pid_exists(pid):
             return None
@@ -282,7 +280,7 @@ def _read_runtime_file(path: str) -> JupyterServer | None:
         port = info.get("port") or parts.port
         host = info.get("hostname") or parts.hostname or ""
         base_path = parts.path if parts.path.endswith("/") else parts.path + "/"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     connect_host, refused = (None, None) if sock else _loopback_host(str(host))
     if not sock and not isinstance(port, int):
@@ -300,6 +298,7 @@ def _read_runtime_file(path: str) -> JupyterServer | None:
         secure=parts.scheme == "https" or bool(info.get("secure")),
         base_path=base_path,
         refused=refused,
+        host="" if sock else str(host),
     )
 
 

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,11 +42,17 @@ class StandInServer:
     token: str = field(repr=False)
     kernels: dict[str, int]
     deletes_file: Path
+    requests_file: Path | None = None
 
     def deletes(self) -> list[str]:
         """The kernel ids this server was asked to shut down, in order."""
         text = self.deletes_file.read_text() if self.deletes_file.exists() else ""
         return text.split()
+
+    def requests(self) -> list[str]:
+        """Every request this server received, ``METHOD PATH``, in order."""
+        text = self.requests_file.read_text() if self.requests_file else ""
+        return text.splitlines()
 
     def stop(self) -> None:
         self.process.terminate()
@@ -64,24 +71,36 @@ class Node:
     folder: Path
     servers: list[StandInServer] = field(default_factory=list)
 
-    def server(self, user: User, kernels: list[dict]) -> StandInServer:
-        """Start ``user``'s stand-in server with ``kernels`` (see standin_server.py)."""
-        deletes = self.folder / f"deletes-{user.name}-{secrets.token_hex(4)}"
-        deletes.touch()
-        os.chown(deletes, user.uid, user.gid)
+    def server(self, user: User, kernels: list[dict], **hostile) -> StandInServer:
+        """Start ``user``'s stand-in server with ``kernels``; ``hostile``: what else it does.
+
+        See standin_server.py for both; every request it receives is kept (``requests()``).
+        ``netns=True``: it runs in a network namespace of its own (its loopback up), as any
+        user can make one with an unprivileged user namespace.
+        """
+        netns = hostile.pop("netns", False)
+        deletes, requests = (self.folder / f"{what}-{user.name}-{secrets.token_hex(4)}"
+                             for what in ("deletes", "requests"))  # fmt: skip
+        for path in (deletes, requests):
+            path.touch()
+            os.chown(path, user.uid, user.gid)
         token = secrets.token_hex(16)
         config = {"token": token, "deletes": str(deletes), "share": str(self.share),
-                  "kernels": kernels}  # fmt: skip
+                  "kernels": kernels, "requests": str(requests), **hostile}  # fmt: skip
         env = {**self.env, "HOME": str(user.home), "USER": user.name}
         env.pop("JUPYTER_RUNTIME_DIR", None)
-        process = subprocess.Popen(
-            [self.python, str(STANDIN), json.dumps(config)], user=user.uid, group=user.gid,
-            extra_groups=[], env=env, cwd=user.home, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        argv = [self.python, str(STANDIN), json.dumps(config)]
+        if netns:  # made by root here, then the server drops to the user, as before
+            argv = ["unshare", "--net", "sh", "-c", 'ip link set lo up && u=$0 g=$1 && shift '
+                    '&& exec setpriv --reuid="$u" --regid="$g" --clear-groups "$@"',
+                    str(user.uid), str(user.gid), *argv]  # fmt: skip
+        as_user = {} if netns else {"user": user.uid, "group": user.gid, "extra_groups": []}
+        process = subprocess.Popen(argv, env=env, cwd=user.home, stdout=subprocess.PIPE,
+                                   text=True, **as_user)  # fmt: skip
         said = json.loads(process.stdout.readline() or "null")
         assert said, f"{user.name}'s stand-in server did not start"
         started = StandInServer(user, process, said["pid"], said["port"], token,
-                                said["kernels"], deletes)  # fmt: skip
+                                said["kernels"], deletes, requests)  # fmt: skip
         self.servers.append(started)
         return started
 
@@ -120,20 +139,38 @@ def servers(node: Node) -> Iterator[Node]:
 
 
 class StandInHub:
-    """What ``jax-nbmem`` asks a hub: ``GET hub/api/users/NAME``, ``user/NAME/api/kernels``.
+    """What ``jax-nbmem`` asks a hub: its API (``hub/api/...``) and users' servers (``user/NAME/``).
 
-    ``servers`` maps hub user names to their stand-in servers; every request is recorded in
-    ``requests`` as (method, path). The token is :data:`HUB_TOKEN`.
+    ``servers`` maps hub user names to their stand-in servers. The API takes :data:`HUB_TOKEN`
+    (an administrator's: ``read:servers``, ``tokens`` and ``access:servers``, so that what a
+    client sends a user's server is the client's choice): ``GET users/NAME``, ``POST
+    users/NAME/tokens`` (a token for NAME's server alone, as JupyterHub issues one for the
+    scope ``access:servers!server=NAME/``), ``DELETE users/NAME/tokens/ID``. The proxy's part,
+    ``user/NAME/api/kernels...``, takes such a token or the administrator's and streams the
+    server's answer as it comes (a redirect too), as configurable-http-proxy does. Every
+    request is recorded in ``requests`` as (method, path); ``presented`` says which credential
+    each request to a user's server carried ("hub", "server:NAME" or "none"), and ``timeline``
+    when each such exchange began and ended (monotonic seconds).
     """
 
     def __init__(self, servers: dict[str, StandInServer]) -> None:
         self.servers = servers
         self.requests: list[tuple[str, str]] = []
+        self.presented: list[tuple[str, str]] = []
+        self.timeline: list[tuple[str, str, float, float]] = []  # method, path, began, ended
+        self.issued: dict[str, str] = {}  # token -> the hub user whose server it may call
+        self.revoked: list[str] = []
+        self._ids: dict[str, str] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 hub._answer(self, "GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                hub._answer(self, "POST")
 
             def do_DELETE(self) -> None:  # noqa: N802
                 hub._answer(self, "DELETE")
@@ -142,11 +179,13 @@ class StandInHub:
                 pass
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
 
     def deletes(self) -> list[str]:
-        return [path for method, path in self.requests if method == "DELETE"]
+        return [path for method, path in self.requests if method == "DELETE"
+                and path.startswith("/user/")]  # fmt: skip
 
     def close(self) -> None:
         self._http.shutdown()
@@ -154,47 +193,115 @@ class StandInHub:
 
     def _answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         self.requests.append((method, handler.path))
-        if handler.headers.get("Authorization") != f"token {HUB_TOKEN}":
-            return self._send(handler, 403, {"message": "bad token"})
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else b""
         parts = handler.path.strip("/").split("/")
-        if method == "GET" and parts[:3] == ["hub", "api", "users"] and len(parts) == 4:
-            if parts[3] not in self.servers:
-                return self._send(handler, 404, {"message": "no such user"})
-            return self._send(
-                handler, 200, {"name": parts[3], "servers": {"": {"url": f"/user/{parts[3]}/"}}}
-            )
+        token = (handler.headers.get("Authorization") or "").removeprefix("token ")
         if parts[:1] == ["user"] and len(parts) >= 4 and parts[2:4] == ["api", "kernels"]:
-            server = self.servers.get(parts[1])
-            if server is None:
-                return self._send(handler, 503, {"message": "no server"})
-            return self._forward(handler, method, server, "/" + "/".join(parts[2:]))
+            return self._proxied(handler, method, parts, token)
+        if token != HUB_TOKEN:
+            return self._send(handler, 403, {"message": "bad token"})
+        if parts[:3] != ["hub", "api", "users"] or len(parts) < 4:
+            return self._send(handler, 404, {"message": "not here"})
+        name = parts[3]
+        if name not in self.servers:
+            return self._send(handler, 404, {"message": "no such user"})
+        if method == "GET" and len(parts) == 4:
+            server = {"": {"url": f"/user/{name}/"}}
+            return self._send(handler, 200, {"name": name, "servers": server})
+        if method == "POST" and parts[4:] == ["tokens"]:
+            return self._issue(handler, name, json.loads(body or b"{}"))
+        if method == "DELETE" and len(parts) == 6 and parts[4] == "tokens":
+            self.revoked.append(self._ids.get(parts[5], "?"))
+            return self._send(handler, 204, None)
         return self._send(handler, 404, {"message": "not here"})
+
+    def _issue(self, handler, name: str, request: dict) -> None:
+        if request.get("scopes") != [f"access:servers!server={name}/"]:
+            return self._send(handler, 400, {"message": f"unexpected scopes {request!r}"})
+        token = secrets.token_hex(16)
+        token_id = f"a{len(self.issued) + 1}"
+        self.issued[token] = name
+        self._ids[token_id] = token
+        self._send(handler, 201, {"id": token_id, "token": token, "scopes": request["scopes"]})
+
+    def _proxied(self, handler, method: str, parts: list[str], token: str) -> None:
+        name = parts[1]
+        if token == HUB_TOKEN:
+            kind = "hub"
+        elif self.issued.get(token) == name and token not in self.revoked:
+            kind = f"server:{name}"
+        else:
+            kind = "none"
+        self.presented.append((handler.path, kind))
+        server = self.servers.get(name)
+        if kind == "none":
+            return self._send(handler, 403, {"message": "no access to this server"})
+        if server is None:
+            return self._send(handler, 503, {"message": "no server"})
+        began = time.monotonic()
+        try:
+            self._forward(handler, method, server, "/" + "/".join(parts[2:]))
+        finally:
+            self.timeline.append((method, handler.path, began, time.monotonic()))
 
     @staticmethod
     def _forward(handler, method: str, server: StandInServer, path: str) -> None:
-        import urllib.error
-        import urllib.request
+        """The server's answer, streamed byte by byte as it comes (its headers first)."""
+        import http.client
 
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{server.port}{path}",
-            method=method,
-            headers={"Authorization": f"token {server.token}"},
-        )
+        upstream = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                status, body = reply.status, reply.read()
-        except urllib.error.HTTPError as error:
-            status, body = error.code, error.read()
-        handler.send_response(status)
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+            upstream.request(method, path, headers={"Authorization": f"token {server.token}"})
+            reply = upstream.getresponse()
+            handler.send_response(reply.status)
+            for header in ("Content-Type", "Content-Length", "Location"):
+                if reply.getheader(header) is not None:
+                    handler.send_header(header, reply.getheader(header))
+            handler.end_headers()
+            handler.wfile.flush()
+            while chunk := reply.read1(65536):
+                handler.wfile.write(chunk)
+                handler.wfile.flush()
+        except OSError:
+            pass  # the client went away: so does this exchange
+        finally:
+            upstream.close()
 
     @staticmethod
     def _send(handler, status: int, content) -> None:
-        body = json.dumps(content).encode()
+        body = b"" if content is None else json.dumps(content).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         handler.wfile.write(body)
+
+
+class Collector:
+    """An address a hostile server redirects to: it records each request's credential."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, str | None]] = []  # path, Authorization
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                collector.received.append((self.path, self.headers.get("Authorization")))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"[]")
+
+            do_DELETE = do_GET  # noqa: N815
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}/stolen"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()

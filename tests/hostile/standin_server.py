@@ -8,8 +8,13 @@ at ``DELETE api/kernels/<id>`` (token checked), and starts each kernel as a chil
 set: the kernel's environment, the id its command line names, and a beacon it writes.
 
 ``argv[1]``: JSON ``{"token", "deletes" (a file each DELETE's id is appended to), "share"
-(where beacons go), "kernels": [{"id", "command_line_id", "env", "beacon"}]}``. Prints one
-JSON line, ``{"pid", "port", "kernels": {id: pid}}``, once it serves; stdlib only.
+(where beacons go), "kernels": [{"id", "command_line_id", "env", "beacon"}]}``, and what a
+hostile server may do besides: ``"requests"`` (a file each request's method and path is
+appended to), ``"host"``/``"port"`` (where it listens; default 127.0.0.1, any port),
+``"file_host"`` (the address its runtime file names instead), ``"redirect"`` (``api/kernels``
+answers 302 to this URL), ``"trickle_s"`` (``api/kernels`` sends its answer one byte every so
+many seconds). Prints one JSON line, ``{"pid", "port", "kernels": {id: pid}}``, once it
+serves; stdlib only.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ def main() -> None:
 
     class Handler(BaseHTTPRequestHandler):
         def _allowed(self) -> bool:
+            if config.get("requests"):
+                with open(config["requests"], "a") as f:
+                    f.write(f"{self.command} {self.path}\n")
             if self.headers.get("Authorization") == f"token {token}":
                 return True
             self.send_response(403)
@@ -71,6 +79,12 @@ def main() -> None:
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if not self._allowed():
                 return
+            if config.get("redirect"):
+                self.send_response(302)
+                self.send_header("Location", config["redirect"])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             listed = [{"id": k, "name": "python3", "execution_state": "idle"}
                       for k, p in kernels.items() if p.poll() is None]  # fmt: skip
             body = json.dumps(listed).encode()
@@ -78,7 +92,16 @@ def main() -> None:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not config.get("trickle_s"):
+                self.wfile.write(body)
+                return
+            try:
+                for byte in body:  # each read gets its byte well within any per-read timeout
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(config["trickle_s"])
+            except OSError:
+                pass  # cut off by the caller's deadline
 
         def do_DELETE(self) -> None:  # noqa: N802
             if not self._allowed():
@@ -98,11 +121,12 @@ def main() -> None:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((config.get("host", "127.0.0.1"), config.get("port", 0)), Handler)
     port = server.server_address[1]
+    named = config.get("file_host") or config.get("host", "127.0.0.1")
     runtime_file = os.path.join(runtime, f"jpserver-{os.getpid()}.json")
     with open(runtime_file, "w") as f:
-        json.dump({"url": f"http://127.0.0.1:{port}/", "hostname": "127.0.0.1", "port": port,
+        json.dump({"url": f"http://{named}:{port}/", "hostname": named, "port": port,
                    "token": token, "pid": os.getpid(), "base_url": "/", "secure": False,
                    "root_dir": os.path.expanduser("~")}, f)  # fmt: skip
     print(json.dumps({"pid": os.getpid(), "port": port,

@@ -211,6 +211,12 @@ def test_two_users_on_one_gpu_behind_the_hub(hub, tmp_path):
         hog.id,
     )
     assert entry["gpu_bytes"] == {"0": POOL} and entry["how"] == "server" and entry["at"]
+    # Her server was sent a token the hub issued for it alone (the administrator's went to the
+    # hub only), and that token is revoked once used.
+    assert f"Service test-admin requested API token for {alice.name}" in hub.log_tail(2000)
+    status, tokens = hub.api("GET", f"users/{alice.name}/tokens")
+    assert status == 200, tokens
+    assert not [t for t in tokens["api_tokens"] if "jax-nbmem" in (t.get("note") or "")], tokens
     rc, out = _jax_nbmem(hub, "shutdown", str(hog.pid), *log, token=hub.admin_token)
     assert rc == 1 and "nothing done" in out  # it exited meanwhile
     hog.close()

@@ -61,7 +61,7 @@ def test_a_hub_user_stops_her_own_kernel_and_is_told_bobs_is_not_hers(hub):
         assert code == 1, said
         assert f"PID {his.pid} is a kernel of user {bob.name}, not yours" in said, said
         assert f"you are hub user {alice.name}" in said and "nothing done" in said
-        assert "read:servers and access:servers" in said
+        assert "read:servers and tokens" in said
         assert psutil.pid_exists(his.pid) and his.id in _kernel_ids(hub, bob)
 
         # Her own kernel: --dry-run only says; then through her own server.
