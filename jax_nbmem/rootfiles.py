@@ -179,7 +179,7 @@ def _replace_in(folder: int, name: str, data: bytes, mode: int) -> None:
             os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.rename(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
