@@ -84,9 +84,10 @@ class TcpSide:
                 sock, far = self._tcp_listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as error:
-                log.warning("jax-nbmem agent: accept failed: %s", error)
+            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
+                self.accept_pause.failed(self._selector, self._tcp_listener, error)
                 return
+            self.accept_pause.accepted()
             sock.setblocking(False)
             try:
                 near = sock.getsockname()
