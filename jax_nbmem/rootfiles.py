@@ -44,6 +44,9 @@ _MAX_LINKS = 40  # as the kernel's own limit on links in one path
 class UnsafeFile(OSError):
     """A path root will not use as asked (a link, another user's folder, a FIFO...): says why."""
 
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
 
 def _trusted(uid: int) -> bool:
     return uid in (0, os.geteuid())
