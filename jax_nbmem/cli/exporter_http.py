@@ -124,13 +124,16 @@ class HttpFront:
         try:
             while not self._stop.is_set():
                 timeout = self.pause.wait_s(min(poll_interval, _SWEEP_S))
+                accepting = False
                 for key, mask in self._selector.select(timeout):
                     if key.data == _LISTENER:
-                        self._accept()
+                        accepting = True
                     elif key.data == _WAKE:
                         self._take_answers()
                     elif key.data.sock in self._open:
                         self._service(key.data, mask)
+                if accepting:  # last: what came on open connections is read before any is cut
+                    self._accept()
                 self.pause.resume(self._selector)
                 now = time.monotonic()
                 if now - swept >= _SWEEP_S:
@@ -160,7 +163,9 @@ class HttpFront:
     # --- Accepting ----------------------------------------------------------------------
 
     def _accept(self) -> None:
-        for _ in range(64):  # what is waiting now, bounded
+        # At most half the slots at a time: a connection accepted now is read (its request
+        # whole, so never cut) before as many others came as would cut it.
+        for _ in range(max(1, min(64, self.limits.max_connections // 2))):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -186,6 +191,8 @@ class HttpFront:
                 connection.handshaking = True
             self._open[connection.sock] = connection
             self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            if not connection.handshaking:
+                self._read(connection)  # a scraper's request is often here already: never cut
 
     def _make_room(self) -> bool:
         """Cut the oldest connection still sending its request, else the oldest answer unread.
