@@ -25,6 +25,9 @@ answer, median and worst, against the same kernel with no attack in the same run
 agent's RSS before and at its peak during the attack. Goal: worst <= 1 s, median <= 50 ms,
 RSS growth <= 20 MiB. ``--agent-tree DIR``: the agent from another checkout (``git archive
 REV | tar -x -C DIR``), the rest from this one: the same attack on an agent from before.
+
+``--http-flood`` runs issue 52's section instead (benchmarks/agent_attack_http.py): a slow HTTP
+flood on the exporter, the agent in the same process, at the unit's 4096 open files.
 """
 
 from __future__ import annotations
@@ -166,9 +169,25 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--agent-tree", help="run the agent from this checkout (a before)")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    # Issue 52's section (agent_attack_http.py): a slow HTTP flood on the exporter.
+    parser.add_argument(
+        "--http-flood",
+        action="store_true",
+        help="the slow HTTP flood on the exporter at its unit's 4096 files",
+    )
+    parser.add_argument("--http-connections", type=int, default=5000)
+    parser.add_argument("--scrapes", type=int, default=40)
     options = parser.parse_args()
     if options.serve:
         serve(*options.serve)
+        return
+    if options.http_flood:
+        from agent_attack_http import report, run
+
+        result = run(options)
+        report(result)
+        if options.json:
+            Path(options.json).write_text(json.dumps(result, indent=2))
         return
     if os.geteuid() != 0:
         raise SystemExit("agent_attack.py needs root (a user, namespaces, a veth pair)")
