@@ -49,6 +49,7 @@ def _stats(seconds: list[float], asked: int) -> dict:
         "answered": f"{len(answered)} of {asked}",
         "median_ms": round(statistics.median(answered) * 1000, 1) if answered else None,
         "worst_ms": round(max(answered) * 1000, 1) if answered else None,
+        "slowest_ms": [round(s * 1000, 1) for s in sorted(answered)[-3:]],
     }
 
 

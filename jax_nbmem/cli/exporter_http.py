@@ -7,8 +7,8 @@ cannot accept a kernel (issue 52). This server instead:
 
 * holds at most ``max_connections`` connections (default 256, far below the unit's 4096
   descriptors; the agent's own are counted apart): when full, a new one takes the place of the
-  oldest that has not finished sending its request, so a slow client is the one cut, and a
-  scraper, whose request comes whole at once, is always heard;
+  oldest that sent part of a request and not the rest (then the oldest that sent nothing), so
+  a slow client is the one cut, and a scraper, whose request comes whole at once, is heard;
 * gives each connection ``request_s`` (5 s) for its TLS handshake, request line, headers and
   body together (at most 16 KiB), and ``write_s`` (10 s) to take its answer; past either it is
   closed (a slowloris client is cut, however it trickles);
@@ -92,7 +92,7 @@ class HttpFront:
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, port))
-            self._listener.listen(1024)
+            self._listener.listen(4096)
             self._listener.setblocking(False)
         except OSError:
             self._listener.close()
@@ -163,9 +163,10 @@ class HttpFront:
     # --- Accepting ----------------------------------------------------------------------
 
     def _accept(self) -> None:
-        # At most half the slots at a time: a connection accepted now is read (its request
-        # whole, so never cut) before as many others came as would cut it.
-        for _ in range(max(1, min(64, self.limits.max_connections // 2))):
+        # The whole queue, so that it never overflows and drops a scraper's SYN (a second's
+        # retry); each new connection is read at once, and a scraper's whole request is never
+        # the one cut (see _make_room).
+        for _ in range(max(64, self.limits.max_connections)):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -195,13 +196,15 @@ class HttpFront:
                 self._read(connection)  # a scraper's request is often here already: never cut
 
     def _make_room(self) -> bool:
-        """Cut the oldest connection still sending its request, else the oldest answer unread.
+        """Cut one connection for a new one; False: every one's request is with the app.
 
-        False: every connection's request is with the app now.
+        First the oldest that sent part of a request and not the rest (a scraper sends its
+        request whole at once: a part is a slow client), then the oldest that sent nothing,
+        then the oldest whose answer waits unread.
         """
-        for reading in (True, False):
+        for rank in (_PARTIAL, _NOTHING, _UNREAD):
             for connection in self._open.values():
-                if not connection.working and (connection.outbox is None) == reading:
+                if _rank(connection) == rank:
                     self.cut += 1
                     self._close(connection)
                     return True
@@ -345,6 +348,17 @@ class HttpFront:
         except (KeyError, ValueError):
             pass
         connection.sock.close()
+
+
+_PARTIAL, _NOTHING, _UNREAD, _WORKING = range(4)
+
+
+def _rank(connection: _Connection) -> int:
+    if connection.working:
+        return _WORKING
+    if connection.outbox is not None:
+        return _UNREAD
+    return _PARTIAL if connection.inbox else _NOTHING
 
 
 def _parse(data: bytes):
