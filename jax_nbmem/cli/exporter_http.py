@@ -334,6 +334,7 @@ class HttpFront:
             while connection.outbox:
                 sent = connection.sock.send(connection.outbox)
                 connection.outbox = connection.outbox[sent:]
+            _drain(connection.sock)
         except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             return
         except OSError:
@@ -348,6 +349,19 @@ class HttpFront:
         except (KeyError, ValueError):
             pass
         connection.sock.close()
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read what the client sent past its request (a refused one's rest).
+
+    Closing a socket with unread input resets it: the client may lose the answer just sent.
+    """
+    for _ in range(16):
+        try:
+            if not sock.recv(65536):
+                return
+        except (BlockingIOError, InterruptedError, ssl.SSLError, OSError):
+            return
 
 
 _PARTIAL, _NOTHING, _UNREAD, _WORKING = range(4)
@@ -404,12 +418,13 @@ def _call(app: Callable, environ: dict) -> bytes:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+    length = len(body)  # HEAD: the length a GET would have
     if environ["REQUEST_METHOD"] == "HEAD":
         body = b""
     head = [f"HTTP/1.1 {said['status']}"]
     head += [f"{name}: {value}" for name, value in said["headers"]
              if name.lower() not in ("content-length", "connection")]  # fmt: skip
-    head += [f"Content-Length: {len(body)}", "Connection: close"]
+    head += [f"Content-Length: {length}", "Connection: close"]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
