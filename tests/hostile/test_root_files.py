@@ -162,3 +162,16 @@ def test_root_follows_its_own_link_only_and_judges_where_it_leads(node, tmp_path
     os.symlink(tmp_path, tmp_path / "home")
     append_line(tmp_path / "home" / "ours.log", "x\n")
     assert (tmp_path / "ours.log").read_text() == "x\n"
+
+
+def test_the_agent_refuses_a_share_folder_others_write_that_is_not_sticky(node):
+    # There she could rename S/agent away between its making and its use, and put hers there.
+    share = node.folder / "open-share"
+    share.mkdir()
+    share.chmod(0o777)
+    from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry
+
+    agent = AgentServer(str(share), Registry())
+    with pytest.raises(AgentDirError, match="not sticky"):
+        agent.start()
+    assert not (share / "agent").exists()
