@@ -6,7 +6,9 @@ root or a service user, who can read every user's processes) takes a status snap
 directory) and serves it at ``/metrics`` in Prometheus's text format. A scrape reads the last
 snapshot only; it never waits for NVML. It listens on one address, loopback by default; any
 other address needs TLS and basic auth from a web-config file (:mod:`.webconfig`) or an
-explicit ``--insecure``.
+explicit ``--insecure``. Its HTTP side is bounded (:mod:`.exporter_http`: a cap on
+connections, a deadline per request), so that no client takes the descriptors the node agent
+in the same process needs.
 
 It is the node's one source (docs/metrics.md): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
