@@ -36,6 +36,9 @@ key the contract does not have). The agent writes its resolution as the exporter
 0.5 s while registrations change). Meanwhile a kernel of another user (in a container: a PID
 namespace root made) registers ``--registrations`` times. Goal: every registration answered
 ``ok`` within 1 s, ``resolution.json`` <= 8 MiB at its largest, agent RSS growth <= 64 MiB.
+
+``--http-flood`` runs issue 52's section instead (benchmarks/agent_attack_http.py): a slow HTTP
+flood on the exporter, the agent in the same process, at the unit's 4096 open files.
 """
 
 from __future__ import annotations
@@ -319,12 +322,28 @@ def main() -> None:
     parser.add_argument("--beacon-bytes", type=int, default=63 * 1024)
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-published", help=argparse.SUPPRESS)
+    # Issue 52's section (agent_attack_http.py): a slow HTTP flood on the exporter.
+    parser.add_argument(
+        "--http-flood",
+        action="store_true",
+        help="the slow HTTP flood on the exporter at its unit's 4096 files",
+    )
+    parser.add_argument("--http-connections", type=int, default=5000)
+    parser.add_argument("--scrapes", type=int, default=40)
     options = parser.parse_args()
     if options.serve:
         serve(*options.serve)
         return
     if options.serve_published:
         serve_published(options.serve_published)
+        return
+    if options.http_flood:
+        from agent_attack_http import report, run
+
+        result = run(options)
+        report(result)
+        if options.json:
+            Path(options.json).write_text(json.dumps(result, indent=2))
         return
     if os.geteuid() != 0:
         raise SystemExit("agent_attack.py needs root (a user, namespaces, a veth pair)")

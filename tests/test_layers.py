@@ -23,7 +23,8 @@ PACKAGE = ROOT / "jax_nbmem"
 UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
 # _version: jax_nbmem.__version__, a constant every part may read; guide: where the
 # documentation's pages are, for any part's messages.
-SHARED = {"units", "text", "_version", "guide"}
+# rootfiles: how root opens what a user may reach, one set of rules for every part root runs.
+SHARED = {"units", "text", "_version", "guide", "rootfiles"}
 CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
@@ -32,6 +33,7 @@ MAY_IMPORT = {
     "text": set(),
     "_version": set(),
     "guide": set(),
+    "rootfiles": set(),
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
@@ -39,7 +41,8 @@ MAY_IMPORT = {
     # The node agent: the host's side of who is on the GPU, and the kernels' client of it.
     "agent": {"gpu", "allocator", "tenants"} | SHARED,
     "tools": {"gpu", "allocator", "record"} | SHARED,
-    "simgpu": set(),
+    # The simulated GPU stands alone, but for the rules by which root opens files.
+    "simgpu": {"rootfiles"},
     **{face: set(CORE) for face in FACES},
     # The package's public functions: the status report, track() and fit(), and the notebook
     # face on demand.

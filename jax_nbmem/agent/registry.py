@@ -70,10 +70,23 @@ def prepare_agent_dir(share_dir: str) -> str:
         raise AgentDirError(f"the share directory {share_dir} is unreadable: {error}") from None
     if not stat.S_ISDIR(shared.st_mode):
         raise AgentDirError(f"the share directory {share_dir} is no directory (or a symlink)")
+    # S/agent must stay where it is made: S is root's (or this user's), and sticky wherever
+    # others may write it, so no user can rename S/agent away and put a folder of hers there.
+    if shared.st_uid not in (0, os.geteuid()) or (
+        shared.st_mode & 0o022 and not shared.st_mode & stat.S_ISVTX
+    ):
+        raise AgentDirError(
+            f"the share directory {share_dir} is not root's, or others may write it and it is "
+            "not sticky (mode 1777, as deploy/jax-nbmem-exporter.tmpfiles makes it)"
+        )
     path = os.path.join(share_dir, AGENT_DIR)
     try:
         os.mkdir(path, 0o755)
-        os.chmod(path, 0o755)  # whatever the umask
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o755)  # whatever the umask; never through a link
+        finally:
+            os.close(fd)
     except FileExistsError:
         pass
     except OSError as error:

@@ -48,6 +48,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from jax_nbmem.agent.accepting import AcceptPause
 from jax_nbmem.agent.admission import Admission, ServingLimits, enough_descriptors, unix_group
 from jax_nbmem.agent.binding import PROCESS_ENDED, bind_unix
 from jax_nbmem.agent.connection import Connection
@@ -69,7 +70,6 @@ from jax_nbmem.agent.registry import (
     prepare_agent_dir,
 )
 from jax_nbmem.agent.tcp import LISTENER_TCP, MAX_LINE_BYTES, TcpSide
-from jax_nbmem.text import printable
 
 __all__ = [
     "AGENT_DIR",
@@ -148,6 +148,7 @@ class AgentServer(TcpSide, Judging):
         )
         self._expired_at = self._swept_at = 0.0
         self.refused = 0
+        self.accept_pause = AcceptPause(log, "jax-nbmem agent")
 
     def start(self) -> str:
         """Make the directory and the socket and serve on a thread; returns the socket's path.
@@ -250,9 +251,10 @@ class AgentServer(TcpSide, Judging):
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                events = self._selector.select(timeout=0.5)
+                events = self._selector.select(timeout=self.accept_pause.wait_s(0.5))
             except OSError:
                 break
+            self.accept_pause.resume(self._selector)
             for key, mask in events:
                 if key.data == _UNIX:
                     self._accept()
@@ -276,9 +278,10 @@ class AgentServer(TcpSide, Judging):
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as error:  # EMFILE and the like: say it, keep serving
-                log.warning("jax-nbmem agent: accept failed: %s", printable(error))
+            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
+                self.accept_pause.failed(self._selector, self._listener, error)
                 return
+            self.accept_pause.accepted()
             sock.setblocking(False)
             try:
                 pid, uid, _gid = _PEERCRED.unpack(

@@ -37,7 +37,6 @@ from jax_nbmem.agent.connection import Connection
 from jax_nbmem.agent.netpeer import family_of
 from jax_nbmem.agent.registry import AgentDirError
 from jax_nbmem.tenants.culling import notice_content, read_notice
-from jax_nbmem.text import printable
 
 __all__ = ["LISTENER_TCP", "MAX_LINE_BYTES", "Connection", "TcpSide", "Verdict"]
 
@@ -85,9 +84,10 @@ class TcpSide:
                 sock, far = self._tcp_listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as error:
-                log.warning("jax-nbmem agent: accept failed: %s", printable(error))
+            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
+                self.accept_pause.failed(self._selector, self._tcp_listener, error)
                 return
+            self.accept_pause.accepted()
             sock.setblocking(False)
             try:
                 near = sock.getsockname()

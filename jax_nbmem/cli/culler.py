@@ -50,6 +50,7 @@ from jax_nbmem.agent.hostproof import HostProof, host_proof
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop import Kernel, StopError, find, stop
+from jax_nbmem.rootfiles import append_line
 from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
     CULL_REASONS,
@@ -336,10 +337,9 @@ class Culler:
         print(printable_lines(f"jax-nbmem cull: {event['message']}"), file=self.out, flush=True)
         if self.log_path is None:
             return
-        try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "a", encoding="utf-8") as log:
-                log.write(json.dumps({"at": at, "by": "jax-nbmem cull", **event}) + "\n")
+        try:  # never through a link, nor in a folder others may write
+            line = json.dumps({"at": at, "by": "jax-nbmem cull", **event})
+            append_line(self.log_path, line + "\n")
         except OSError as error:
             print(printable_lines(f"jax-nbmem cull: cannot write {self.log_path}: {error}"),
                   file=self.out)  # fmt: skip

@@ -6,7 +6,9 @@ root or a service user, who can read every user's processes) takes a status snap
 directory) and serves it at ``/metrics`` in Prometheus's text format. A scrape reads the last
 snapshot only; it never waits for NVML. It listens on one address, loopback by default; any
 other address needs TLS and basic auth from a web-config file (:mod:`.webconfig`) or an
-explicit ``--insecure``.
+explicit ``--insecure``. Its HTTP side is bounded (:mod:`.exporter_http`: a cap on
+connections, a deadline per request), so that no client takes the descriptors the node agent
+in the same process needs.
 
 It is the node's one source (docs/metrics.md): every GPU and every process on it, less the
 kernels a Jupyter server publishes itself when told ``--defer-to-servers`` (see
@@ -40,13 +42,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
-import socketserver
 import threading
 import time
-from typing import Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from jax_nbmem import guide
 from jax_nbmem.agent.cgroups import ContainerNames
@@ -59,6 +57,7 @@ from jax_nbmem.agent.publish import (
     write_resolution,
 )
 from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry
+from jax_nbmem.cli.exporter_http import HttpFront, HttpLimits, within_descriptors
 from jax_nbmem.cli.exporter_settings import (  # the command's names, as before
     DEFAULT_LISTEN,
     ENV_NODE_NAME,
@@ -91,31 +90,6 @@ DEFAULT_AGENT_PORT = 9842  # 9840: metrics, 9841: the culler's metrics
 PROVEN_LOG_EVERY_S = 600.0  # the count of proven kernels in the log, at least this often
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    tls = None  # an ssl.SSLContext: each connection's handshake runs on its own thread
-
-    def finish_request(self, request, client_address):
-        if self.tls is not None:
-            request.settimeout(10)  # a client that stalls its handshake holds only its thread
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (OSError, ValueError):
-                log.debug("jax-nbmem exporter: a TLS handshake failed", exc_info=True)
-                return
-        super().finish_request(request, client_address)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
-        # The request line is whoever connected: neutralised like any text from elsewhere.
-        log.debug("jax-nbmem exporter: %s", printable(format % args))
-
-
 class Exporter:
     """The snapshot thread and the HTTP server (see the module)."""
 
@@ -139,6 +113,7 @@ class Exporter:
         self.pods = pods if pods is not None else settings.pod_directory()
         self.viewer = HostViewer(names=ContainerNames(pods=self.pods))
         self._resolution = ResolutionWriter(settings.visibility)
+        self.http_limits = HttpLimits()
 
     def latest(self) -> Snapshot | None:
         """The last snapshot, or None before the first."""
@@ -250,10 +225,13 @@ class Exporter:
         """Serve until SIGTERM or SIGINT (or :meth:`stop`); ``ready(url)`` once listening."""
         app = self._wsgi_app()
         settings = self.settings
-        # A class per address family: setting it on the shared class would change every server.
-        server_class = _Server6 if ":" in settings.host else _Server
-        server = make_server(settings.host, settings.port, app, server_class, _QuietHandler)
-        server.tls = settings.web.tls
+        # Bounded (exporter_http): no user's connections take the descriptors the agent needs.
+        limits = within_descriptors(self.http_limits)
+        if limits != self.http_limits:
+            log.warning("jax-nbmem exporter: at most %d HTTP connections at once (a quarter of "
+                        "the open-files limit; the rest stay the node agent's)",
+                        limits.max_connections)  # fmt: skip
+        server = HttpFront(settings.host, settings.port, app, tls=settings.web.tls, limits=limits)
         self._server = server
         self._say_share_dir()
         try:

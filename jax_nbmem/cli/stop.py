@@ -47,6 +47,7 @@ from jax_nbmem.agent.facts import disagreements as _disagreements
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop_target import Kernel, StopError, find
+from jax_nbmem.rootfiles import append_line
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
 from jax_nbmem.tenants.servers import _terminate, current_user
 from jax_nbmem.units import format_bytes
@@ -352,9 +353,7 @@ def _log(stopped: Stopped, hub: Hub | None, log_path: Path | None) -> None:
     }
     path = log_path or admin_log_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(entry) + "\n")
+        append_line(path, json.dumps(entry) + "\n")  # never through a link, nor in others' folders
         stopped.message += f" Logged in {path}."
     except OSError as error:
         stopped.message += f" (Not logged: cannot write {path}: {error.strerror or error}.)"

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax_nbmem.rootfiles import UnsafeFile, lock_file
 from jax_nbmem.simgpu.liveness import process_start, running_since
 from jax_nbmem.simgpu.registration import (
     LINE_BYTES,
@@ -129,20 +130,31 @@ class Registrar:
             self.socket_path.unlink()  # a dead registrar's
         self._lock_file_for_all()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(os.fspath(self.socket_path))
-        os.chmod(self.socket_path, 0o666)  # every user's processes register
+        # Every user's processes register: the socket is made 0666 by bind itself, under a
+        # umask of 0111. A chmod by its name after bind would follow whatever a user put at
+        # that name meanwhile (the folder is everyone's).
+        umask = os.umask(0o111)
+        try:
+            listener.bind(os.fspath(self.socket_path))
+        finally:
+            os.umask(umask)
         listener.listen(64)
         listener.setblocking(False)
         self._listener = listener
         return self
 
     def _lock_file_for_all(self) -> None:
-        """The state's lock, writable by whoever may write the folder (root would make it 0644)."""
-        lock = Path(f"{self.state_path}.lock")
-        if not lock.exists():
-            lock.touch()
-            if stat.S_IMODE(self.state_path.parent.stat().st_mode) & 0o002:
-                lock.chmod(0o666)
+        """The state's lock, there and a regular file: never made or changed through a link.
+
+        In a folder anyone writes (shared-setup's), one that is not a regular file of root's
+        (a user's link, FIFO or file) is replaced by root's own, 0666 by ``fchmod``.
+        """
+        lock = f"{self.state_path}.lock"
+        shared = bool(stat.S_IMODE(os.stat(self.state_path.parent).st_mode) & 0o002)
+        try:
+            os.close(lock_file(lock, shared_mode=0o666 if shared else None))
+        except UnsafeFile as error:
+            raise RegistrarError(str(error)) from None
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return (from any thread or a signal handler)."""

@@ -27,10 +27,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 import sys
 from pathlib import Path
 
+from jax_nbmem.rootfiles import UnsafeFile, lock_file, private_folder, read_regular, write_file
 from jax_nbmem.simgpu import registrar
 from jax_nbmem.simgpu.simulator import (
     _STARTUP_FILE,
@@ -80,7 +80,7 @@ def _check(folder: Path, gpus: int, total: int, startup: Path | None) -> None:
         if path.exists() and not path.is_dir():
             raise SharedSetupError(f"{path} exists and is not a folder")
     state = folder / "state" / "gpu.state"
-    if state.exists():
+    if os.path.lexists(state):
         try:
             SimState.read(state)
         except StateError as error:
@@ -89,7 +89,7 @@ def _check(folder: Path, gpus: int, total: int, startup: Path | None) -> None:
         target = startup / STARTUP_NAME
         if startup.exists() and not startup.is_dir():
             raise SharedSetupError(f"{startup} exists and is not a folder")
-        if target.exists() and target.read_text(errors="replace") != _STARTUP_FILE:
+        if os.path.lexists(target) and not _ours_as_is(target):
             raise SharedSetupError(f"{target} exists and is not ours: move it away first")
 
 
@@ -110,30 +110,60 @@ def setup_shared(
     folder = Path(folder)
     startup = None if startup is None else Path(startup)
     _check(folder, gpus, total, startup)
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o755)  # every user reaches it
-    lib = build(folder)
-    state_dir = folder / "state"
-    state_dir.mkdir(exist_ok=True)
-    state_dir.chmod(_STATE_DIR_MODE)  # whatever the umask; not sticky (see the module's note)
-    state = state_dir / "gpu.state"
-    if not state.exists():
-        sim = SimState(state)
-        for index in range(gpus):
-            sim.gpu(index, total=total)
-        sim.write()
-    lock = Path(f"{state}.lock")
-    lock.touch(exist_ok=True)
-    lock.chmod(0o666)
-    if startup is not None:
-        startup.mkdir(parents=True, exist_ok=True)
-        target = startup / STARTUP_NAME
-        if not target.exists():
-            target.write_text(_STARTUP_FILE)
-        target.chmod(0o644)
+    try:
+        # DIR is root's and only root's (every user reaches it): nothing in it is a user's
+        # but DIR/state's entries, and those root opens by descriptor (the module's note).
+        with private_folder(folder, create=True) as _:
+            pass
+        lib = build(folder)
+        state_dir = folder / "state"
+        with private_folder(folder) as parent:
+            _state_dir(parent)
+        state = state_dir / "gpu.state"
+        if not os.path.lexists(state):
+            sim = SimState(state)
+            for index in range(gpus):
+                sim.gpu(index, total=total)
+            sim.write()  # a new file of root's renamed over the name: never through a link
+        os.close(lock_file(f"{state}.lock", shared_mode=0o666))
+        if startup is not None:
+            with private_folder(startup, create=True) as _:
+                pass
+            target = startup / STARTUP_NAME
+            if not os.path.lexists(target) or _ours_as_is(target):
+                write_file(target, _STARTUP_FILE.encode(), mode=0o644)
+    except UnsafeFile as error:
+        raise SharedSetupError(str(error)) from None
     env = env_for_subprocess(lib.parent, state, base={})
     env["JAX_PLATFORMS"] = "cpu"
     return env
+
+
+def _state_dir(parent: int) -> None:
+    """DIR/state: made if missing, root's own folder, 0777 by ``fchmod`` (never through a link)."""
+    try:
+        os.mkdir("state", 0o700, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open("state", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=parent)  # fmt: skip
+    except OSError as error:
+        raise UnsafeFile(error.errno, "the state folder is a link or no folder") from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise UnsafeFile(0, "the state folder is not root's: move it away first")
+        os.fchmod(fd, _STATE_DIR_MODE)  # whatever the umask; not sticky (the module's note)
+    finally:
+        os.close(fd)
+
+
+def _ours_as_is(target: Path) -> bool:
+    """Whether the startup file there is ours, unchanged (then written again, mode 0644)."""
+    try:
+        return read_regular(target, 1 << 20).decode(errors="replace") == _STARTUP_FILE
+    except OSError:
+        return False
 
 
 def print_shared_setup(folder: str, gpus: int, total_text: str | None, startup: str | None) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jax_nbmem.rootfiles import UnsafeFile, lock_file
 from jax_nbmem.simgpu.liveness import line_ended
 from jax_nbmem.simgpu.state_format import (
     CALLS,
@@ -262,16 +263,21 @@ class SimState:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{path}.lock", "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                state = cls.read(path)
-                before = state.render()
-                yield state
-                if state.render() != before:
-                    state.write()
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        # Read-only is enough for flock; never through a link, never a FIFO (anyone may put
+        # one at the lock's name: the folder is everyone's).
+        try:
+            lock = lock_file(f"{path}.lock")
+        except UnsafeFile as error:
+            raise StateError(f"{error} (remove it; the lock is an empty regular file)") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = cls.read(path)
+            before = state.render()
+            yield state
+            if state.render() != before:
+                state.write()
+        finally:
+            os.close(lock)  # the lock goes with its descriptor
 
     @classmethod
     def parse(cls, text: str, path: str | os.PathLike[str] = "") -> SimState:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jax_nbmem.rootfiles import UnsafeFile, read_regular
 from jax_nbmem.simgpu.state_format import (
     CALLS,
     DEFAULT_MIG_NAME,
@@ -26,7 +27,9 @@ from jax_nbmem.simgpu.state_format import (
     StateError,
 )
 
-__all__ = ["parse_into", "read_stable"]
+__all__ = ["MAX_STATE_BYTES", "parse_into", "read_stable"]
+
+MAX_STATE_BYTES = 64 << 20  # thousands of processes' lines fit many times over
 
 _MAX_GI, _MAX_GI_PER_GPU, _MAX_MIGS = 32, 7, 64
 _DRIVER_TEXT = 80
@@ -45,14 +48,26 @@ def parse_into(state: _SimState, text: str) -> _SimState:
 
 
 def read_stable(path: Path) -> str:
-    """The file's text once two reads in a row agree (a writer may be rewriting it in place)."""
-    first = path.read_bytes()
+    """The file's text once two reads in a row agree (a writer may be rewriting it in place).
+
+    Any user may put anything at the state file's name: a link, a FIFO, a device or a file over
+    :data:`MAX_STATE_BYTES` is a StateError that says so, never followed, never a hang.
+    FileNotFoundError when there is none.
+    """
+    first = _read_once(path)
     for _ in range(_STABLE_READS):
-        second = path.read_bytes()
+        second = _read_once(path)
         if second == first:
             return first.decode("utf-8", errors="surrogateescape")
         first = second
     raise StateError(f"{path}: it kept changing while it was read")
+
+
+def _read_once(path: Path) -> bytes:
+    try:
+        return read_regular(path, MAX_STATE_BYTES)
+    except UnsafeFile as error:
+        raise StateError(str(error)) from None
 
 
 _TOKEN = re.compile(r"[^ \t\r\v\f]+")

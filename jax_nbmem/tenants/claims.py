@@ -47,6 +47,7 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.rootfiles import lock_file
 from jax_nbmem.tenants.alive import held_elsewhere
 from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 from jax_nbmem.tenants.neighbours import read_beacon_by_key
@@ -353,10 +354,7 @@ def claim_book(directory: str | None, wait_s: float = _LOCK_WAIT_S) -> Iterator[
     path = os.path.join(directory, _LOCK_NAME)
     fd = None
     try:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-        except OSError:
-            fd = os.open(path, os.O_RDONLY)
+        fd = lock_file(path)  # never through a link, never a FIFO: UnsafeFile, said below
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -216,7 +216,9 @@ def read_counts(directories: Iterable[str]) -> CullCounts | None:
 def _read_trusted(directory: str, name: str) -> Any:
     """The JSON of ``directory/name`` if root or the directory's owner wrote it, else None."""
     try:
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # Non-blocking: a FIFO a user put at the name is never waited on (the exporter's refresh).
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)  # fmt: skip
     except OSError:
         return None
     try:
