@@ -8,6 +8,7 @@ must be exactly what ``read:servers`` and ``access:servers`` expand to in this J
 
 from __future__ import annotations
 
+import json
 import re
 import stat
 import subprocess
@@ -28,6 +29,12 @@ def _recipe() -> tuple[str, str]:
     shell = re.findall(r"```bash\n(.*?)```", before, re.S)[-1]
     assert TOKEN_FILE in shell and TOKEN_FILE in config
     return shell, config
+
+
+def _after_recipe() -> str:
+    """The page's shell block after the recipe: how the administrator checks and uses it."""
+    after = PAGE.read_text().split("<!-- admin-token-recipe -->", 1)[1]
+    return re.findall(r"```bash\n(.*?)```", after, re.S)[0]
 
 
 def _expanded(scopes) -> set[str]:
@@ -59,6 +66,11 @@ def test_the_documented_recipe_gives_a_token_of_exactly_the_command_s_scopes(sim
         assert request(hub.url + "/hub/api/users", token=token)[0] == 403
         reply = request(hub.url + f"/hub/api/users/{hub.alice.name}/server", "POST", token=token)
         assert reply[0] == 403, reply
+        # The page's own check, its curl line with this hub's address and token file.
+        (curl,) = [x for x in _after_recipe().splitlines() if x.startswith("curl ")]
+        curl = curl.replace(TOKEN_FILE, token_path).replace("http://127.0.0.1:8000", hub.url)
+        done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and json.loads(done.stdout) == me, done.stdout + done.stderr
         # And it finds a user's server record, which is what `jax-nbmem shutdown` asks first.
         status, model = request(hub.url + f"/hub/api/users/{hub.alice.name}", token=token)
         assert status == 200 and "servers" in model, (status, model)
