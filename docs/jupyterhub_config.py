@@ -3,6 +3,8 @@
 import os
 import sys
 
+from jupyterhub.auth import Authenticator
+
 c = get_config()  # noqa: F821 (JupyterHub defines get_config)
 
 # The hub's public address (its proxy), as users open it.
@@ -13,6 +15,13 @@ SHARE_DIR = os.environ.get("JAX_NBMEM_SHARE_DIR", "/var/tmp/jax_nbmem")
 
 c.JupyterHub.bind_url = HUB_URL
 c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
+
+# Who may log in. JupyterHub 5 and later let nobody in until this is said; 4.x let in everyone
+# the authenticator accepts. Here, as 4.x did: every Unix account PAM (the default
+# authenticator) accepts, the same people who may log in to this machine anyway. To name them
+# instead, replace these two lines with: c.Authenticator.allowed_users = {"alice", "bob"}
+if hasattr(Authenticator, "allow_all"):  # JupyterHub >= 5 (4.x has no such setting)
+    c.Authenticator.allow_all = True
 
 # The kernels *and* the server extension (board, API, /metrics) read the share directory.
 c.Spawner.environment = {"JAX_NBMEM_SHARE_DIR": SHARE_DIR}

@@ -143,6 +143,9 @@ c.JupyterHub.cleanup_servers = True
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = {PASSWORD!r}
 c.Authenticator.allowed_users = {set(users)!r}
+from jupyterhub.auth import Authenticator as _Authenticator
+if hasattr(_Authenticator, "allow_all"):  # the docs' config lets every account in; two here
+    c.Authenticator.allow_all = False
 c.Spawner.cmd = [{python!r}, "-m", "jupyterhub.singleuser"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
@@ -228,9 +231,15 @@ def hub(simgpu_lib):
 
 @contextlib.contextmanager
 def running_hub(
-    simgpu_lib, extra_config: str = "", prefix: str = "jnm-hub-", unix_prefix: str = ""
+    simgpu_lib,
+    extra_config: str = "",
+    prefix: str = "jnm-hub-",
+    unix_prefix: str = "",
+    servers: bool = True,
 ) -> Iterator[Hub]:
     """A hub as the module says, its two users' servers started; ``extra_config`` goes last.
+
+    ``servers=False``: the hub only (a test of the hub's own API), no server started.
 
     ``unix_prefix``: each hub user NAME is Unix user ``unix_prefix`` + NAME (as TLJH names
     them: ``jupyter-NAME``), for a spawner in ``extra_config`` that runs them so; the hub's
@@ -291,7 +300,8 @@ def running_hub(
             url, tokens[0], tokens[1], hub_users[0], hub_users[1], folder, share,
             simgpu / "gpu.state", root_env, log_path, process,
         )  # fmt: skip
-        start_servers(hub, *hub_users)
+        if servers:
+            start_servers(hub, *hub_users)
         yield hub
     finally:
         if process is not None and process.poll() is None:

@@ -24,3 +24,13 @@ def test_one_set_of_scopes_said_the_same_everywhere():
         assert other not in page and other not in CONFIG.read_text()
     shutdown = _parser()._subparsers._group_actions[0].choices["shutdown"]
     assert SCOPES_TEXT in " ".join(shutdown.format_help().split())
+
+
+def test_the_config_as_pasted_lets_the_authenticator_s_users_log_in():
+    """JupyterHub 5 and later refuse everyone without an allow setting; 4.x allowed everyone."""
+    from jupyterhub.auth import PAMAuthenticator
+
+    c = documented_config({})
+    authenticator = PAMAuthenticator(config=c)
+    assert authenticator.check_allowed("alice") is True
+    assert 'c.Authenticator.allowed_users = {"alice", "bob"}' in CONFIG.read_text()  # the other way
