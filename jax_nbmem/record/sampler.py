@@ -499,7 +499,7 @@ class Sampler:
             due = min(due, self._process_read_at + self.busy_process_interval)
         if (force and moved) or now + slack >= due:
             listing = self._read(source.processes, None, indices)
-            split = split_by_gpu(listing, source.pid)
+            split = split_by_gpu(listing, source.own_pid())
             with self._lock:
                 self._split, self._used_at_process_read = split, used
                 self._process_read_at = now

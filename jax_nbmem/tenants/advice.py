@@ -242,8 +242,12 @@ def _fix_elsewhere(tenant: Tenant, restart: str) -> str:
             f"If that kernel is yours, {restart}; otherwise ask its owner{owner} to. An "
             f"administrator can check which kernel it is and stop it {host}."
         )
+    # Where it runs, as its row says: a neighbour on the host is outside this container but
+    # in no container at all.
+    on_host = not tenant.container and tenant.pid_in_container is None
+    where = "on the host, outside this container" if on_host else "in another container"
     return (
-        f"It runs in another container: ask its owner{owner} to shut it down or to {restart}, "
+        f"It runs {where}: ask its owner{owner} to shut it down or to {restart}, "
         f"or an administrator to stop it {host} (`%jaxmem shutdown` stops only kernels in "
         "this container)."
     )

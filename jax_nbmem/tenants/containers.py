@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
+from jax_nbmem.gpu import own_process
 from jax_nbmem.tenants import attribution as _a
 from jax_nbmem.tenants.beacons import Beacon
 from jax_nbmem.tenants.identity import same_namespace, start_ticks
@@ -61,6 +62,15 @@ def attribute_in_container(
         _last_own.clear()
         _last_own[key] = mine
     remembered = None if fresh else _last_own.get(key)
+    proven = own_process.proven_pid()
+    if not fresh and proven is not None and (remembered is None or remembered.pid != proven):
+        # Proven over the agent's socket, though its resolution is not fresh (not written
+        # yet, or this reader does not trust it): NVML's line under that PID is this kernel.
+        ns = identity.get("pid_ns")
+        remembered = ResolvedProcess(
+            proven, local_pid, tuple(ns) if ns else None, identity.get("start_ticks"), (), None,
+            None,
+        )  # fmt: skip
     # Host PID -> PID here, for the processes of this namespace the agent resolved.
     here: dict[int, int] = {}
     for process in processes:
@@ -82,7 +92,10 @@ def attribute_in_container(
                 process, remembered, remembered, local_pid, beacons, environ, sessions, total,
                 uuid,
             )  # fmt: skip
-            fields.update(source="inferred", reason=_REMEMBERED)
+            if remembered.pid == proven:
+                fields.update(source="agent", reason=_PROVEN)
+            else:
+                fields.update(source="inferred", reason=_REMEMBERED)
         elif entry is None:
             fields = _unresolved(process.pid, resolution)
         elif process.pid in here:
@@ -108,6 +121,10 @@ _last_own: dict[str, ResolvedProcess] = {}
 _REMEMBERED = (
     "inferred, not proven now (the node agent's resolution is not fresh): this kernel's host "
     "PID as the agent last proved it, which no other process can have while it runs"
+)
+_PROVEN = (
+    "this kernel's host PID as the node agent proved it over its socket (its resolution is "
+    "not fresh)"
 )
 _OWN_SIZE = (
     "inferred, not proven (no node agent): the only process on this GPU whose memory is this "
