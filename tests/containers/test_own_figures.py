@@ -181,9 +181,12 @@ def test_without_proof_a_containers_figures_are_unknown_never_zero(container_nod
     boxed.run("%load_ext jax_nbmem")
     boxed.run(_READY.replace("60", "3"))  # nothing will prove it: a short wait
     *_, records = run_all(boxed, PROMISE)
-    for record in last_json(records)[-3:]:
-        assert record["gpu_self_before"] is None and record["gpu_self_after"] is None, record
-        assert record["gpu_self_retained"] is None, record
+    made_a, made_b, deleted = last_json(records)[-3:]
+    # Before the first array the GPU lists nobody: nobody's bytes, this kernel's included.
+    assert made_a["gpu_self_before"] == 0, made_a
+    for record in (made_a, made_b, deleted):
+        assert record["gpu_self_after"] is None and record["gpu_self_retained"] is None, record
+    assert made_b["gpu_self_before"] is None and deleted["gpu_self_before"] is None
     sample = last_json(
         boxed.run(
             "g = _session.sampler.sample_now().gpus[0]\n"
