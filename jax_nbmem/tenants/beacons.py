@@ -266,10 +266,11 @@ class BeaconWriter:
                         self.agent.send(content)
                     else:  # the agent restarted: register again (at most every 5 s)
                         self.agent.keep_alive(content)
-                    if self.agent.proven_pid is not None:
+                    proven = self.agent.proven_pid
+                    if proven is not None and not own_process.in_host_namespace():
                         # This process's host PID, proven: what NVML lists it by. A live
                         # process keeps it, so a dropped connection does not unprove it.
-                        own_process.set_proven_pid(self.agent.proven_pid)
+                        own_process.set_proven_pid(proven)
                 except Exception:  # never on a cell's path, never fatal
                     log.debug("jax_nbmem: the node agent's client failed", exc_info=True)
             self._stop.wait(_WRITE_EVERY_S)

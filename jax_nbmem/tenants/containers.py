@@ -128,7 +128,8 @@ _PROVEN = (
 )
 _OWN_SIZE = (
     "inferred, not proven (no node agent): the only process on this GPU whose memory is this "
-    "kernel's own pool, and no other kernel's beacon claims a pool that size"
+    "kernel's own pool (what its allocator holds there, in any mode), and no other kernel's "
+    "beacon claims that size"
 )
 
 
@@ -274,6 +275,20 @@ def _could_hold(claim: Beacon, used: int | None, total: int | None, uuid: str | 
     return bool(_a._matches_a_pool(used, total, claim.pool_fraction))
 
 
+def _size_fits(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> bool:
+    """Whether a kernel's bytes on GPU ``uuid`` can be ``used``, whatever its mode.
+
+    What its allocator holds there as it counts it (``pool_bytes``: JAX's, or the simulated
+    GPU's mirror's), plus at most a CUDA context's worth; else as :func:`_could_hold`. A mode
+    without a preallocated pool (``off``) fits too: the size of what it holds tells.
+    """
+    counters = beacon.gpus.get(uuid) if uuid is not None else None
+    held = counters.get("pool_bytes") if isinstance(counters, dict) else None
+    if used is not None and isinstance(held, int) and held > 0:
+        return held <= used <= held + _a.PREALLOCATION_ABOVE_BYTES
+    return _could_hold(beacon, used, total, uuid)
+
+
 def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
     """Without the agent: preallocation-sized memory, named where exactly one claim fits.
 
@@ -298,7 +313,7 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
         i
         for i in candidates
         if own is not None
-        and _could_hold(
+        and _size_fits(
             own, tenants[i].used_bytes, totals.get(tenants[i].gpu), uuids.get(tenants[i].gpu)
         )
     ]
@@ -311,7 +326,7 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
             and len(mine) == 1
             and not matches
             and not knows_itself
-            and not any(_could_hold(b, tenant.used_bytes, total, uuid) for b in ours)
+            and not any(_size_fits(b, tenant.used_bytes, total, uuid) for b in [*claims, *ours])
         ):  # its own pool's size, and nobody else's: this kernel's row, said as inferred
             result[i] = _inferred_self(tenant, own, total, uuid)
             continue
@@ -353,7 +368,8 @@ def _inferred_self(tenant: _a.Tenant, own: Beacon, total, uuid) -> _a.Tenant:
     from dataclasses import replace
 
     verdict = _a._from_beacon(own, tenant.used_bytes, total, uuid)
-    verdict.update(source="inferred", preallocated=True)
+    # Preallocated only in a mode that preallocates: an `off` kernel's pool grew with its arrays.
+    verdict.update(source="inferred", preallocated=bool(own.pool_fraction))
     return replace(
         tenant, kind="self", user=own.user, hub_user=own.hub_user, kernel_id=own.kernel_id,
         started_at=own.started_at, runs_jax=True, reason=_OWN_SIZE, elsewhere=False,
