@@ -228,16 +228,23 @@ class Container:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init_pid, signal.SIGKILL)
         self.unshare.wait(30)
+        self._let_kernels_go()
+
+    def _let_kernels_go(self) -> None:
+        """After its kernels were killed: close their clients, reap their processes."""
         for kernel in self.kernels:
             kernel.client.stop_channels()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 kernel.process.wait(15)
 
-    def stop(self) -> None:
-        """Shut its kernels down, then stop it."""
+    def _shut_kernels_down(self) -> None:
         for kernel in self.kernels:
             if kernel.process.poll() is None:
                 kernel.shutdown()
+
+    def stop(self) -> None:
+        """Shut its kernels down, then stop it."""
+        self._shut_kernels_down()
         if self.unshare.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGTERM)
@@ -290,11 +297,7 @@ class HostSide(Container):
         for kernel in self.kernels:
             with contextlib.suppress(psutil.Error):
                 psutil.Process(kernel.pid).kill()
-            kernel.client.stop_channels()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                kernel.process.wait(15)
+        self._let_kernels_go()
 
     def stop(self) -> None:
-        for kernel in self.kernels:
-            if kernel.process.poll() is None:
-                kernel.shutdown()
+        self._shut_kernels_down()
