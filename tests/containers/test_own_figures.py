@@ -197,3 +197,6 @@ def test_without_proof_a_containers_figures_are_unknown_never_zero(container_nod
         )
     )
     assert sample[:2] == [None, None] and sample[2] > 0, sample
+    freed = boxed.run("%jaxmem free b")
+    assert "returned to the GPU: unknown (this process runs in a container" in freed, freed
+    assert "node agent has not proved its host PID" in freed, freed
