@@ -63,9 +63,12 @@ def attribute_in_container(
         _last_own[key] = mine
     remembered = None if fresh else _last_own.get(key)
     proven = own_process.proven_pid()
-    if not fresh and proven is not None and (remembered is None or remembered.pid != proven):
-        # Proven over the agent's socket, though its resolution is not fresh (not written
-        # yet, or this reader does not trust it): NVML's line under that PID is this kernel.
+    by_socket = not fresh and proven is not None
+    by_socket = by_socket and (remembered is None or remembered.pid != proven)
+    if by_socket:
+        # Proven over the agent's socket, though no fresh resolution lists it (not written
+        # yet, stale, or not trusted here): NVML's line under that PID is this kernel. Still
+        # inferred, as a remembered row is: nothing acts on it without a fresh resolution.
         ns = identity.get("pid_ns")
         remembered = ResolvedProcess(
             proven, local_pid, tuple(ns) if ns else None, identity.get("start_ticks"), (), None,
@@ -92,10 +95,7 @@ def attribute_in_container(
                 process, remembered, remembered, local_pid, beacons, environ, sessions, total,
                 uuid,
             )  # fmt: skip
-            if remembered.pid == proven:
-                fields.update(source="agent", reason=_PROVEN)
-            else:
-                fields.update(source="inferred", reason=_REMEMBERED)
+            fields.update(source="inferred", reason=_PROVEN if by_socket else _REMEMBERED)
         elif entry is None:
             fields = _unresolved(process.pid, resolution)
         elif process.pid in here:
@@ -123,8 +123,8 @@ _REMEMBERED = (
     "PID as the agent last proved it, which no other process can have while it runs"
 )
 _PROVEN = (
-    "this kernel's host PID as the node agent proved it over its socket (its resolution is "
-    "not fresh)"
+    "inferred, not proven by a fresh resolution: this kernel's host PID as the node agent "
+    "answered it over its socket, which no other process can have while it runs"
 )
 _OWN_SIZE = (
     "inferred, not proven (no node agent): the only process on this GPU whose memory is this "

@@ -480,9 +480,9 @@ def test_a_kernel_proven_over_the_socket_finds_its_own_row_before_any_resolution
     proven(900002)
     ours, other = in_container(listed, 500 * MiB, tmp_path)
     assert (ours.kind, ours.source, ours.pid, ours.pid_in_container) == (
-        "self", "agent", 900002, os.getpid()
+        "self", "inferred", 900002, os.getpid()
     )  # fmt: skip
-    assert "proved it over its socket" in ours.reason and other.kind == "unknown"
+    assert "answered it over its socket" in ours.reason and other.kind == "unknown"
 
 
 def test_without_the_agent_an_off_kernels_own_row_is_inferred_and_the_oom_line_names_it(
