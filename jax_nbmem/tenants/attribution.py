@@ -33,6 +33,7 @@ __all__ = [
     "PID_MAX",
     "own_kernel_id",
     "pool_sizes",
+    "INFERRED_WITHOUT_AGENT",
     "PID_NAMESPACE_REASON",
     "PREALLOCATION_ABOVE_BYTES",
     "PREALLOCATION_BELOW_BYTES",
@@ -55,6 +56,8 @@ _SMALLEST_POOL_SHARE = 0.25
 _SMALLEST_POOL_BYTES = 2 << 30
 # Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
 PID_NAMESPACE_REASON = "pid-namespace"
+# How a row a container inferred without the node agent starts its reason (.containers).
+INFERRED_WITHOUT_AGENT = "inferred, not proven (no node agent)"
 
 _KERNEL_ID = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
 # How a kernel is told its connection file: ipykernel's -f, and the long spellings of it.

@@ -127,7 +127,7 @@ _PROVEN = (
     "answered it over its socket, which no other process can have while it runs"
 )
 _OWN_SIZE = (
-    "inferred, not proven (no node agent): the only process on this GPU whose memory is this "
+    f"{_a.INFERRED_WITHOUT_AGENT}: the only process on this GPU whose memory is this "
     "kernel's own pool (what its allocator holds there, in any mode), and no other kernel's "
     "beacon claims that size"
 )
@@ -388,7 +388,7 @@ def _inferred(tenant: _a.Tenant, claim: Beacon, total, uuid) -> _a.Tenant:
     if identity.get("hostname"):
         said += f" on host {identity['hostname']}"
     reason = (
-        "inferred, not proven (no node agent): the only live kernel in another container "
+        f"{_a.INFERRED_WITHOUT_AGENT}: the only live kernel in another container "
         f"whose beacon says it preallocated a pool this size on this GPU ({said})"
     )
     verdict.update(source="inferred", preallocated=True)

@@ -511,6 +511,10 @@ def test_without_the_agent_an_off_kernels_own_row_is_inferred_and_the_oom_line_n
     assert unknown.kind == "unknown"
     said = oom_diagnosis([ours, unknown], [gpu(held + 300 * MiB + 5 * GiB)])
     assert "- This kernel PID 900002 (hub user bob (Unix user jovyan)): 1.04 GiB" in said, said
+    # Every row inferred (its own alone here): nothing is proven, so the advice still stands.
+    (advice,) = warnings_for([ours], [gpu(held + 300 * MiB)], own_backend_started=True)
+    assert advice.kind == "pid-namespace" and "host PID 900002 is inferred" in advice.message
+    assert "jax-nbmem exporter --share-dir" in advice.message
     # Another container's `off` kernel of the same size: neither is named.
     claims(4026532777, 1, hub_user="alice", notebook="/h.ipynb", mode="off", pool=held,
            fraction=None)  # fmt: skip
