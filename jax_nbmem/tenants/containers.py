@@ -63,12 +63,12 @@ def attribute_in_container(
         _last_own[key] = mine
     remembered = None if fresh else _last_own.get(key)
     proven = own_process.proven_pid()
-    by_socket = not fresh and proven is not None
+    by_socket = proven is not None and mine is None
     by_socket = by_socket and (remembered is None or remembered.pid != proven)
     if by_socket:
-        # Proven over the agent's socket, though no fresh resolution lists it (not written
-        # yet, stale, or not trusted here): NVML's line under that PID is this kernel. Still
-        # inferred, as a remembered row is: nothing acts on it without a fresh resolution.
+        # Proven over the agent's socket, though no fresh resolution lists it (not yet, not
+        # written, stale, or not trusted here): NVML's line under that PID is this kernel.
+        # Still inferred, as a remembered row is: nothing acts on it until a resolution does.
         ns = identity.get("pid_ns")
         remembered = ResolvedProcess(
             proven, local_pid, tuple(ns) if ns else None, identity.get("start_ticks"), (), None,
