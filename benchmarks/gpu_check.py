@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check_cases  # noqa: E402  (beside this file: the source's cases, docs/magics.md)
 
 from jax_nbmem.allocator import jaxlib, modes  # noqa: E402
-from jax_nbmem.gpu import jaxstats, nvml, visible  # noqa: E402
+from jax_nbmem.gpu import jaxstats, nvml, own_process, visible  # noqa: E402
 from jax_nbmem.tenants.attribution import (  # noqa: E402
     PREALLOCATION_ABOVE_BYTES,
     PREALLOCATION_BELOW_BYTES,
@@ -114,11 +114,12 @@ def readings(device, gpu: int) -> dict:
     stats = _stats(device)
     memory = (nvml.memory([gpu]) or [None])[0]
     mig = getattr(memory, "mig", None)
-    mine = [p.used_bytes for p in nvml.processes([gpu]) if p.pid == os.getpid()]
+    own_pid = own_process.nvml_pid()  # NVML's and nvidia-smi's PID for us: the host's
+    mine = [p.used_bytes for p in own_process.own_entries(nvml.processes([gpu])) or ()]
     asked = mig is None
     gpu_row = ((asked and smi(gpu, "--query-gpu=memory.used,memory.total")) or [[None, None]])[0]
     apps = (asked and smi(gpu, "--query-compute-apps=pid,used_memory")) or []
-    smi_self = [_mib(row[1]) for row in apps if row[0] == str(os.getpid())]
+    smi_self = [_mib(row[1]) for row in apps if own_pid is not None and row[0] == str(own_pid)]
     parent = None
     if mig is not None:
         parent = (nvml.memory([mig.parent_index]) or [None])[0]

@@ -24,7 +24,6 @@ from jax_nbmem.notebook.help_texts import help_texts
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
 from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last_error_holders
-from jax_nbmem.record.ledger import format_table
 from jax_nbmem.tenants.owners import SHUTDOWN_BOTH, SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 from jax_nbmem.text import parse_count, parse_number, printable
 from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
@@ -318,7 +317,9 @@ class JaxNbMemMagics(Magics):
         elif args.json:
             print(json.dumps([record.to_dict() for record in records], indent=1))
         else:
-            print(format_table(records))
+            from jax_nbmem.notebook.panel_text import cells_table
+
+            print(cells_table(self.session, records))
 
     def _top(self, args) -> None:
         from jax_nbmem.tools.arrays import top_arrays

@@ -30,6 +30,7 @@ from jax_nbmem.units import format_bytes, format_duration
 
 __all__ = [
     "HeaderMode",
+    "cells_table",
     "code_html",
     "beside_jax",
     "context_line",
@@ -98,6 +99,14 @@ class HeaderMode:
 def is_simulated(gpu: Any) -> bool:
     """Whether *gpu* is jax_nbmem's simulated GPU: its name says so ("... (simulated)")."""
     return "(simulated)" in (getattr(gpu, "name", None) or "")
+
+
+def cells_table(session: Any, records: list[Any]) -> str:
+    """The cells table (``%jaxmem cells``, the panel's text), said to be simulated where it is."""
+    sampler = getattr(session, "sampler", None)
+    latest = sampler.latest() if sampler is not None else None
+    simulated = any(is_simulated(gpu) for gpu in getattr(latest, "gpus", ()))
+    return format_table(records, simulated=simulated)
 
 
 def mode_text(session: Any) -> HeaderMode | None:
@@ -273,7 +282,7 @@ def summary_text(session: Any, gpu_index: int | None, kind: str = "text") -> str
         )
     records = recent_records(session, TABLE_CELLS)
     if records:
-        lines += ["", format_table(records)]
+        lines += ["", cells_table(session, records)]
     return "\n".join(lines)
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.record.history import GpuSample
 
 __all__ = [
@@ -71,7 +71,10 @@ class SamplerSource:
     device_stats: Callable[[], Sequence[Any]] = jaxstats.device_stats
     live_array_bytes: Callable[[], int | None] = jaxstats.live_array_bytes
     host_rss_bytes: Callable[[], int | None] = jaxstats.host_rss_bytes
-    pid: int = field(default_factory=os.getpid)
+    # The PID NVML lists this process by: a callable asked at each reading (by default
+    # jax_nbmem.gpu.own_process's, the host PID once the node agent proves it in a container),
+    # or a fixed PID (tests). None: unknown, so its bytes and the others' are unknown too.
+    pid: int | Callable[[], int | None] | None = own_process.nvml_pid
     # What a cell hook reads: like device_stats, but never waiting for JAX's backend lock and
     # GPU devices only; asked before backend_initialized, so it must never start a backend.
     # None: device_stats itself (a fake source's, in tests), or JAX's own.
@@ -83,6 +86,10 @@ class SamplerSource:
             if quick is jaxstats.device_stats:
                 quick = jaxstats.gpu_stats_now
             object.__setattr__(self, "quick_device_stats", quick)
+
+    def own_pid(self) -> int | None:
+        """The PID NVML lists this process by now; None while it is unknown."""
+        return self.pid() if callable(self.pid) else self.pid
 
 
 class QuickReading(NamedTuple):
@@ -111,6 +118,8 @@ class ProcessSplit:
     ``mine`` is None when our PID is listed without bytes; ``listed`` says whether it is
     listed at all; ``others`` is None when another process's bytes are unknown. A GPU whose
     list could not be read has ``readable`` False (and its ``problem``): nothing is known.
+    ``identified`` is False while this process's NVML PID is unknown (in a container before
+    the node agent proves it): which entry is ours, and so whose bytes are whose, is unknown.
     """
 
     listed: bool
@@ -118,17 +127,18 @@ class ProcessSplit:
     others: int | None
     readable: bool = True
     problem: str | None = None
+    identified: bool = True
 
 
 _UNLISTED = -1  # the split that stands for every GPU a flat process list does not name
 
 
-def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
+def split_by_gpu(listing: Any, pid: int | None) -> dict[int, ProcessSplit] | None:
     """Per GPU, our bytes and the others' from one process-list reading; None if unread.
 
     ``listing`` is what ``SamplerSource.processes`` returned: flat process records (``pid``,
     ``gpu``, ``used_bytes``), or per-GPU lists (``gpu``, ``processes`` — None when that GPU's
-    list failed).
+    list failed). ``pid``: ours as NVML lists it; None (unknown) splits nothing.
     """
     if listing is None:
         return None
@@ -148,6 +158,10 @@ def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
     for gpu, processes in entries.items():
         if processes is None:
             split[gpu] = ProcessSplit(False, None, None, readable=False, problem=problems[gpu])
+            continue
+        if pid is None and processes:  # an empty list says who is there, whoever we are: nobody
+            unknown = ProcessSplit(False, None, None, problem=problems.get(gpu), identified=False)
+            split[gpu] = unknown
             continue
         mine = [p.used_bytes for p in processes if p.pid == pid]
         theirs = [p.used_bytes for p in processes if p.pid != pid]
@@ -238,7 +252,7 @@ def gpu_sample(
     self_bytes: int | None = None
     others: int | None = None
     mine = split.get(reading.index, split.get(_UNLISTED)) if split is not None else None
-    if mine is not None and mine.readable:
+    if mine is not None and mine.readable and mine.identified:
         if mine.listed:
             self_bytes = mine.mine
         elif stats is None and used is not None:
@@ -251,7 +265,8 @@ def gpu_sample(
             others = max(0, used - self_bytes)
         else:
             others = mine.others
-    # No split: the GPU's process list could not be read, so who holds what is unknown.
+    # No split (the GPU's process list could not be read), or this process's NVML PID is
+    # unknown: who holds what is unknown, never a guessed 0.
     return GpuSample(
         index=reading.index,
         uuid=reading.uuid,

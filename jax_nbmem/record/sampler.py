@@ -151,6 +151,7 @@ class Sampler:
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
         self._split: dict[int, ProcessSplit] | None = None
+        self._split_pid: int | None = None  # the PID NVML listed us by in that split
         self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
         self._process_read_at = -math.inf
@@ -497,11 +498,15 @@ class Sampler:
             # soon (no more often than while a cell runs), so a jump of this kernel's memory
             # is not drawn, for a second, as another process's.
             due = min(due, self._process_read_at + self.busy_process_interval)
-        if (force and moved) or now + slack >= due:
+        own_pid = source.own_pid()
+        # A PID proven since the last list (a container's, by the node agent): whose bytes
+        # are whose is known only from a list split by it.
+        if (force and (moved or own_pid != self._split_pid)) or now + slack >= due:
             listing = self._read(source.processes, None, indices)
-            split = split_by_gpu(listing, source.pid)
+            split = split_by_gpu(listing, own_pid)
             with self._lock:
                 self._split, self._used_at_process_read = split, used
+                self._split_pid = own_pid
                 self._process_read_at = now
                 self._process_due = now + self.process_interval
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []

@@ -33,18 +33,31 @@ def _live_arrays(record: CellRecord) -> str:
     return f"{format_bytes(record.live_array_bytes_seen)} as of {when}"
 
 
-def format_table(records: Iterable[CellRecord]) -> str:
+# Under the table on jax_nbmem's simulated GPU: what its figures are, and what they cannot be.
+SIMULATED_NOTE = (
+    "Simulated GPU: JAX runs on the CPU and the GPU holds what its live arrays would (the "
+    "mirror), read at the cells' boundaries and the sampler's ticks. A cell's temporaries never "
+    "reach it: its peak is the live arrays' at the boundaries, not what a real GPU's pool "
+    "would reach."
+)
+
+
+def format_table(records: Iterable[CellRecord], *, simulated: bool = False) -> str:
     """Render records as a text table for ``%jaxmem cells``; unknown values show as "—".
 
-    Shows this process's GPU memory when any record saw a GPU, else host memory (RSS).
+    Shows this process's GPU memory when any record saw a GPU, else host memory (RSS). The
+    "JAX peak" column only where some record has JAX's figure (JAX on a GPU): a column
+    nothing can fill is left out. ``simulated``: the GPU is jax_nbmem's simulated one, whose
+    peaks are said to be what they are (:data:`SIMULATED_NOTE`).
     """
     rows_in = list(records)
     if not rows_in:
         return "No cells recorded yet."
     on_gpu = any(r.gpu_count > 0 for r in rows_in)
+    jax_peaks = on_gpu and any(r.jax_in_use_peak is not None for r in rows_in)
     if on_gpu:
         header = ["#", "cell", "duration", "status", "GPU before", "GPU peak", "GPU after",
-                  "retained", "JAX peak", "free min"]  # fmt: skip
+                  "retained", *(["JAX peak"] if jax_peaks else []), "free min"]  # fmt: skip
     else:
         header = ["#", "cell", "duration", "status", "RSS before", "RSS peak", "RSS after",
                   "retained", "live arrays"]  # fmt: skip
@@ -65,7 +78,7 @@ def format_table(records: Iterable[CellRecord]) -> str:
                 jax_peak = "≥" + jax_peak
             row += [format_bytes(r.gpu_self_before), format_bytes(r.gpu_self_peak),
                     format_bytes(r.gpu_self_after), format_bytes_delta(r.gpu_self_retained),
-                    jax_peak, format_bytes(r.free_min)]  # fmt: skip
+                    *([jax_peak] if jax_peaks else []), format_bytes(r.free_min)]  # fmt: skip
         else:
             row += [format_bytes(r.host_rss_before), format_bytes(r.host_rss_peak),
                     format_bytes(r.host_rss_after), format_bytes_delta(r.host_rss_retained),
@@ -83,7 +96,10 @@ def format_table(records: Iterable[CellRecord]) -> str:
 
     lines = [render(header), "  ".join("-" * w for w in widths), *map(render, rows)]
     if on_gpu:
-        lines.append("GPU = this process per NVML; peaks are sampled; ≥ = JAX peak at least this.")
+        at_least = "; ≥ = JAX peak at least this" if jax_peaks else ""
+        lines.append(f"GPU = this process per NVML; peaks are sampled{at_least}.")
+        if simulated:
+            lines.append(SIMULATED_NOTE)
     else:
         lines.append("No GPU seen: host memory of this process (RSS) instead of GPU memory.")
     if any(r.span_start is not None for r in rows_in):

@@ -19,7 +19,12 @@ from jax_nbmem.allocator.caps import (
 )
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
-from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, Tenant, pool_sizes
+from jax_nbmem.tenants.attribution import (
+    INFERRED_WITHOUT_AGENT,
+    PID_NAMESPACE_REASON,
+    Tenant,
+    pool_sizes,
+)
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration, format_gib
@@ -91,7 +96,11 @@ def warnings_for(
     will report under the cap). A GPU whose free memory is unknown raises no warning about it.
     """
     tenants, by_index = list(tenants), {gpu.index: gpu for gpu in gpus}
-    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None)
+    # A container without the agent: its unknown rows, else (every row inferred, this
+    # kernel's own too) one inferred row; either way nothing is proven, and the advice stands.
+    foreign = next((t for t in tenants if _in_foreign_namespace(t)), None) or next(
+        (t for t in tenants if (t.reason or "").startswith(INFERRED_WITHOUT_AGENT)), None
+    )
     found = []
     stale = agent is not None and agent.state == "stale"
     if stale:
@@ -132,6 +141,8 @@ _AGENT_ADVICE = (
 
 def _namespace_message(tenant: Tenant) -> str:
     detail = (tenant.reason or "").removeprefix(f"{PID_NAMESPACE_REASON}: ")
+    if detail.startswith(INFERRED_WITHOUT_AGENT):
+        detail = f"host PID {tenant.pid} is {detail}"
     return (
         "NVML reports process IDs from the host's PID namespace and they do not match the "
         f"processes here ({detail}), so the GPU's other users cannot be named for sure; "
@@ -242,8 +253,12 @@ def _fix_elsewhere(tenant: Tenant, restart: str) -> str:
             f"If that kernel is yours, {restart}; otherwise ask its owner{owner} to. An "
             f"administrator can check which kernel it is and stop it {host}."
         )
+    # Where it runs, as its row says: a neighbour on the host is outside this container but
+    # in no container at all.
+    on_host = not tenant.container and tenant.pid_in_container is None
+    where = "on the host, outside this container" if on_host else "in another container"
     return (
-        f"It runs in another container: ask its owner{owner} to shut it down or to {restart}, "
+        f"It runs {where}: ask its owner{owner} to shut it down or to {restart}, "
         f"or an administrator to stop it {host} (`%jaxmem shutdown` stops only kernels in "
         "this container)."
     )

@@ -20,6 +20,7 @@ import psutil
 
 from jax_nbmem.allocator.extras import EXTRA_VARIABLES
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
+from jax_nbmem.gpu import own_process
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
 from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
 from jax_nbmem.tenants.owners import hub_user_of
@@ -37,6 +38,7 @@ __all__ = [
     "PID_MAX",
     "own_kernel_id",
     "pool_sizes",
+    "INFERRED_WITHOUT_AGENT",
     "PID_NAMESPACE_REASON",
     "PREALLOCATION_ABOVE_BYTES",
     "PREALLOCATION_BELOW_BYTES",
@@ -59,6 +61,8 @@ _SMALLEST_POOL_SHARE = 0.25
 _SMALLEST_POOL_BYTES = 2 << 30
 # Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
 PID_NAMESPACE_REASON = "pid-namespace"
+# How a row a container inferred without the node agent starts its reason (.containers).
+INFERRED_WITHOUT_AGENT = "inferred, not proven (no node agent)"
 
 _KERNEL_ID = re.compile(r"kernel-([0-9A-Za-z_.-]+?)\.json$")
 # How a kernel is told its connection file: ipykernel's -f, and the long spellings of it.
@@ -439,7 +443,7 @@ def attribute(
     (default: ours) says whether this runs in a container, where NVML's host PIDs are never
     looked up: :func:`.containers.from_container` attributes them; ``dirs``: beacons' place.
     """
-    own_pid = os.getpid() if own_pid is None else own_pid
+    own_pid = own_process.nvml_pid() if own_pid is None else own_pid  # None: unknown
     environ = os.environ if environ is None else environ
     sessions = _SessionsOnDemand() if sessions is None else sessions
     if check_device_files is None:
@@ -480,7 +484,7 @@ def attribute(
 
 
 def _inspect_each(
-    processes: list[GpuProcess], own_pid: int, sessions, environ: Mapping[str, str]
+    processes: list[GpuProcess], own_pid: int | None, sessions, environ: Mapping[str, str]
 ) -> dict[int, ProcessInfo]:
     """What the host says of each process (once per PID); a surprise becomes a reason."""
     infos: dict[int, ProcessInfo] = {}
@@ -603,7 +607,7 @@ def _matches_a_pool(
 
 def _foreign_namespace(
     infos: Mapping[int, ProcessInfo],
-    own_pid: int,
+    own_pid: int | None,
     own_on_gpu: bool | None,
     check_device_files: bool,
 ) -> str | None:
@@ -619,7 +623,7 @@ def _foreign_namespace(
     if not any(0 < pid <= PID_MAX and psutil.pid_exists(pid) for pid in infos):
         pids = ", ".join(str(pid) for pid in sorted(infos))
         return f"none of NVML's PIDs ({pids}) exists in this PID namespace"
-    if own_on_gpu and own_pid not in infos:
+    if own_on_gpu and own_pid is not None and own_pid not in infos:
         return f"this kernel uses the GPU but NVML does not list its PID {own_pid}"
     inspected = [info for info in infos.values() if info.gpu_device_open is not None]
     if check_device_files and inspected and not any(i.gpu_device_open for i in inspected):

@@ -46,6 +46,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 from jax_nbmem.agent.client import AgentClient
 from jax_nbmem.agent.client_tcp import network_client
+from jax_nbmem.gpu import own_process
 from jax_nbmem.tenants import beacon_files as _files
 from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
@@ -269,6 +270,11 @@ class BeaconWriter:
                         self.agent.send(content)
                     else:  # the agent restarted: register again (at most every 5 s)
                         self.agent.keep_alive(content)
+                    proven = self.agent.proven_pid
+                    if proven is not None and not own_process.in_host_namespace():
+                        # This process's host PID, proven: what NVML lists it by. A live
+                        # process keeps it, so a dropped connection does not unprove it.
+                        own_process.set_proven_pid(proven)
                 except Exception:  # never on a cell's path, never fatal
                     log.debug("jax_nbmem: the node agent's client failed", exc_info=True)
             self._stop.wait(_WRITE_EVERY_S)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
+from jax_nbmem.gpu import own_process
 from jax_nbmem.tenants import attribution as _a
 from jax_nbmem.tenants.beacons import Beacon
 from jax_nbmem.tenants.identity import same_namespace, start_ticks
@@ -61,6 +62,18 @@ def attribute_in_container(
         _last_own.clear()
         _last_own[key] = mine
     remembered = None if fresh else _last_own.get(key)
+    proven = own_process.proven_pid()
+    by_socket = proven is not None and mine is None
+    by_socket = by_socket and (remembered is None or remembered.pid != proven)
+    if by_socket:
+        # Proven over the agent's socket, though no fresh resolution lists it (not yet, not
+        # written, stale, or not trusted here): NVML's line under that PID is this kernel.
+        # Still inferred, as a remembered row is: nothing acts on it until a resolution does.
+        ns = identity.get("pid_ns")
+        remembered = ResolvedProcess(
+            proven, local_pid, tuple(ns) if ns else None, identity.get("start_ticks"), (), None,
+            None,
+        )  # fmt: skip
     # Host PID -> PID here, for the processes of this namespace the agent resolved.
     here: dict[int, int] = {}
     for process in processes:
@@ -82,7 +95,7 @@ def attribute_in_container(
                 process, remembered, remembered, local_pid, beacons, environ, sessions, total,
                 uuid,
             )  # fmt: skip
-            fields.update(source="inferred", reason=_REMEMBERED)
+            fields.update(source="inferred", reason=_PROVEN if by_socket else _REMEMBERED)
         elif entry is None:
             fields = _unresolved(process.pid, resolution)
         elif process.pid in here:
@@ -109,9 +122,14 @@ _REMEMBERED = (
     "inferred, not proven now (the node agent's resolution is not fresh): this kernel's host "
     "PID as the agent last proved it, which no other process can have while it runs"
 )
+_PROVEN = (
+    "inferred, not proven by a fresh resolution: this kernel's host PID as the node agent "
+    "answered it over its socket, which no other process can have while it runs"
+)
 _OWN_SIZE = (
-    "inferred, not proven (no node agent): the only process on this GPU whose memory is this "
-    "kernel's own pool, and no other kernel's beacon claims a pool that size"
+    f"{_a.INFERRED_WITHOUT_AGENT}: the only process on this GPU whose memory is this "
+    "kernel's own pool (what its allocator holds there, in any mode), and no other kernel's "
+    "beacon claims that size"
 )
 
 
@@ -257,6 +275,20 @@ def _could_hold(claim: Beacon, used: int | None, total: int | None, uuid: str | 
     return bool(_a._matches_a_pool(used, total, claim.pool_fraction))
 
 
+def _size_fits(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> bool:
+    """Whether a kernel's bytes on GPU ``uuid`` can be ``used``, whatever its mode.
+
+    What its allocator holds there as it counts it (``pool_bytes``: JAX's, or the simulated
+    GPU's mirror's), plus at most a CUDA context's worth; else as :func:`_could_hold`. A mode
+    without a preallocated pool (``off``) fits too: the size of what it holds tells.
+    """
+    counters = beacon.gpus.get(uuid) if uuid is not None else None
+    held = counters.get("pool_bytes") if isinstance(counters, dict) else None
+    if used is not None and isinstance(held, int) and held > 0:
+        return held <= used <= held + _a.PREALLOCATION_ABOVE_BYTES
+    return _could_hold(beacon, used, total, uuid)
+
+
 def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
     """Without the agent: preallocation-sized memory, named where exactly one claim fits.
 
@@ -281,7 +313,7 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
         i
         for i in candidates
         if own is not None
-        and _could_hold(
+        and _size_fits(
             own, tenants[i].used_bytes, totals.get(tenants[i].gpu), uuids.get(tenants[i].gpu)
         )
     ]
@@ -294,7 +326,7 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
             and len(mine) == 1
             and not matches
             and not knows_itself
-            and not any(_could_hold(b, tenant.used_bytes, total, uuid) for b in ours)
+            and not any(_size_fits(b, tenant.used_bytes, total, uuid) for b in [*claims, *ours])
         ):  # its own pool's size, and nobody else's: this kernel's row, said as inferred
             result[i] = _inferred_self(tenant, own, total, uuid)
             continue
@@ -336,7 +368,8 @@ def _inferred_self(tenant: _a.Tenant, own: Beacon, total, uuid) -> _a.Tenant:
     from dataclasses import replace
 
     verdict = _a._from_beacon(own, tenant.used_bytes, total, uuid)
-    verdict.update(source="inferred", preallocated=True)
+    # Preallocated only in a mode that preallocates: an `off` kernel's pool grew with its arrays.
+    verdict.update(source="inferred", preallocated=bool(own.pool_fraction))
     return replace(
         tenant, kind="self", user=own.user, hub_user=own.hub_user, kernel_id=own.kernel_id,
         started_at=own.started_at, runs_jax=True, reason=_OWN_SIZE, elsewhere=False,
@@ -355,7 +388,7 @@ def _inferred(tenant: _a.Tenant, claim: Beacon, total, uuid) -> _a.Tenant:
     if identity.get("hostname"):
         said += f" on host {identity['hostname']}"
     reason = (
-        "inferred, not proven (no node agent): the only live kernel in another container "
+        f"{_a.INFERRED_WITHOUT_AGENT}: the only live kernel in another container "
         f"whose beacon says it preallocated a pool this size on this GPU ({said})"
     )
     verdict.update(source="inferred", preallocated=True)

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from jax_nbmem.gpu.own_process import INIT_PID_NS_INO
+
 __all__ = [
     "INIT_PID_NS_INO",
     "beacon_key",
@@ -27,9 +29,6 @@ __all__ = [
     "same_namespace",
     "start_ticks",
 ]
-
-# The initial (host's) PID namespace's inode: PROC_PID_INIT_INO, fixed in the kernel.
-INIT_PID_NS_INO = 0xEFFFFFFC
 
 _lock = threading.Lock()
 _cached: tuple[int, dict[str, Any]] | None = None

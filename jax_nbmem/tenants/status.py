@@ -20,7 +20,7 @@ from jax_nbmem.agent.client_tcp import network_configured, network_notice
 from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
 from jax_nbmem.allocator.jaxlib import effective
-from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
@@ -122,6 +122,9 @@ def collect(
     every process's owner).
     """
     environ = os.environ if environ is None else environ
+    # NVML's PID for this process (given, in tests; else jax_nbmem.gpu.own_process's), and its
+    # PID in its own namespace, which its beacon and /proc here know it by.
+    nvml_own = own_process.nvml_pid() if own_pid is None else own_pid
     own_pid = os.getpid() if own_pid is None else own_pid
     look = _look_at_gpus(environ)
     backend_started = jaxstats.backend_initialized()
@@ -140,11 +143,11 @@ def collect(
     else:
         if host is None and not in_kernel:
             host = host_proof(share_dir)
-        beacons = _host_beacons(look, dirs, host, own_pid, own)
+        beacons = _host_beacons(look, dirs, host, nvml_own, own)
         tenants = attribute(
             look.processes,
             look.gpus,
-            own_pid=own_pid,
+            own_pid=nvml_own,
             environ=environ,
             own_on_gpu=on_gpu if in_kernel else None,
             beacons=beacons,
@@ -158,8 +161,8 @@ def collect(
     notes = [look.visible.note] if look.visible.note else []
     caps, cap_problems = caps_by_gpu(environ, look.gpus)  # MPS's or HAMi's, in this environment
     notes += cap_problems
-    tenants = [
-        replace(t, memory_cap_bytes=caps[t.gpu].bytes) if t.pid == own_pid and t.gpu in caps else t
+    tenants = [  # the caps are this process's own (its environment's): on its own rows
+        replace(t, memory_cap_bytes=caps[t.gpu].bytes) if t.kind == "self" and t.gpu in caps else t
         for t in tenants
     ]
     ours = set(look.visible.indices)
@@ -173,7 +176,7 @@ def collect(
         own_caps=caps,
     )
     notes += _agent_notes(resolution, shared, environ)
-    host_pid = _own_host_pid(tenants, resolution, identity) if in_container else own_pid
+    host_pid = _own_host_pid(tenants, resolution, identity) if in_container else nvml_own
     report = StatusReport(
         nvml={
             "available": look.state.available,
@@ -198,13 +201,11 @@ def collect(
         pending = _pending_cull(dirs, host_pid, key, tenants)
         if pending is not None:
             report["warnings"].insert(0, pending)
-    report._tenants = tenants
-    report._gpu_memory = look.gpus
-    report._own_name = own_name
+    _keep_for_formatting(report, tenants, look, own_name)
     if control is not None:
         report["allocator"] = control.report().to_dict()
     if in_kernel:  # this kernel's own GPU memory by holder: JAX, other frameworks, the rest
-        _add_own_split(report, tenants, own_pid, look)
+        _add_own_split(report, tenants, host_pid, look)
     if not look.gpus and not in_kernel:
         report["host"] = None  # the key stays; a CLI's own host memory would tell nothing
     elif not look.gpus:  # a kernel's own host memory, what it shows instead of a GPU
@@ -226,10 +227,17 @@ def _agent_notes(resolution, shared: str | None, environ: Mapping[str, str]) -> 
 
 
 def _own_host_pid(tenants, resolution, identity) -> int | None:
-    """In a container: this process's host PID, from its own row or the agent's resolution."""
-    host_pid = next((t.pid for t in tenants if t.kind == "self"), None)
+    """In a container: this process's host PID, as the node agent proved it.
+
+    Over its socket (:mod:`jax_nbmem.gpu.own_process`), else in its resolution, else its own
+    row (inferred where nothing proves it).
+    """
+    host_pid = own_process.proven_pid()
     if host_pid is None and resolution.fresh and (row := resolution.own_row(identity)):
         host_pid = row.pid
+        own_process.set_proven_pid(host_pid)  # the agent's proof, however it came
+    if host_pid is None:
+        host_pid = next((t.pid for t in tenants if t.kind == "self"), None)
     return host_pid
 
 
@@ -257,7 +265,14 @@ def _look_at_gpus(environ: Mapping[str, str]) -> _GpuLook:
     )
 
 
-def _add_own_split(report: StatusReport, tenants, own_pid: int, look: _GpuLook) -> None:
+def _keep_for_formatting(report: StatusReport, tenants, look: _GpuLook, own_name: str) -> None:
+    """What :func:`format_status` reads beside the report's keys (never serialised)."""
+    report._tenants = tenants
+    report._gpu_memory = look.gpus
+    report._own_name = own_name
+
+
+def _add_own_split(report: StatusReport, tenants, own_pid: int | None, look: _GpuLook) -> None:
     """``own_split`` and ``frameworks`` (see :mod:`.own_memory`); a failure is said, not raised."""
     allocator = report.get("allocator") or {}
     try:
@@ -267,7 +282,7 @@ def _add_own_split(report: StatusReport, tenants, own_pid: int, look: _GpuLook) 
         report.update({"own_split": None, "frameworks": [], "own_split_problem": repr(exc)})
 
 
-def _host_beacons(look: _GpuLook, dirs, host, own_pid: int, own) -> dict:
+def _host_beacons(look: _GpuLook, dirs, host, own_pid: int | None, own) -> dict:
     """On the host: the beacons of the GPU's processes, checked by the node agent's proofs.
 
     No beacon file is ever believed about this process: its own (``own``) is its session's.
@@ -276,7 +291,7 @@ def _host_beacons(look: _GpuLook, dirs, host, own_pid: int, own) -> dict:
     if host:  # the node agent's proven kernels, each checked again against the host's view
         beacons = host.beacons(beacons, {p.pid for p in look.processes})
     beacons = {pid: beacon for pid, beacon in beacons.items() if pid != own_pid}
-    if own is not None:
+    if own is not None and own_pid is not None:
         beacons[own_pid] = own
     return beacons
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jax_nbmem.gpu import own_process
 from jax_nbmem.tools.arrays import FreeReport, TopReport
 from jax_nbmem.tools.last_error import LastErrorReport
 from jax_nbmem.units import MISSING, format_bytes
@@ -101,7 +102,10 @@ def _returned(before, after, fallback: int, whose: str) -> list[str]:
             f"(sum of {whose} nbytes; this backend reports no bytes_in_use)"
         )
     if before.gpu_self_bytes is None or after.gpu_self_bytes is None:
-        lines.append("returned to the GPU: unknown (NVML does not show this process)")
+        why = "NVML does not show this process"
+        if own_process.nvml_pid() is None:  # in a container, until the node agent proves it
+            why = own_process.unknown_reason()
+        lines.append(f"returned to the GPU: unknown ({why})")
     else:
         gpu = before.gpu_self_bytes - after.gpu_self_bytes
         note = "" if gpu > 0 else " (JAX's allocator keeps freed memory for reuse)"

@@ -416,7 +416,7 @@ class _GpuReading:
 
 
 def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
-    from jax_nbmem.gpu import nvml, visible
+    from jax_nbmem.gpu import nvml, own_process, visible
 
     every_gpu = nvml.gpus()
     order = visible.visible_gpus(every_gpu, os.environ).indices if every_gpu else ()
@@ -430,8 +430,9 @@ def _nvml_by_device(devices: Sequence[str]) -> dict[str, _GpuReading]:
         return {}
     memory = {m.index: m for m in nvml.memory(sorted(set(wanted.values())))}
     mine: dict[int, int] = {}
-    for process in nvml.processes(sorted(set(wanted.values()))):
-        if process.pid == os.getpid() and process.used_bytes is not None:
+    # This process as NVML lists it (its host PID in a container): none while that is unknown.
+    for process in own_process.own_entries(nvml.processes(sorted(set(wanted.values())))) or ():
+        if process.used_bytes is not None:
             mine[process.gpu] = mine.get(process.gpu, 0) + process.used_bytes
     found = {}
     for device, index in wanted.items():

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from jax_nbmem.gpu import jaxstats
+from jax_nbmem.gpu import jaxstats, own_process
 
 __all__ = ["MemoryReading", "measure_memory"]
 
@@ -28,6 +27,7 @@ def measure_memory() -> MemoryReading:
     in_use = [s.bytes_in_use for s in jaxstats.device_stats() if s.bytes_in_use is not None]
     from jax_nbmem.gpu import nvml
 
-    mine = [p.used_bytes for p in nvml.processes() if p.pid == os.getpid()]
+    entries = own_process.own_entries(nvml.processes())  # None: its NVML PID is unknown
+    mine = [p.used_bytes for p in entries or ()]
     gpu_self = None if not mine or None in mine else sum(mine)
     return MemoryReading(sum(in_use) if in_use else None, gpu_self)

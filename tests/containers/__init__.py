@@ -21,12 +21,13 @@ The harness lives in :mod:`.container` and :mod:`.node` (re-exported here, so th
 ``test_*.py`` files.
 """
 
-from tests.containers.container import Container, ContainerKernel, missing
+from tests.containers.container import Container, ContainerKernel, HostSide, missing
 from tests.containers.node import Jovyan, Node, jovyan, node
 
 __all__ = [
     "Container",
     "ContainerKernel",
+    "HostSide",
     "Jovyan",
     "Node",
     "jovyan",

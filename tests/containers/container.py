@@ -29,7 +29,7 @@ from tests.waiting import wait_for
 if TYPE_CHECKING:
     from tests.containers.node import Node
 
-__all__ = ["INIT", "READY", "Container", "ContainerKernel", "missing"]
+__all__ = ["INIT", "READY", "Container", "ContainerKernel", "HostSide", "missing"]
 
 READY = "container-ready"
 
@@ -135,6 +135,11 @@ class Container:
     kernels: list[ContainerKernel] = field(default_factory=list)
 
     @property
+    def home_inside(self) -> Path:
+        """Its home as its processes see it (the user's, its private home mounted over it)."""
+        return self.node.user.home
+
+    @property
     def pid_namespace(self) -> int:
         """The inode of its PID namespace."""
         return os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino
@@ -189,7 +194,7 @@ class Container:
         host_file = self.home / runtime / name
         write_connection_file(str(host_file), ip="127.0.0.1")
         os.chown(host_file, user.uid, user.gid)
-        inside = str(user.home / runtime / name)
+        inside = str(self.home_inside / runtime / name)
         argv = [self.node.python, "-m", "ipykernel_launcher", "-f", inside]
         log = open(self.node.root / "logs" / f"{self.name}-{name}.log", "ab")  # noqa: SIM115
         extra = {"JPY_SESSION_NAME": notebook, **(env or {})}
@@ -223,16 +228,23 @@ class Container:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init_pid, signal.SIGKILL)
         self.unshare.wait(30)
+        self._let_kernels_go()
+
+    def _let_kernels_go(self) -> None:
+        """After its kernels were killed: close their clients, reap their processes."""
         for kernel in self.kernels:
             kernel.client.stop_channels()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 kernel.process.wait(15)
 
-    def stop(self) -> None:
-        """Shut its kernels down, then stop it."""
+    def _shut_kernels_down(self) -> None:
         for kernel in self.kernels:
             if kernel.process.poll() is None:
                 kernel.shutdown()
+
+    def stop(self) -> None:
+        """Shut its kernels down, then stop it."""
+        self._shut_kernels_down()
         if self.unshare.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGTERM)
@@ -242,3 +254,50 @@ class Container:
                 self.kill()
         if self.docker is not None:
             self.docker.remove()
+
+
+@dataclass
+class HostSide(Container):
+    """The node's host, for the same user: what runs here is in the host's PID namespace.
+
+    The counterpart of a container in tests that compare the two: the same Python, share
+    directory and simulated GPU, a home of its own (``HOME``), no namespace entered. Its
+    ``unshare`` and ``init_pid`` are unused.
+    """
+
+    @property
+    def home_inside(self) -> Path:
+        return self.home
+
+    @property
+    def pid_namespace(self) -> int:
+        return os.stat("/proc/self/ns/pid").st_ino
+
+    @staticmethod
+    def _kernel_pid(process: subprocess.Popen, connection_file: str) -> int | None:
+        # setpriv runs the kernel in its own process: nothing forks on the host side.
+        with contextlib.suppress(psutil.Error):
+            if connection_file in psutil.Process(process.pid).cmdline():
+                return process.pid
+        return None
+
+    def command(self, argv: list[str]) -> list[str]:
+        user = self.node.user
+        return [
+            "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
+            "--", *argv,
+        ]  # fmt: skip
+
+    def popen(self, argv: list[str], env: dict[str, str] | None = None, **kwargs):
+        return subprocess.Popen(
+            self.command(argv), env={**self.env, **(env or {})}, cwd=self.home, **kwargs
+        )
+
+    def kill(self) -> None:
+        for kernel in self.kernels:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(kernel.pid).kill()
+        self._let_kernels_go()
+
+    def stop(self) -> None:
+        self._shut_kernels_down()

@@ -21,7 +21,7 @@ import psutil
 from jax_nbmem.simgpu import GIB, LIBRARY_NAME, STATE_ENV_VAR, SimState
 from jax_nbmem.simgpu.registration import register
 from jax_nbmem.simgpu.simulator import _STARTUP_FILE
-from tests.containers.container import INIT, READY, Container
+from tests.containers.container import INIT, READY, Container, HostSide
 from tests.containers.runtime import docker_look
 from tests.users import User, add_user, python_for, remove_user
 from tests.waiting import wait_for
@@ -69,15 +69,7 @@ class Node:
         it as Docker's container of that name (a cgroup and a config: see
         :mod:`tests.containers.runtime`).
         """
-        home = self.root / "homes" / name
-        startup = home / ".ipython" / "profile_default" / "startup"
-        for folder in (home / ".local" / "share" / "jupyter" / "runtime", startup):
-            folder.mkdir(parents=True, exist_ok=True)
-        if mirror:
-            (startup / "50-jax-nbmem-simgpu.py").write_text(_STARTUP_FILE)
-        for path in [home, *home.rglob("*")]:
-            os.chown(path, self.user.uid, self.user.gid)
-        home.chmod(0o700)
+        home = self._home(name, mirror)
         command = [
             "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--mount",
             sys.executable, "-c", INIT, name, str(home), str(self.user.home),
@@ -97,6 +89,31 @@ class Node:
                 raise AssertionError("no cgroup hierarchy to make a Docker-like container in")
             container.docker.join(init.pid)
         return container
+
+    def on_host(self, name: str = "host", env: dict[str, str] | None = None) -> HostSide:
+        """The host itself, as the node's user, with a home ``name`` of its own.
+
+        What runs there runs in the host's PID namespace, beside the containers; as in
+        :meth:`container`, its kernels mirror their JAX arrays onto the simulated GPU.
+        """
+        home = self._home(name, mirror=True)
+        host_env = {**self.env, "HOME": str(home), **(env or {})}
+        side = HostSide(name, self, home, host_env, unshare=None, init_pid=os.getpid())
+        self.containers.append(side)
+        return side
+
+    def _home(self, name: str, mirror: bool) -> Path:
+        """A home for ``name`` owned by the user: its runtime folder, the mirror's startup."""
+        home = self.root / "homes" / name
+        startup = home / ".ipython" / "profile_default" / "startup"
+        for folder in (home / ".local" / "share" / "jupyter" / "runtime", startup):
+            folder.mkdir(parents=True, exist_ok=True)
+        if mirror:
+            (startup / "50-jax-nbmem-simgpu.py").write_text(_STARTUP_FILE)
+        for path in [home, *home.rglob("*")]:
+            os.chown(path, self.user.uid, self.user.gid)
+        home.chmod(0o700)
+        return home
 
     def start_registrar(self) -> None:
         """Run the simulated GPU's registrar on the host, as root; back once it answers."""

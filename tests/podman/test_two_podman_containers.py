@@ -86,6 +86,25 @@ def test_bob_is_warned_of_alice_by_name_in_his_container(scenario):
     assert own["pid"] == alice.pid and rows_of(own)[alice.pid]["kind"] == "self"
 
 
+_OWN_FIGURES = """
+import json, jax_nbmem
+from jax_nbmem.notebook.magics import session_of
+gpu = session_of(get_ipython()).sampler.sample_now().gpus[0]
+print(json.dumps([gpu.self_bytes, gpu.others_bytes, [c.gpu_self_after for c in jax_nbmem.cells()]]))
+"""
+
+
+def test_in_podman_a_kernels_own_bytes_are_its_own_per_cell_and_in_the_panel(scenario):
+    """Issue 46: NVML lists Bob's kernel by its host PID, which the agent proved to it."""
+    node, alice, bob = scenario.node, scenario.alice, scenario.bob
+    bob.run("import jax.numpy as jnp\nz = jnp.ones((512, 512))\n_ = z.block_until_ready()")
+    listed = wait_for("bob's bytes", lambda: node.listed().get(bob.pid))
+    own, others, afters = json.loads(bob.run(_OWN_FIGURES).strip().splitlines()[-1])
+    assert own == listed and others == node.listed()[alice.pid], (own, others, node.listed())
+    # Its last cells' records (the array's cell among them) say its own bytes, never 0.
+    assert afters[-1] == listed and 0 not in afters[-2:], afters
+
+
 def _private_var_tmp(share_dir=None) -> list[str]:
     """A command line prefix: a mount namespace whose /var/tmp is empty, or has the share
     directory at the documented place (/var/tmp/jax_nbmem), whatever the host has there."""

@@ -312,6 +312,27 @@ def test_the_cells_table_reads_like_a_report_and_never_shows_unknown_as_zero():
     assert format_table([]) == "No cells recorded yet."
 
 
+def test_a_column_nothing_can_fill_is_left_out_and_a_simulated_peak_says_what_it_is():
+    """Issue 46 item 6: JAX on the CPU (the simulated GPU's kernels) has no JAX peak."""
+    from jax_nbmem.record.table import SIMULATED_NOTE
+
+    nb = Notebook()
+    nb.world.jax_up = False  # JAX on the CPU: the GPU's bytes are the mirror's
+    usage = {"bytes": GIB}
+    nb.world.hold(0, OUR_PID, lambda t: usage["bytes"])
+    nb.run_cell("a = make()")
+    usage["bytes"] = 2 * GIB
+    nb.run_cell("b = make()")
+    text = format_table(nb.ledger.records())
+    assert "JAX peak" not in text and "≥" not in text, text
+    (first, second) = table_rows(text)
+    assert second["retained"] == "+1.00 GiB" and second["GPU peak"] == "2.00 GiB"
+    assert SIMULATED_NOTE not in text
+    simulated = format_table(nb.ledger.records(), simulated=True)
+    assert simulated.splitlines()[-1] == SIMULATED_NOTE
+    assert "its peak is the live arrays' at the boundaries" in SIMULATED_NOTE
+
+
 def test_whether_a_cell_runs_and_when_the_last_one_ended_for_the_beacon():
     nb = Notebook()
     assert (nb.ledger.cell_running, nb.ledger.last_finished_at) == (False, None)

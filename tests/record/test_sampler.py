@@ -231,6 +231,24 @@ def test_our_bytes_are_zero_before_jax_starts_and_unknown_when_nvml_cannot_see_u
     assert gpu.others_bytes == 10 * GIB  # the listed processes still add up
 
 
+def test_while_our_nvml_pid_is_unknown_our_bytes_and_the_others_are_unknown(world, clock):
+    """In a container before the node agent proves its host PID (issue 46): never 0."""
+    from dataclasses import replace
+
+    pid = {"now": None}
+    source = replace(world.source(), pid=lambda: pid["now"])
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    gpu = sampler.sample_now().gpu(0)
+    # Nobody listed: none of the bytes are ours (the driver's count as the others', as ever).
+    assert (gpu.self_bytes, gpu.others_bytes) == (0, gpu.used_bytes)
+    world.hold(0, 31337, 4 * GIB).hold(0, 777, 10 * GIB)
+    gpu = sampler.sample_now().gpu(0)
+    assert (gpu.self_bytes, gpu.others_bytes) == (None, None)
+    pid["now"] = 31337  # proven: asked at the next reading
+    gpu = sampler.sample_now().gpu(0)
+    assert (gpu.self_bytes, gpu.others_bytes) == (4 * GIB, gpu.used_bytes - 4 * GIB)
+
+
 def test_a_process_nvml_cannot_measure_leaves_our_bytes_unknown(world, clock):
     world.hold(0, OUR_PID, None).hold(0, 777, 2 * GIB)
     gpu = make_sampler(world, clock).tick().gpu(0)

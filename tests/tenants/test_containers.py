@@ -443,3 +443,80 @@ def test_without_the_agent_the_own_pools_size_names_the_own_row_as_inferred(
     claims(4026532777, 1, hub_user="alice", notebook="/home/jovyan/hog.ipynb")
     ours, _ = rows()
     assert ours.kind == "unknown" and "it may be this kernel" in ours.reason
+
+
+# --- Issue 46: this kernel as NVML lists it, with the agent's proof or without ---------------
+
+
+def test_a_neighbour_on_the_host_is_not_said_to_be_in_another_container(tmp_path):
+    alice = kernel_beacon(1, [4, 0xEFFFFFFC], hub_user="alice", notebook="/home/a/hog.ipynb")
+    on_host = {**neighbour_entry(900001, kernel=alice), "pid_in_container": None,
+               "pid_ns": [4, 0xEFFFFFFC], "container": None}  # fmt: skip
+    write_resolution(tmp_path, [on_host])
+    used = POOL + 300 * MiB
+    (theirs,) = in_container([GpuProcess(900001, 0, used)], used, tmp_path,
+                             load_resolution(str(tmp_path)))  # fmt: skip
+    assert "runs on the host" in theirs.reason
+    (warning,) = warnings_for([theirs], [gpu(used)], own_backend_started=True)
+    assert "It runs on the host, outside this container" in warning.message, warning.message
+    assert "another container" not in warning.message
+
+
+@pytest.fixture
+def proven(monkeypatch):
+    """This process's host PID as the node agent proves it over its socket (set, then undone)."""
+    from jax_nbmem.gpu import own_process
+
+    monkeypatch.setattr(own_process, "_proven", None)
+    return own_process.set_proven_pid
+
+
+def test_a_kernel_proven_over_the_socket_finds_its_own_row_before_any_resolution(
+    tmp_path, proven, forgetful
+):
+    listed = [GpuProcess(900002, 0, 300 * MiB), GpuProcess(900007, 0, 200 * MiB)]
+    ours, other = in_container(listed, 500 * MiB, tmp_path)
+    assert ours.kind == other.kind == "unknown"
+    proven(900002)
+    ours, other = in_container(listed, 500 * MiB, tmp_path)
+    assert (ours.kind, ours.source, ours.pid, ours.pid_in_container) == (
+        "self", "inferred", 900002, os.getpid()
+    )  # fmt: skip
+    assert "answered it over its socket" in ours.reason and other.kind == "unknown"
+
+
+def test_without_the_agent_an_off_kernels_own_row_is_inferred_and_the_oom_line_names_it(
+    tmp_path, claims, forgetful
+):
+    from jax_nbmem.tenants.advice import oom_diagnosis
+    from jax_nbmem.tenants.beacons import beacon_from
+
+    me = os.getpid()
+    held = 768 * MiB  # what its allocator holds in mode off: its arrays' pool, grown
+    content = kernel_beacon(me, OUR_NS, hub_user="bob", notebook="/w.ipynb", mode="off",
+                            pool=held, fraction=None)  # fmt: skip
+    own = beacon_from(content, "session")
+    listed = [GpuProcess(900002, 0, held + 300 * MiB), GpuProcess(900009, 0, 5 * GiB)]
+
+    def rows():
+        return from_container(
+            listed, [gpu(held + 300 * MiB + 5 * GiB)], our_identity(), None, [str(tmp_path)],
+            {me: own}, me, os.environ, NO_SERVERS,
+        )  # fmt: skip
+
+    ours, unknown = rows()
+    assert (ours.kind, ours.source, ours.pid, ours.preallocated) == (
+        "self", "inferred", 900002, False
+    )  # fmt: skip
+    assert unknown.kind == "unknown"
+    said = oom_diagnosis([ours, unknown], [gpu(held + 300 * MiB + 5 * GiB)])
+    assert "- This kernel PID 900002 (hub user bob (Unix user jovyan)): 1.04 GiB" in said, said
+    # Every row inferred (its own alone here): nothing is proven, so the advice still stands.
+    (advice,) = warnings_for([ours], [gpu(held + 300 * MiB)], own_backend_started=True)
+    assert advice.kind == "pid-namespace" and "host PID 900002 is inferred" in advice.message
+    assert "jax-nbmem exporter --share-dir" in advice.message
+    # Another container's `off` kernel of the same size: neither is named.
+    claims(4026532777, 1, hub_user="alice", notebook="/h.ipynb", mode="off", pool=held,
+           fraction=None)  # fmt: skip
+    ours, _ = rows()
+    assert ours.kind == "unknown" and "it may be this kernel" in ours.reason

@@ -29,7 +29,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
-from jax_nbmem.gpu import jaxstats, nvml
+from jax_nbmem.gpu import jaxstats, nvml, own_process
 
 __all__ = ["CELL_FILENAME", "main"]
 
@@ -225,7 +225,8 @@ def _unmeasured(
     elif figures["jax_peak_bytes"] is None:
         notes.append("no JAX peak: this allocator does not report peak_bytes_in_use")
     if sampler is None:
-        notes.append(f"no GPU memory per process (NVML): {nvml_state.reason}")
+        why = nvml_state.reason if not nvml_state.available else own_process.unknown_reason()
+        notes.append(f"no GPU memory per process (NVML): {why}")
     elif sampler.peak is None and sampler.unknown_seen:
         notes.append("NVML listed the subprocess but could not say how much memory it held")
     elif sampler.peak is None:
@@ -246,7 +247,10 @@ def measure(source: str) -> dict[str, Any]:
     A figure that could not be measured is None, and one of ``notes`` says why.
     """
     nvml_state = nvml.status()
-    sampler = _NvmlPeak(os.getpid()) if nvml_state.available else None
+    # NVML lists this child by its host PID: in a container, one only the node agent can prove
+    # (the child is never proven), so there its GPU peak is unknown, and said.
+    own_pid = own_process.nvml_pid()
+    sampler = _NvmlPeak(own_pid) if nvml_state.available and own_pid is not None else None
     if sampler is not None:
         sampler.start()
     jax_problem = _import_jax()

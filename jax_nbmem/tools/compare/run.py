@@ -30,7 +30,7 @@ from typing import Any
 from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables
 from jax_nbmem.allocator.modes import parse_mode as _parse_mode
-from jax_nbmem.gpu import nvml
+from jax_nbmem.gpu import nvml, own_process
 from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 from jax_nbmem.tools.compare.advice import recommend
 from jax_nbmem.tools.compare.results import CompareResult, ModeResult
@@ -162,7 +162,7 @@ def _child_env(base: Mapping[str, str], mode: AllocatorMode) -> dict[str, str]:
 
 def _kernel_gpu_notes() -> list[str]:
     """Warn when the calling kernel itself holds GPU memory the subprocesses cannot use."""
-    mine = [p for p in nvml.processes() if p.pid == os.getpid() and p.used_bytes]
+    mine = [p for p in own_process.own_entries(nvml.processes()) or () if p.used_bytes]
     # A MIG instance is named by its label ("MIG 3g.71gb instance 2 of GPU 0"), not its number.
     labels = {gpu.index: gpu.label for gpu in nvml.gpus()} if mine else {}
     return [
