@@ -36,6 +36,7 @@ MAY_CALL_GETPID = {
     "jax_nbmem/notebook/session.py": "releases its claim, keyed by its PID here",
     "jax_nbmem/cli/stop_target.py": "the CLI's own PID in /proc, never stopped",
     "jax_nbmem/agent/netpeer.py": "the agent's own network namespace in /proc",
+    "jax_nbmem/agent/conntrack.py": "the agent's own network namespace's conntrack in /proc",
     "jax_nbmem/agent/admission.py": "the agent's own PID namespace in /proc",
     "jax_nbmem/agent/publish.py": "the agent says its own PID in what it publishes",
 }
