@@ -1,7 +1,10 @@
 /*
  * The simulated GPU's state: its parser (the rules of jax_nbmem/simgpu/state_format.py, read in
  * Python by state_parse.py; the tests hold both readers to them), the state in use (read until
- * two reads agree, parsed once per change, shared by every thread), and its canonical text.
+ * two reads agree, parsed once per change, shared by every thread; a file whose stat has not
+ * changed is not read again, as a driver answers from memory), and its canonical text. The file
+ * is opened without following a link or blocking, and only a regular file of bounded size is
+ * read: anything else is a said fault (NVML_ERROR_NO_PERMISSION), never a hang.
  * Included by nvml_stub.c, after its types.
  */
 
@@ -585,9 +588,11 @@ static void check_state(sim_state *state, sim_parse *parse) {
     for (i = 0; i < state->proc_count; i++) order[i] = &state->procs[i];
     qsort(order, state->proc_count, sizeof *order, by_gpu_pid_line);
     for (i = 1; i < state->proc_count; i++) {
-        const sim_proc *first = order[i - 1], *proc = order[i];
+        const sim_proc *first = order[i - 1];
+        sim_proc *proc = order[i];
         unsigned int j;
         if (proc->gpu != first->gpu || proc->pid != first->pid) continue;
+        proc->twin_before = 1; /* an earlier line holds this PID on this GPU (device_used) */
         /* The group of this (gpu, pid) runs back to its first line. */
         for (j = i; j > 0 && order[j - 1]->gpu == proc->gpu && order[j - 1]->pid == proc->pid;)
             j--;
@@ -626,6 +631,23 @@ static int has_end_line(const char *text) {
         if (line) line++;
     }
     return 0;
+}
+
+static unsigned long long device_used(const sim_state *state, unsigned int index, int mig);
+
+/* Works out once the used bytes of every GPU whose figure cannot change until the next parse:
+ * none of its lines ends when its process exits. */
+static void fix_used(sim_state *state) {
+    unsigned char moment[SIM_MAX_GPUS] = {0};
+    unsigned int i;
+    for (i = 0; i < state->proc_count; i++) {
+        if (state->procs[i].ends_with_exit) moment[state->procs[i].gpu] = 1;
+    }
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        if (!state->gpus[i].present || moment[i]) continue;
+        state->used_known[i] = device_used(state, i, -1);
+        state->used_fixed[i] = 1;
+    }
 }
 
 /* Parses TEXT (which it keeps, and does not change) into a new state; NULL with the problem
@@ -668,6 +690,7 @@ static sim_state *parse_state(char *text, size_t length, sim_parse *parse) {
     }
     state->text = text;
     state->length = length;
+    fix_used(state);
     return state;
 }
 
@@ -683,23 +706,101 @@ static int sim_bad_said;
 static time_t sim_bad_since;
 static sim_parse sim_bad_parse;
 
-enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY };
+enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY, READ_REFUSED };
 
-/* The whole file, in a buffer of its own (sized by fstat, grown if the file grows). */
-static int read_text(const char *path, char **out, size_t *length) {
+/* Why the last file was refused (READ_REFUSED), said once per path and reason. */
+static char sim_refused[SIM_PROBLEM];
+static char sim_refused_said[SIM_PROBLEM];
+
+static long long mtime_ns(const struct stat *info) {
+    return (long long)info->st_mtim.tv_sec * 1000000000LL + info->st_mtim.tv_nsec;
+}
+
+static long long now_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+static void identify(const struct stat *info, sim_identity *id) {
+    id->dev = info->st_dev;
+    id->ino = info->st_ino;
+    id->size = info->st_size;
+    id->mtime_ns = mtime_ns(info);
+}
+
+static int same_identity(const sim_identity *a, const sim_identity *b) {
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns;
+}
+
+static const char *file_kind(mode_t mode) {
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISDIR(mode)) return "a directory";
+    return "not a regular file";
+}
+
+/* Opens the state file for reading without ever waiting: never through a symbolic link (its
+ * folder may be writable by anyone), without blocking (a FIFO put in its place would wait for
+ * a writer forever, inside whatever process asks NVML, root's tools included), and only a
+ * regular file of bounded size. -1 and READ_MISSING or READ_REFUSED (why, in sim_refused). */
+static int open_state(const char *path, struct stat *info, int *why) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
+    if (fd < 0) {
+        *why = READ_MISSING;
+        if (errno == ELOOP) {
+            snprintf(sim_refused, sizeof sim_refused, "a symbolic link; refused");
+            *why = READ_REFUSED;
+        }
+        return -1;
+    }
+    if (fstat(fd, info) != 0) {
+        close(fd);
+        *why = READ_MISSING;
+        return -1;
+    }
+    if (!S_ISREG(info->st_mode) || info->st_size > (off_t)SIM_MAX_STATE_BYTES) {
+        if (!S_ISREG(info->st_mode))
+            snprintf(sim_refused, sizeof sim_refused, "%s, not a regular file; refused",
+                     file_kind(info->st_mode));
+        else
+            snprintf(sim_refused, sizeof sim_refused,
+                     "%lld bytes, more than a state can hold (%u); refused",
+                     (long long)info->st_size, SIM_MAX_STATE_BYTES);
+        close(fd);
+        *why = READ_REFUSED;
+        return -1;
+    }
+    return fd;
+}
+
+/* The whole file, in a buffer of its own (sized by fstat, grown if the file grows, never past
+ * SIM_MAX_STATE_BYTES), and what stat said of it. */
+static int read_text(const char *path, char **out, size_t *length, sim_identity *id) {
     struct stat info;
     size_t capacity, used = 0;
     ssize_t got;
     char *text;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return READ_MISSING;
-    capacity = fstat(fd, &info) == 0 && info.st_size > 0 ? (size_t)info.st_size + 4096 : 65536;
+    int why, fd = open_state(path, &info, &why);
+    if (fd < 0) return why;
+    identify(&info, id);
+    capacity = info.st_size > 0 ? (size_t)info.st_size + 4096 : 65536;
     text = malloc(capacity + 1);
     while (text) {
         got = read(fd, text + used, capacity - used);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) break;
         used += (size_t)got;
+        if (used > SIM_MAX_STATE_BYTES) {
+            snprintf(sim_refused, sizeof sim_refused, "grew past %u bytes as it was read; refused",
+                     SIM_MAX_STATE_BYTES);
+            free(text);
+            close(fd);
+            return READ_REFUSED;
+        }
         if (used == capacity) {
             char *larger = realloc(text, capacity * 2 + 1);
             if (!larger) {
@@ -720,13 +821,13 @@ static int read_text(const char *path, char **out, size_t *length) {
 }
 
 /* The file's text once two reads in a row agree: never a mix of two writes. */
-static int read_stable(const char *path, char **out, size_t *length) {
+static int read_stable(const char *path, char **out, size_t *length, sim_identity *id) {
     char *first = NULL, *second = NULL;
     size_t first_length = 0, second_length = 0;
-    int tries, got = read_text(path, &first, &first_length);
+    int tries, got = read_text(path, &first, &first_length, id);
     if (got != READ_OK) return got;
     for (tries = 0; tries < SIM_STABLE_READS; tries++) {
-        if ((got = read_text(path, &second, &second_length)) != READ_OK) {
+        if ((got = read_text(path, &second, &second_length, id)) != READ_OK) {
             free(first);
             return got;
         }
@@ -750,15 +851,16 @@ static int same_text(const char *a, size_t a_length, const char *b, size_t b_len
 
 static void release_state(sim_state *state);
 
-/* Whether the file holds exactly TEXT (LENGTH bytes). */
-static int file_matches(const char *path, const char *text, size_t length) {
+/* Whether the file holds exactly TEXT (LENGTH bytes); what stat said of it in *ID. */
+static int file_matches(const char *path, const char *text, size_t length, sim_identity *id) {
     char chunk[16384];
     struct stat info;
     size_t seen = 0;
     ssize_t got;
-    int fd = open(path, O_RDONLY | O_CLOEXEC), same = 0;
+    int why, fd = open_state(path, &info, &why), same = 0;
     if (fd < 0) return 0;
-    if (fstat(fd, &info) == 0 && (size_t)info.st_size == length) {
+    identify(&info, id);
+    if ((size_t)info.st_size == length) {
         same = 1;
         while (same) {
             got = read(fd, chunk, sizeof chunk);
@@ -771,6 +873,41 @@ static int file_matches(const char *path, const char *text, size_t length) {
     }
     close(fd);
     return same;
+}
+
+/* Whether STATE is still what the file at PATH holds, by a stat alone where that can tell
+ * (see SIM_RACY_NS), else by comparing the text; remembers what it found. */
+static int still_current(sim_state *state, const char *path) {
+    struct stat info;
+    sim_identity seen;
+    long long began;
+    int trusted, same;
+    pthread_mutex_lock(&sim_lock);
+    seen = state->seen;
+    trusted = state->trusted;
+    pthread_mutex_unlock(&sim_lock);
+    if (lstat(path, &info) != 0 || !S_ISREG(info.st_mode)) return 0;
+    if (trusted) {
+        sim_identity now;
+        identify(&info, &now);
+        if (same_identity(&now, &seen)) return 1;
+    }
+    began = now_ns();
+    same = file_matches(path, state->text, state->length, &seen);
+    if (same) {
+        pthread_mutex_lock(&sim_lock);
+        state->seen = seen;
+        state->trusted = began - seen.mtime_ns >= SIM_RACY_NS;
+        pthread_mutex_unlock(&sim_lock);
+    }
+    return same;
+}
+
+/* Says a refused file once (until the reason changes): never a hang, never silence. */
+static void say_refused(const char *path) {
+    if (strcmp(sim_refused, sim_refused_said) == 0) return;
+    memcpy(sim_refused_said, sim_refused, sizeof sim_refused_said);
+    fprintf(stderr, "jax_nbmem simulated GPU: %s: %s\n", path, sim_refused);
 }
 
 /* Says a bad state once: a problem at once, an incomplete file only when it stays so. */
@@ -789,6 +926,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     sim_state *use = NULL;
     char *text = NULL;
     size_t length = 0;
+    sim_identity seen = {0};
+    long long began;
     int got;
 
     if (!path || !*path) {
@@ -802,14 +941,22 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     if (use) use->refs++;
     pthread_mutex_unlock(&sim_lock);
     if (use) {
-        if (file_matches(path, use->text, use->length)) {
+        if (still_current(use, path)) {
             *ret = NVML_SUCCESS;
             return use;
         }
         release_state(use);
         use = NULL;
     }
-    got = read_stable(path, &text, &length);
+    began = now_ns();
+    got = read_stable(path, &text, &length, &seen);
+    if (got == READ_REFUSED) {
+        pthread_mutex_lock(&sim_lock);
+        say_refused(path);
+        pthread_mutex_unlock(&sim_lock);
+        *ret = NVML_ERROR_NO_PERMISSION;
+        return NULL;
+    }
     if (got == READ_MISSING) {
         *ret = NVML_ERROR_DRIVER_NOT_LOADED;
         return NULL;
@@ -825,6 +972,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     }
     if (got == READ_OK && sim_good && same_text(text, length, sim_good->text, sim_good->length)) {
         free(text);
+        sim_good->seen = seen;
+        sim_good->trusted = began - seen.mtime_ns >= SIM_RACY_NS;
     } else if (got == READ_OK && same_text(text, length, sim_bad_text, sim_bad_length) &&
                sim_bad_path && strcmp(sim_bad_path, path) == 0) {
         free(text);
@@ -836,6 +985,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
         if (parsed && own_path) {
             parsed->path = own_path;
             parsed->refs = 1;
+            parsed->seen = seen;
+            parsed->trusted = began - seen.mtime_ns >= SIM_RACY_NS;
             if (sim_good && --sim_good->refs == 0) free_state(sim_good);
             sim_good = parsed;
         } else if (parsed) {
