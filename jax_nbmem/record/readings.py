@@ -10,6 +10,7 @@ and :func:`gpu_sample` joins a GPU's memory reading, JAX's counters and that spl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ __all__ = [
     "gpu_samples",
     "jax_gpus",
     "moved_much",
+    "own_split",
     "split_by_gpu",
 ]
 
@@ -42,6 +44,21 @@ def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
     from jax_nbmem.gpu import nvml
 
     return nvml.process_lists(indices)
+
+
+def _nvml_own_processes(indices: Sequence[int] | None, pid: int) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.own_process_lists(indices, pid)
+
+
+def _own_from_full(
+    processes: Callable[[Sequence[int] | None], Sequence[Any]],
+    indices: Sequence[int] | None,
+    pid: int,
+) -> Sequence[Any] | None:
+    """A source without a reader of its own entries (a fake's): its whole lists serve."""
+    return processes(indices)
 
 
 def _visible_gpu_indices() -> Sequence[int] | None:
@@ -61,7 +78,11 @@ class SamplerSource:
     first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
     numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
     NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
-    a list failed) or flat process records.
+    a list failed) or flat process records. ``own_processes(indices, pid)`` returns the same
+    for *pid*'s entries alone (others' may be left out, and are not used): what a cell's
+    boundary reads; None: NVML's own reader where ``processes`` is NVML's, else ``processes``.
+    ``pid`` is this process as NVML lists it (the host's PID), or None while it is unknown:
+    then no bytes are taken as this process's.
     """
 
     memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
@@ -76,8 +97,14 @@ class SamplerSource:
     # GPU devices only; asked before backend_initialized, so it must never start a backend.
     # None: device_stats itself (a fake source's, in tests), or JAX's own.
     quick_device_stats: Callable[[], Sequence[Any]] | None = None
+    own_processes: Callable[[Sequence[int] | None, int], Sequence[Any] | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.own_processes is None:
+            own = _nvml_own_processes
+            if self.processes is not _nvml_processes:
+                own = functools.partial(_own_from_full, self.processes)
+            object.__setattr__(self, "own_processes", own)
         if self.quick_device_stats is None:
             quick = self.device_stats
             if quick is jaxstats.device_stats:
@@ -123,7 +150,7 @@ class ProcessSplit:
 _UNLISTED = -1  # the split that stands for every GPU a flat process list does not name
 
 
-def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
+def split_by_gpu(listing: Any, pid: int | None) -> dict[int, ProcessSplit] | None:
     """Per GPU, our bytes and the others' from one process-list reading; None if unread.
 
     ``listing`` is what ``SamplerSource.processes`` returned: flat process records (``pid``,
@@ -132,6 +159,9 @@ def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
     """
     if listing is None:
         return None
+    if pid is None:  # this process is not known yet: no bytes are its own, none are others'
+        unknown = ProcessSplit(False, None, None, readable=False)
+        return {item.gpu: unknown for item in listing} | {_UNLISTED: unknown}
     entries: dict[int, list[Any] | None] = {}
     problems: dict[int, str | None] = {}
     flat = True
@@ -160,6 +190,25 @@ def split_by_gpu(listing: Any, pid: int) -> dict[int, ProcessSplit] | None:
     if flat:  # a flat list names only GPUs with processes: the others have none
         split[_UNLISTED] = ProcessSplit(listed=False, mine=None, others=0)
     return split
+
+
+def own_split(listing: Any, pid: int | None, gpus: Sequence[int]) -> dict[int, ProcessSplit]:
+    """Per GPU of *gpus*, this process's bytes from a reading of its own entries.
+
+    Others' bytes are never taken from it (an own reading may leave them out): ``others`` is
+    None, and a sample works them out from the GPU's used bytes. A GPU the reading does not
+    answer for, and every GPU while *pid* is unknown, is unknown (``readable`` False): never
+    the last figure, never a guessed 0.
+    """
+    split = split_by_gpu(listing, pid) if listing is not None and pid is not None else None
+    unknown = ProcessSplit(False, None, None, readable=False)
+    if split is None:
+        return dict.fromkeys(gpus, unknown)
+    result = {}
+    for gpu in gpus:
+        found = split.get(gpu, split.get(_UNLISTED, unknown))
+        result[gpu] = ProcessSplit(found.listed, found.mine, None, found.readable, found.problem)
+    return result
 
 
 def jax_gpus(stats: Sequence[Any]) -> list[Any]:

@@ -34,6 +34,7 @@ from jax_nbmem.record.readings import (
     gpu_samples,
     jax_gpus,
     moved_much,
+    own_split,
     split_by_gpu,
 )
 
@@ -340,7 +341,8 @@ class Sampler:
         """
         if not self.serving:  # no thread, or it stopped or died
             started = self._monotonic()
-            self._deliver([callback], self._record(force=True, boundary=True), started)
+            sample = self._record(force=True, boundary=True, cell_path=True)
+            self._deliver([callback], sample, started)
             return
         self._after_requests.append(callback)
         if self._monotonic() >= self.wake_after_at:
@@ -369,8 +371,8 @@ class Sampler:
         (monotonic time it began, sample), or ``None`` without asking anything when readings
         are slow (the last two took ``_BOUNDARY_BUDGET_S`` or more, or one has been under way
         for ``_STUCK_READING_S``: NVML hangs), so that a cell never waits for a slow NVML. The
-        live arrays are walked only while that is cheap; the process list only when some GPU's
-        used bytes moved.
+        live arrays are walked only while that is cheap; of the process lists, only this process's
+        entries, on the GPUs whose used bytes moved (the others' stay on the thread's schedule).
         """
         since = self.reading_since
         began = self._monotonic()
@@ -378,7 +380,7 @@ class Sampler:
             since is not None and began - since >= _STUCK_READING_S
         ):
             return None
-        return began, self._record(force=True, boundary=True)
+        return began, self._record(force=True, boundary=True, cell_path=True)
 
     def wake_for_reading(self) -> None:
         """Wake the thread for the reading that requests or cells wait for."""
@@ -446,11 +448,17 @@ class Sampler:
                 self.callback_errors += 1
                 self._remember(exc)
 
-    def _record(self, force: bool, force_live: bool = False, boundary: bool = False) -> Sample:
+    def _record(
+        self,
+        force: bool,
+        force_live: bool = False,
+        boundary: bool = False,
+        cell_path: bool = False,
+    ) -> Sample:
         began = self._monotonic()
         self.reading_since = began
         try:
-            sample = self._collect(began, force, force_live, boundary)
+            sample = self._collect(began, force, force_live, boundary, cell_path)
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
@@ -466,8 +474,14 @@ class Sampler:
                 tracker.observe(sample)
         return sample
 
-    def _collect(self, now: float, force: bool, force_live: bool, boundary: bool) -> Sample:
-        """Read everything that is due, outside the lock; publish the schedule under it."""
+    def _collect(
+        self, now: float, force: bool, force_live: bool, boundary: bool, cell_path: bool
+    ) -> Sample:
+        """Read everything that is due, outside the lock; publish the schedule under it.
+
+        *cell_path*: the reading is on a cell's path (its start reads the boundary): only
+        what the record needs, at a cost that does not grow with the node's processes.
+        """
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
@@ -497,13 +511,19 @@ class Sampler:
             # soon (no more often than while a cell runs), so a jump of this kernel's memory
             # is not drawn, for a second, as another process's.
             due = min(due, self._process_read_at + self.busy_process_interval)
-        if (force and moved) or now + slack >= due:
+        # A boundary's record needs this process's bytes, not the neighbours': those lists
+        # are read on the thread's schedule, never on a cell's path; the boundary reads only
+        # this process's entries, on the GPUs whose used bytes moved since they were read.
+        whole = (force and moved and not boundary) or (not cell_path and now + slack >= due)
+        if whole:
             listing = self._read(source.processes, None, indices)
-            split = split_by_gpu(listing, source.pid)
+            split = split_by_gpu(listing, self._own_pid())
             with self._lock:
                 self._split, self._used_at_process_read = split, used
                 self._process_read_at = now
                 self._process_due = now + self.process_interval
+        elif boundary and moved:
+            self._read_own(used)
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         gpu_stats = jax_gpus(stats)
         # JAX's own quick reading (jaxstats.gpu_stats_now) finds GPU counters only where
@@ -529,6 +549,36 @@ class Sampler:
         )
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
+
+    def _read_own(self, used: dict[int, int | None]) -> None:
+        """This process's own bytes on the GPUs whose used bytes moved since they were read.
+
+        A GPU whose used bytes did not move holds what it held: nobody's bytes moved there,
+        ours included. The split of the others stands until the next whole list.
+        """
+        at = self._used_at_process_read or {}
+        moved = [gpu for gpu, now in used.items() if now is None or now != at.get(gpu)]
+        if not moved:
+            return
+        pid = self._own_pid()
+        listing = None
+        if pid is not None:
+            listing = self._read(self._source.own_processes, None, moved, pid)
+        mine = own_split(listing, pid, moved)
+        with self._lock:
+            split = dict(self._split or {})
+            split.update(mine)
+            self._split = split
+            self._used_at_process_read = {**at, **{gpu: used[gpu] for gpu in moved}}
+
+    def _own_pid(self) -> int | None:
+        """This process as NVML lists it; None while that is not known (nothing is ours)."""
+        pid = self._source.pid
+        try:
+            return pid() if callable(pid) else pid
+        except Exception as exc:
+            self._remember(exc)
+            return None
 
     def _read(self, reader: Callable[..., Any], default: Any, *args: Any) -> Any:
         try:
