@@ -410,8 +410,11 @@ LOAD_EXT_GOAL_S = 0.1
 
 
 def goal_for(name: str) -> float | None:
-    """The goal of a row: through a kernel 1.05x, at a person's pace 1.10x, at 8 GPUs x 200
-    processes back to back 1.5x, other trivial cells back to back 1.30x, CPU-bound 1.02x."""
+    """The goal of a row, as a ratio; None: the row has none.
+
+    Through a kernel 1.05x, at a person's pace 1.10x, at 8 GPUs x 200 processes back to back
+    1.5x, other trivial cells back to back 1.30x, a CPU-bound cell 1.02x.
+    """
     if name.startswith("kernel"):
         return 1.05
     if "paced" in name:

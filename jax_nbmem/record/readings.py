@@ -252,26 +252,46 @@ def gpu_samples(
     split: dict[int, ProcessSplit] | None,
     used_at_split: dict[int, int | None] | None,
     on_error: Callable[[Exception], Any],
+    made: dict[int, tuple[Any, ...]] | None = None,
 ) -> list[GpuSample]:
     """Every GPU's sample from NVML's memory readings, JAX's GPU counters and the last split.
 
     *indices*: the kernel's visible GPUs in JAX's device order (None: all, by index);
     *used_at_split*: each GPU's used bytes when the process list was read. A malformed
-    reading loses its GPU, not the sample: its error goes to *on_error*.
+    reading loses its GPU, not the sample: its error goes to *on_error*. *made*, when given,
+    keeps each GPU's sample with what it was made of: made of the same objects again, the same
+    (immutable) sample serves, as between most cells, when nothing on the GPU moved.
     """
     # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
     order = list(indices) if indices is not None else sorted(g.index for g in memory)
     stats_by_index = dict(zip(order, gpu_stats, strict=False))
     listed_used = used_at_split or {}
+    unlisted = split.get(_UNLISTED) if split is not None else None
     gpus = []
     for reading in memory:
-        stale = moved_much(
-            {reading.index: reading.used_bytes}, {reading.index: listed_used.get(reading.index)}
-        )
+        index = reading.index
+        stats = stats_by_index.get(index)
+        mine = split.get(index, unlisted) if split is not None else None
+        then, now = listed_used.get(index), reading.used_bytes
+        stale = now is not None and then is not None and abs(now - then) > _STALE_LIST_BYTES
+        kept = made.get(index) if made is not None else None
+        if (
+            kept is not None
+            and stats is None  # JAX's counters are read anew each time: a new sample
+            and kept[0] is reading
+            and kept[1] is mine
+            and kept[2] is stale
+        ):
+            gpus.append(kept[3])
+            continue
         try:
-            gpus.append(gpu_sample(reading, stats_by_index.get(reading.index), split, stale=stale))
+            sample = gpu_sample(reading, stats, split, stale=stale)
         except Exception as exc:
             on_error(exc)
+            continue
+        gpus.append(sample)
+        if made is not None:
+            made[index] = (reading, mine, stale, sample)
     return gpus
 
 

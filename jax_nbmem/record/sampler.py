@@ -152,6 +152,8 @@ class Sampler:
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
         self._split: dict[int, ProcessSplit] | None = None
+        # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
+        self._made: dict[int, tuple[Any, ...]] = {}
         self._used_at_process_read: dict[int, int | None] | None = None
         self._process_due = -math.inf
         self._process_read_at = -math.inf
@@ -545,7 +547,13 @@ class Sampler:
             # are, so that it never takes more than its budget of a core.
             self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
         gpus = gpu_samples(
-            memory, indices, gpu_stats, self._split, self._used_at_process_read, self._remember
+            memory,
+            indices,
+            gpu_stats,
+            self._split,
+            self._used_at_process_read,
+            self._remember,
+            self._made,
         )
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
