@@ -43,6 +43,11 @@ from jax_nbmem.record.table import format_table
 
 __all__ = ["CellRecord", "Ledger", "format_table"]
 
+# A cell that starts less than this after the previous one ended runs back to back with it:
+# IPython's own work between two cells of Run All takes well under a millisecond, and a
+# person's pace, or a kernel's round trip, is tens of milliseconds.
+_BACK_TO_BACK_S = 0.005
+
 
 class Ledger:
     """Keeps a :class:`CellRecord` per executed cell, the last ``max_records`` of them.
@@ -76,7 +81,7 @@ class Ledger:
         # thread serves, a cell's end only queues itself here (no call), and the thread,
         # which asks _has_unread at every wake and tick, hands each one its reading.
         self._unread: deque[OpenCell] = deque()
-        self._back_to_back = False  # the last boundary was read at a cell's start
+        self._back_to_back = False  # the last cell started right after the one before it
         # Called with each record once final (see add_closed_listener); replaced, not changed.
         self._closed_listeners: list[Callable[[CellRecord], Any]] = []
         self._reads_unread = False
@@ -132,6 +137,11 @@ class Ledger:
         previous = self._newest()
         if previous is not None:
             cell.previous_ended_at = previous.ended_at
+            ended = previous.ended_mono
+            # Cells that follow one another this closely run back to back (Run All): each
+            # start reads its boundary, so a cell's end need not wake the sampler's thread,
+            # whose wake only takes the GIL (and, on a busy machine, the core) from the next.
+            self._back_to_back = ended is not None and cell.started_mono - ended < _BACK_TO_BACK_S
             if previous.after_state != "waiting":
                 previous = None
         else:  # none: the cell that loaded the extension, or the records were cleared
@@ -191,7 +201,6 @@ class Ledger:
                 began, before = reading
                 previous.after, previous.after_started = before, began
                 previous.after_state = "taken"
-                self._back_to_back = True
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(previous)
@@ -242,10 +251,11 @@ class Ledger:
             try:
                 if self._reads_unread and sampler.serving:
                     self._unread.append(cell)
-                    # Back to back (the last boundary was read by a start), the next start
-                    # reads this one too: a woken thread would only take the GIL from it for
-                    # a reading of its own. Otherwise, or if no cell follows, the thread reads
-                    # (at its next tick at the latest).
+                    # Back to back (this cell started right after the one before it), the
+                    # next start most likely follows as closely and reads this boundary: a
+                    # woken thread would only take the GIL from it for a reading of its own.
+                    # Otherwise, or if no cell follows, the thread reads (at its next tick at
+                    # the latest); a start that comes first claims the reading either way.
                     if not self._back_to_back and cell.ended_mono >= sampler.wake_after_at:
                         sampler.wake_for_reading()
                 else:  # no thread: the reading is taken now, on this thread
@@ -290,7 +300,6 @@ class Ledger:
                 return
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
             cell.peaks = peaks
-            self._back_to_back = False  # the thread read between cells: they are paced
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(cell)
