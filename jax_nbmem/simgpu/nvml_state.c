@@ -709,7 +709,7 @@ static sim_parse sim_bad_parse;
 enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY, READ_REFUSED };
 
 /* Why the last file was refused (READ_REFUSED), said once per path and reason. */
-static char sim_refused[SIM_PROBLEM];
+static __thread char sim_refused[SIM_PROBLEM]; /* each thread says its own */
 static char sim_refused_said[SIM_PROBLEM];
 
 static long long mtime_ns(const struct stat *info) {
