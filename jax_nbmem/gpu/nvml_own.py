@@ -20,14 +20,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_memory import plausible
-from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList
+from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, newest_process_call
 from jax_nbmem.gpu.nvml_session import Device, Session
 
 __all__ = ["own_process_list"]
 
-_PROCESS_VERSIONS = ("_v3", "_v2")
 _KINDS = ("Compute", "Graphics")
 _FIRST_CAPACITY = 64  # entries; the buffer grows to what a GPU's list needs, and stays
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML's "no figure" for a process's bytes
@@ -59,18 +57,8 @@ def _buffer(nv: Any, capacity: int) -> Any:
 
 
 def _list_call(nv: Any, session: Session, kind: str, log_once: Callable[[str, str], None]) -> Any:
-    """The function pointer of this kind's list call, stepping down once per missing call."""
-    while session.process_version[kind] < len(_PROCESS_VERSIONS):
-        suffix = _PROCESS_VERSIONS[session.process_version[kind]]
-        name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
-        try:
-            return nv._nvmlGetFunctionPointer(name)
-        except nv.NVMLError as error:
-            if error_name(nv, error) != "FUNCTION_NOT_FOUND":
-                raise
-        session.process_version[kind] += 1
-        log_once(f"{kind}{suffix}", f"NVML has no {kind.lower()} process list {suffix}")
-    raise NoProcessList
+    """The function pointer of this kind's newest list call (see newest_process_call)."""
+    return newest_process_call(nv, session, kind, log_once, nv._nvmlGetFunctionPointer)
 
 
 def _raw_list(nv: Any, device: Device, function: Any) -> tuple[bytes, int]:
@@ -110,7 +98,8 @@ def own_process_list(
 
     As :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` would give it, less everyone
     else: a PID on both lists appears once, with the first figure known. Raises pynvml's
-    errors, and NoProcessList; ``log_once(key, message)`` tells of a step down.
+    errors, and :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`; ``log_once(key, message)``
+    tells of a step down.
     """
     used: int | None = None
     listed = False
