@@ -11,6 +11,8 @@ The sampler never raises out of its thread: a failed reading leaves its value ``
 the error is kept as text in :attr:`Sampler.last_error`.
 
 What it reads and how a reading becomes a GPU's sample is in :mod:`jax_nbmem.record.readings`;
+when it reads the process lists, and what of them at a cell's boundary, in
+:mod:`jax_nbmem.record.process_lists`;
 the extremes a cell's record keeps, in :mod:`jax_nbmem.record.peaks`. Their names are
 importable from here too.
 """
@@ -27,16 +29,8 @@ from typing import Any
 from jax_nbmem.gpu.jaxstats import gpu_stats_now
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
 from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
-from jax_nbmem.record.readings import (
-    ProcessSplit,
-    QuickReading,
-    SamplerSource,
-    gpu_samples,
-    jax_gpus,
-    moved_much,
-    own_split,
-    split_by_gpu,
-)
+from jax_nbmem.record.process_lists import ProcessLists
+from jax_nbmem.record.readings import QuickReading, SamplerSource, gpu_samples, jax_gpus
 
 __all__ = [
     "GpuPeaks",
@@ -151,12 +145,9 @@ class Sampler:
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
-        self._split: dict[int, ProcessSplit] | None = None
+        self._lists = ProcessLists()
         # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
         self._made: dict[int, tuple[Any, ...]] = {}
-        self._used_at_process_read: dict[int, int | None] | None = None
-        self._process_due = -math.inf
-        self._process_read_at = -math.inf
         self._live_bytes: int | None = None
         self._live_at: float | None = None
         self._live_cost = 0.0  # what the last walk of the live arrays took (s); none yet
@@ -501,31 +492,20 @@ class Sampler:
         indices = self._gpu_indices
         memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         used = {reading.index: reading.used_bytes for reading in memory}
+        lists = self._lists
         # A forced sample (after a cell) needs this process's bytes as they are now. When no
-        # GPU's used memory moved since the last process list, nobody's bytes did, and the
-        # list (the costly NVML call) would say the same again.
-        moved = used != self._used_at_process_read or None in used.values()
-        due = self._process_due
-        if self.busy:  # a cell runs: the list is due a busy interval after the last one
-            due = min(due, self._process_read_at + self.busy_process_interval)
-        if moved_much(used, self._used_at_process_read):
-            # Someone's bytes changed since the list: who holds what is stale. Read it again
-            # soon (no more often than while a cell runs), so a jump of this kernel's memory
-            # is not drawn, for a second, as another process's.
-            due = min(due, self._process_read_at + self.busy_process_interval)
-        # A boundary's record needs this process's bytes, not the neighbours': those lists
-        # are read on the thread's schedule, never on a cell's path; the boundary reads only
-        # this process's entries, on the GPUs whose used bytes moved since they were read.
-        whole = (force and moved and not boundary) or (not cell_path and now + slack >= due)
-        if whole:
+        # GPU's used memory moved since the lists were read, nobody's bytes did, and the
+        # lists (the costly NVML call) would say the same again. A boundary's record needs
+        # this process's bytes, not the neighbours': their whole lists are read on the
+        # thread's schedule, never on a cell's path; a boundary reads only this process's
+        # own entries, on the GPUs whose used bytes moved (ProcessLists.read_own).
+        moved = lists.moved(used)
+        due = lists.due(used, self.busy, self.busy_process_interval)
+        if (force and moved and not boundary) or (not cell_path and now + slack >= due):
             listing = self._read(source.processes, None, indices)
-            split = split_by_gpu(listing, self._own_pid())
-            with self._lock:
-                self._split, self._used_at_process_read = split, used
-                self._process_read_at = now
-                self._process_due = now + self.process_interval
+            lists.take_whole(listing, self._own_pid(), used, now, self.process_interval)
         elif boundary and moved:
-            self._read_own(used)
+            lists.read_own(source.own_processes, self._own_pid(), used, self._remember)
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         gpu_stats = jax_gpus(stats)
         # JAX's own quick reading (jaxstats.gpu_stats_now) finds GPU counters only where
@@ -546,38 +526,12 @@ class Sampler:
             # Walking the arrays costs time per array: read them less often the more there
             # are, so that it never takes more than its budget of a core.
             self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
+        split, used_at_split = lists.state
         gpus = gpu_samples(
-            memory,
-            indices,
-            gpu_stats,
-            self._split,
-            self._used_at_process_read,
-            self._remember,
-            self._made,
+            memory, indices, gpu_stats, split, used_at_split, self._remember, self._made
         )
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
-
-    def _read_own(self, used: dict[int, int | None]) -> None:
-        """This process's own bytes on the GPUs whose used bytes moved since they were read.
-
-        A GPU whose used bytes did not move holds what it held: nobody's bytes moved there,
-        ours included. The split of the others stands until the next whole list.
-        """
-        at = self._used_at_process_read or {}
-        moved = [gpu for gpu, now in used.items() if now is None or now != at.get(gpu)]
-        if not moved:
-            return
-        pid = self._own_pid()
-        listing = None
-        if pid is not None:
-            listing = self._read(self._source.own_processes, None, moved, pid)
-        mine = own_split(listing, pid, moved)
-        with self._lock:
-            split = dict(self._split or {})
-            split.update(mine)
-            self._split = split
-            self._used_at_process_read = {**at, **{gpu: used[gpu] for gpu in moved}}
 
     def _own_pid(self) -> int | None:
         """This process as NVML lists it; None while that is not known (nothing is ours)."""

@@ -20,9 +20,9 @@
  * leaves out nvmlDeviceGetMemoryInfo_v2 and the _v3 process lists for that reason.
  *
  * Three parts, one library: this file (the types and the calls jax_nbmem makes), nvml_state.c
- * (the state file: its parser, the state in use, its canonical text) and nvml_clients.c (what
- * other clients ask, and MIG; nvml_query.c and nvml_host.c: what nvidia-smi -q asks), included
- * where they are needed.
+ * (the state file: its parser, the state in use, its canonical text; nvml_file.c opens and
+ * reads the file) and nvml_clients.c (what other clients ask, and MIG; nvml_query.c and
+ * nvml_host.c: what nvidia-smi -q asks), included where they are needed.
  *
  * One parsed state is shared by every thread (reference-counted, under a mutex), and parsed
  * again only when the file's text changes: a large state (8 GPUs x 1,000 processes) costs its
