@@ -24,7 +24,8 @@ handed the pynvml module and import none: :mod:`~jax_nbmem.gpu.nvml_session` (th
 lifecycle: init, cached handles, retries; :mod:`~jax_nbmem.gpu.nvml_mig` lists a GPU's MIG
 instances, each a GPU of its own, see :mod:`~jax_nbmem.gpu.mig`),
 :mod:`~jax_nbmem.gpu.nvml_memory` (readings and their plausibility),
-:mod:`~jax_nbmem.gpu.nvml_processes` (process lists) and :mod:`~jax_nbmem.gpu.nvml_errors`
+:mod:`~jax_nbmem.gpu.nvml_processes` (process lists), :mod:`~jax_nbmem.gpu.nvml_own` (this
+process's entries in them, read raw) and :mod:`~jax_nbmem.gpu.nvml_errors`
 (what NVML's errors mean for users).
 """
 
@@ -41,6 +42,7 @@ from typing import Any, TypeVar
 from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
+from jax_nbmem.gpu.nvml_own import own_process_list
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
 from jax_nbmem.gpu.nvml_session import (
     LAYOUT_CHECK_S,
@@ -62,6 +64,7 @@ __all__ = [
     "gpus",
     "last_status",
     "memory",
+    "own_process_lists",
     "process_lists",
     "processes",
     "shutdown",
@@ -183,12 +186,41 @@ def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
         _nvml.timed("listing processes", time.monotonic() - started)
 
 
+@_never_raise(list)
+def own_process_lists(indices: Iterable[int] | None, pid: int) -> list[GpuProcesses]:
+    """:func:`process_lists` holding only *pid*'s entries: what a cell's boundary needs.
+
+    Each GPU's ``processes`` is ``()`` when NVML does not list *pid* there, else *pid*'s one
+    entry; ``None`` (with a ``problem``) when the list could not be read, as there. The lists
+    are read into a reused buffer and searched for *pid* without making an object for anyone
+    else's entry (:mod:`~jax_nbmem.gpu.nvml_own`), so the cost hardly grows with the
+    processes on the GPU. *pid* is as NVML sees it: the host's.
+    """
+    started = time.monotonic()
+    try:
+        return _process_lists(indices, functools.partial(_own_list, pid=pid))
+    finally:
+        _nvml.timed("listing this process", time.monotonic() - started)
+
+
+def _own_list(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None], pid: int
+) -> GpuProcesses:
+    if getattr(nv, "_nvmlGetFunctionPointer", None) is None:  # a pynvml without its pointers
+        listing = one_process_list(nv, session, device, log_once)
+        mine = tuple(p for p in listing.processes or () if p.pid == pid)
+        return GpuProcesses(listing.gpu, mine, listing.problem)
+    return own_process_list(nv, session, device, log_once, pid)
+
+
 def processes(indices: Iterable[int] | None = None) -> list[GpuProcess]:
     """The processes of :func:`process_lists` as one list; GPUs whose list failed add none."""
     return [p for listing in process_lists(indices) for p in listing.processes or ()]
 
 
-def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
+def _process_lists(
+    indices: Iterable[int] | None, read: Callable[..., GpuProcesses] = one_process_list
+) -> list[GpuProcesses]:
     nv, session = _nvml.session()
     if session is None:
         return []
@@ -201,7 +233,7 @@ def _process_lists(indices: Iterable[int] | None) -> list[GpuProcesses]:
             result.append(GpuProcesses(device.index, ()))
             continue
         try:
-            result.append(one_process_list(nv, session, device, _nvml.log_once))
+            result.append(read(nv, session, device, _nvml.log_once))
         except NoProcessList:
             problem = (
                 f"GPU {device.index}: process list unreadable: this driver and this "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,13 @@ def read_memory(
             info = None
             log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
         if info is not None:
-            return _checked_memory(device, info.total, info.used, info.free, info.reserved)
+            raw = (info.total, info.used, info.free, info.reserved)
+            seen = device.memory_seen
+            if seen is not None and seen[0] == raw:
+                return seen[1]  # the same figures: the same reading (a cell's boundary's case)
+            reading = _checked_memory(device, *raw)
+            device.memory_seen = (raw, reading)  # one attribute: a reader sees both or neither
+            return reading
         session.memory_v2 = False
     info = nv.nvmlDeviceGetMemoryInfo(device.handle)
     # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
@@ -110,10 +117,33 @@ def _memory_v2(nv: Any, handle: Any, log_once: Callable[[str, str], None]) -> An
                 "using v1 (no reserved)",
             )
             return None
-    memory = struct()
+    memory = _memory_struct(struct)
     memory.version = version
     check(function("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(memory)))
     return memory
+
+
+class _Structs(threading.local):
+    """Each thread's reused struct for the v2 memory call (two threads read at once)."""
+
+    def __init__(self) -> None:
+        self.layout: Any = None
+        self.memory: Any = None
+
+
+_structs = _Structs()
+
+
+def _memory_struct(struct: Any) -> Any:
+    """A reused struct with the fields of pynvml's *struct*, read plain.
+
+    pynvml's own struct wraps every attribute read in Python code of its own, which each
+    reading at a cell's boundary would pay.
+    """
+    if _structs.layout is not struct:
+        plain = type("PlainMemoryV2", (ctypes.Structure,), {"_fields_": struct._fields_})
+        _structs.layout, _structs.memory = struct, plain()
+    return _structs.memory
 
 
 def _checked_memory(

@@ -15,7 +15,13 @@ from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_memory import plausible
 from jax_nbmem.gpu.nvml_session import Device, Session
 
-__all__ = ["GpuProcess", "GpuProcesses", "NoProcessList", "one_process_list"]
+__all__ = [
+    "GpuProcess",
+    "GpuProcesses",
+    "NoProcessList",
+    "newest_process_call",
+    "one_process_list",
+]
 
 _PROCESS_VERSIONS = ("_v3", "_v2")
 
@@ -49,26 +55,41 @@ class NoProcessList(Exception):
     """Neither the driver nor pynvml offers a process-list call both of them know."""
 
 
-def _read_processes(
-    nv: Any, session: Session, device: Device, kind: str, log_once: Callable[[str, str], None]
-) -> list[Any]:
-    """Return NVML's process list of one kind, stepping down to older calls the driver has.
+def newest_process_call(
+    nv: Any, session: Session, kind: str, log_once: Callable[[str, str], None],
+    use: Callable[[str], Any],
+) -> Any:  # fmt: skip
+    """``use(name)`` of the newest ``kind`` process-list call the driver and pynvml share.
 
+    ``use`` returns None, or raises NVML's FUNCTION_NOT_FOUND, for a call that is missing:
+    the session then steps down to the next older one, once for good, and says so once.
     Raises NoProcessList when none is left: an old driver (no _v3) with an nvidia-ml-py that
     has no _v2 call. That is "cannot tell", never "no processes".
     """
     while session.process_version[kind] < len(_PROCESS_VERSIONS):
         suffix = _PROCESS_VERSIONS[session.process_version[kind]]
-        function = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}", None)
         try:
-            if function is not None:
-                return function(device.handle)
+            found = use(f"nvmlDeviceGet{kind}RunningProcesses{suffix}")
+            if found is not None:
+                return found
         except nv.NVMLError as error:
             if error_name(nv, error) != "FUNCTION_NOT_FOUND":
                 raise
         session.process_version[kind] += 1
         log_once(f"{kind}{suffix}", f"NVML has no {kind.lower()} process list {suffix}")
     raise NoProcessList
+
+
+def _read_processes(
+    nv: Any, session: Session, device: Device, kind: str, log_once: Callable[[str, str], None]
+) -> list[Any]:
+    """Return NVML's process list of one kind through pynvml's call for it."""
+
+    def use(name: str) -> list[Any] | None:
+        function = getattr(nv, name, None)
+        return None if function is None else function(device.handle)
+
+    return newest_process_call(nv, session, kind, log_once, use)
 
 
 def one_process_list(

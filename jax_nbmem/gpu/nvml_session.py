@@ -59,6 +59,9 @@ class Device:
     problem: str | None = None
     mig: MigInstance | None = None
     mig_mode: bool = False
+    # (NVML's v2 figures, the GpuMemory made of them): the same figures again give that
+    # reading, not a new one (nvml_memory.read_memory).
+    memory_seen: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass

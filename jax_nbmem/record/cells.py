@@ -145,6 +145,7 @@ class OpenCell:
     source = ""  # its first line is found when the record is built
     started_at = 0.0
     started_mono = 0.0
+    record: CellRecord | None = None  # its record once final (the ledger keeps it here)
 
 
 def error_message_of(error: BaseException) -> str | None:

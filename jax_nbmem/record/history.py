@@ -186,7 +186,8 @@ def _merge(first: Sample, second: Sample, span_s: float) -> Sample:
     merged = []
     for gpu in second.gpus:
         old = by_index.pop(gpu.index, None)
-        merged.append(gpu if old is None else _merge_gpu(old, gpu))
+        # The same sample of a GPU that did not move (see readings.gpu_samples) is its merge.
+        merged.append(gpu if old is None or old is gpu else _merge_gpu(old, gpu))
     merged.extend(by_index.values())
     merged.sort(key=lambda g: g.index)
     host = second.host or first.host

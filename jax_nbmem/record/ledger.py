@@ -43,6 +43,11 @@ from jax_nbmem.record.table import format_table
 
 __all__ = ["CellRecord", "Ledger", "format_table"]
 
+# A cell that starts less than this after the previous one ended runs back to back with it:
+# IPython's own work between two cells of Run All takes well under a millisecond, and a
+# person's pace, or a kernel's round trip, is tens of milliseconds.
+_BACK_TO_BACK_S = 0.005
+
 
 class Ledger:
     """Keeps a :class:`CellRecord` per executed cell, the last ``max_records`` of them.
@@ -67,7 +72,7 @@ class Ledger:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
-        self._records: deque[CellRecord | OpenCell] = deque(maxlen=max_records)
+        self._records: deque[OpenCell] = deque(maxlen=max_records)
         self._open: OpenCell | None = None
         self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
         self._ended_unrecorded_at: float | None = None
@@ -76,7 +81,7 @@ class Ledger:
         # thread serves, a cell's end only queues itself here (no call), and the thread,
         # which asks _has_unread at every wake and tick, hands each one its reading.
         self._unread: deque[OpenCell] = deque()
-        self._back_to_back = False  # the last boundary was read at a cell's start
+        self._back_to_back = False  # the last cell started right after the one before it
         # Called with each record once final (see add_closed_listener); replaced, not changed.
         self._closed_listeners: list[Callable[[CellRecord], Any]] = []
         self._reads_unread = False
@@ -100,12 +105,15 @@ class Ledger:
     @property
     def last_finished_at(self) -> float | None:
         """When (``time.time()``) the last cell ended; None before the first."""
-        entry = self._records[-1] if self._records else None
-        if entry is None:
-            return self._ended_unrecorded_at
-        if isinstance(entry, CellRecord):
-            return None if entry.duration_s is None else entry.started_at + entry.duration_s
-        return entry.ended_at
+        entry = self._newest()
+        return self._ended_unrecorded_at if entry is None else entry.ended_at
+
+    def _newest(self) -> OpenCell | None:
+        # Another thread's clear() may empty the deque between a check and an index.
+        try:
+            return self._records[-1]
+        except IndexError:
+            return None
 
     def cell_started(self, execution_count: int | None, source: str | None) -> None:
         """Open a record for a cell about to run (from ``pre_run_cell``). Never raises.
@@ -126,15 +134,18 @@ class Ledger:
         except Exception as exc:
             self._remember(exc)
             return
-        records = self._records
-        previous = records[-1] if records else None
-        if type(previous) is OpenCell:
+        previous = self._newest()
+        if previous is not None:
             cell.previous_ended_at = previous.ended_at
+            ended = previous.ended_mono
+            # Cells that follow one another this closely run back to back (Run All): each
+            # start reads its boundary, so a cell's end need not wake the sampler's thread,
+            # whose wake only takes the GIL (and, on a busy machine, the core) from the next.
+            self._back_to_back = ended is not None and cell.started_mono - ended < _BACK_TO_BACK_S
             if previous.after_state != "waiting":
                 previous = None
-        else:  # a record built already, or none (the cell that loaded the extension)
-            cell.previous_ended_at = self.last_finished_at
-            previous = None
+        else:  # none: the cell that loaded the extension, or the records were cleared
+            cell.previous_ended_at = self._ended_unrecorded_at
         self._open = cell
         sampler = self._sampler
         if sampler is None:
@@ -190,7 +201,6 @@ class Ledger:
                 began, before = reading
                 previous.after, previous.after_started = before, began
                 previous.after_state = "taken"
-                self._back_to_back = True
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(previous)
@@ -241,10 +251,11 @@ class Ledger:
             try:
                 if self._reads_unread and sampler.serving:
                     self._unread.append(cell)
-                    # Back to back (the last boundary was read by a start), the next start
-                    # reads this one too: a woken thread would only take the GIL from it for
-                    # a reading of its own. Otherwise, or if no cell follows, the thread reads
-                    # (at its next tick at the latest).
+                    # Back to back (this cell started right after the one before it), the
+                    # next start most likely follows as closely and reads this boundary: a
+                    # woken thread would only take the GIL from it for a reading of its own.
+                    # Otherwise, or if no cell follows, the thread reads (at its next tick at
+                    # the latest); a start that comes first claims the reading either way.
                     if not self._back_to_back and cell.ended_mono >= sampler.wake_after_at:
                         sampler.wake_for_reading()
                 else:  # no thread: the reading is taken now, on this thread
@@ -289,7 +300,6 @@ class Ledger:
                 return
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
             cell.peaks = peaks
-            self._back_to_back = False  # the thread read between cells: they are paced
             self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(cell)
@@ -312,12 +322,8 @@ class Ledger:
         self._closed_listeners = [x for x in self._closed_listeners if x != listener]
 
     def _tell_closed(self, cell: OpenCell) -> None:
-        try:
-            if cell.peaks is None:
-                cell.peaks = self._peaks(cell)
-            record = build_record(cell)
-        except Exception as exc:
-            self._remember(exc)
+        record = self._built(cell)
+        if record is None:
             return
         for listener in self._closed_listeners:
             try:
@@ -346,11 +352,20 @@ class Ledger:
             self._remember(exc)
             return None
 
-    def _built(self, index: int) -> CellRecord | None:
+    def _built(self, entry: OpenCell) -> CellRecord | None:
+        """*entry*'s record: built once it is final and kept on it, else built as it stands.
+
+        The deque itself is never written here: the main thread appends to it without a lock
+        (dropping the oldest), so an index found under our lock may name another cell by the
+        time it is used. A final record is kept on its cell (``record``), and what it was
+        built from is let go, except a span's first "before", which its later cells read.
+        """
+        record = entry.record
+        if record is not None:
+            return record
         with self._lock:
-            entry = self._records[index]
-            if isinstance(entry, CellRecord):
-                return entry
+            if entry.record is not None:
+                return entry.record
             try:
                 if entry.peaks is None:  # still waiting, or read at the next start
                     entry.peaks = self._peaks(entry)  # what the samples say (so far)
@@ -359,8 +374,20 @@ class Ledger:
                 self._remember(exc)
                 return None
             if entry.after_state not in ("waiting", "claimed"):
-                self._records[index] = record  # final: the samples it came from can go
+                entry.record = record  # final
+                entry.after = entry.peaks = entry.quick_before = entry.quick_after = None
+                entry.source = ""
+                if entry.after_state != "spanned":
+                    entry.before = None
             return record
+
+    def _snapshot(self) -> tuple[OpenCell, ...]:
+        """The kept cells at one instant, oldest first, however the main thread appends.
+
+        ``deque.copy()`` runs in C without letting another thread in (and under the deque's
+        own lock where the GIL is off), unlike indexing the live deque cell by cell.
+        """
+        return tuple(self._records.copy())
 
     def settle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the readings that finished cells still wait for.
@@ -376,23 +403,25 @@ class Ledger:
 
         with self._arrived:
             # Only the newest cells can still be waiting: their readings come in order.
-            tail = [self._records[-i] for i in range(1, min(len(self._records), 8) + 1)]
+            tail = self._snapshot()[-8:]
             return self._arrived.wait_for(settled, timeout)
 
     def records(self) -> list[CellRecord]:
-        """The kept records, oldest first."""
-        built = (self._built(i) for i in range(len(self._records)))
+        """The kept records, oldest first: consecutive cells, each once, from any thread."""
+        built = (self._built(entry) for entry in self._snapshot())
         return [record for record in built if record is not None]
 
     def recent(self, count: int) -> list[CellRecord]:
         """The last ``count`` records, oldest first, without building the others."""
-        size = len(self._records)
-        built = (self._built(i) for i in range(max(0, size - count), size))
+        if count <= 0:
+            return []
+        built = (self._built(entry) for entry in self._snapshot()[-count:])
         return [record for record in built if record is not None]
 
     def last(self) -> CellRecord | None:
         """The most recent record, or ``None``."""
-        return self._built(-1) if self._records else None
+        entry = self._newest()
+        return None if entry is None else self._built(entry)
 
     def clear(self) -> None:
         """Forget every record (a cell now running is still recorded when it ends)."""

@@ -10,6 +10,7 @@ and :func:`gpu_sample` joins a GPU's memory reading, JAX's counters and that spl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "gpu_samples",
     "jax_gpus",
     "moved_much",
+    "own_split",
     "split_by_gpu",
 ]
 
@@ -42,6 +44,21 @@ def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
     from jax_nbmem.gpu import nvml
 
     return nvml.process_lists(indices)
+
+
+def _nvml_own_processes(indices: Sequence[int] | None, pid: int) -> Sequence[Any]:
+    from jax_nbmem.gpu import nvml
+
+    return nvml.own_process_lists(indices, pid)
+
+
+def _own_from_full(
+    processes: Callable[[Sequence[int] | None], Sequence[Any]],
+    indices: Sequence[int] | None,
+    pid: int,
+) -> Sequence[Any] | None:
+    """A source without a reader of its own entries (a fake's): its whole lists serve."""
+    return processes(indices)
 
 
 def _visible_gpu_indices() -> Sequence[int] | None:
@@ -61,7 +78,11 @@ class SamplerSource:
     first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
     numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
     NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
-    a list failed) or flat process records.
+    a list failed) or flat process records. ``own_processes(indices, pid)`` returns the same
+    for *pid*'s entries alone (others' may be left out, and are not used): what a cell's
+    boundary reads; None: NVML's own reader where ``processes`` is NVML's, else ``processes``.
+    ``pid`` is this process as NVML lists it (the host's PID), or None while it is unknown:
+    then no bytes are taken as this process's.
     """
 
     memory: Callable[[Sequence[int] | None], Sequence[Any]] = _nvml_memory
@@ -79,8 +100,14 @@ class SamplerSource:
     # GPU devices only; asked before backend_initialized, so it must never start a backend.
     # None: device_stats itself (a fake source's, in tests), or JAX's own.
     quick_device_stats: Callable[[], Sequence[Any]] | None = None
+    own_processes: Callable[[Sequence[int] | None, int], Sequence[Any] | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.own_processes is None:
+            own = _nvml_own_processes
+            if self.processes is not _nvml_processes:
+                own = functools.partial(_own_from_full, self.processes)
+            object.__setattr__(self, "own_processes", own)
         if self.quick_device_stats is None:
             quick = self.device_stats
             if quick is jaxstats.device_stats:
@@ -176,6 +203,25 @@ def split_by_gpu(listing: Any, pid: int | None) -> dict[int, ProcessSplit] | Non
     return split
 
 
+def own_split(listing: Any, pid: int | None, gpus: Sequence[int]) -> dict[int, ProcessSplit]:
+    """Per GPU of *gpus*, this process's bytes from a reading of its own entries.
+
+    Others' bytes are never taken from it (an own reading may leave them out): ``others`` is
+    None, and a sample works them out from the GPU's used bytes. A GPU the reading does not
+    answer for, and every GPU while *pid* is unknown, is unknown (``readable`` False): never
+    the last figure, never a guessed 0.
+    """
+    split = split_by_gpu(listing, pid) if listing is not None and pid is not None else None
+    unknown = ProcessSplit(False, None, None, readable=False)
+    if split is None:
+        return dict.fromkeys(gpus, unknown)
+    result = {}
+    for gpu in gpus:
+        found = split.get(gpu, split.get(_UNLISTED, unknown))
+        result[gpu] = ProcessSplit(found.listed, found.mine, None, found.readable, found.problem)
+    return result
+
+
 def jax_gpus(stats: Sequence[Any]) -> list[Any]:
     """JAX's GPU devices among ``stats``, in device-id order."""
     return sorted(
@@ -217,26 +263,46 @@ def gpu_samples(
     split: dict[int, ProcessSplit] | None,
     used_at_split: dict[int, int | None] | None,
     on_error: Callable[[Exception], Any],
+    made: dict[int, tuple[Any, ...]] | None = None,
 ) -> list[GpuSample]:
     """Every GPU's sample from NVML's memory readings, JAX's GPU counters and the last split.
 
     *indices*: the kernel's visible GPUs in JAX's device order (None: all, by index);
     *used_at_split*: each GPU's used bytes when the process list was read. A malformed
-    reading loses its GPU, not the sample: its error goes to *on_error*.
+    reading loses its GPU, not the sample: its error goes to *on_error*. *made*, when given,
+    keeps each GPU's sample with what it was made of: made of the same objects again, the same
+    (immutable) sample serves, as between most cells, when nothing on the GPU moved.
     """
     # JAX numbers its GPU devices in the order of the kernel's visible GPUs.
     order = list(indices) if indices is not None else sorted(g.index for g in memory)
     stats_by_index = dict(zip(order, gpu_stats, strict=False))
     listed_used = used_at_split or {}
+    unlisted = split.get(_UNLISTED) if split is not None else None
     gpus = []
     for reading in memory:
-        stale = moved_much(
-            {reading.index: reading.used_bytes}, {reading.index: listed_used.get(reading.index)}
-        )
+        index = reading.index
+        stats = stats_by_index.get(index)
+        mine = split.get(index, unlisted) if split is not None else None
+        then, now = listed_used.get(index), reading.used_bytes
+        stale = now is not None and then is not None and abs(now - then) > _STALE_LIST_BYTES
+        kept = made.get(index) if made is not None else None
+        if (
+            kept is not None
+            and stats is None  # JAX's counters are read anew each time: a new sample
+            and kept[0] is reading
+            and kept[1] is mine
+            and kept[2] is stale
+        ):
+            gpus.append(kept[3])
+            continue
         try:
-            gpus.append(gpu_sample(reading, stats_by_index.get(reading.index), split, stale=stale))
+            sample = gpu_sample(reading, stats, split, stale=stale)
         except Exception as exc:
             on_error(exc)
+            continue
+        gpus.append(sample)
+        if made is not None:
+            made[index] = (reading, mine, stale, sample)
     return gpus
 
 

@@ -11,6 +11,8 @@ The sampler never raises out of its thread: a failed reading leaves its value ``
 the error is kept as text in :attr:`Sampler.last_error`.
 
 What it reads and how a reading becomes a GPU's sample is in :mod:`jax_nbmem.record.readings`;
+when it reads the process lists, and what of them at a cell's boundary, in
+:mod:`jax_nbmem.record.process_lists`;
 the extremes a cell's record keeps, in :mod:`jax_nbmem.record.peaks`. Their names are
 importable from here too.
 """
@@ -27,15 +29,8 @@ from typing import Any
 from jax_nbmem.gpu.jaxstats import gpu_stats_now
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
 from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
-from jax_nbmem.record.readings import (
-    ProcessSplit,
-    QuickReading,
-    SamplerSource,
-    gpu_samples,
-    jax_gpus,
-    moved_much,
-    split_by_gpu,
-)
+from jax_nbmem.record.process_lists import ProcessLists
+from jax_nbmem.record.readings import QuickReading, SamplerSource, gpu_samples, jax_gpus
 
 __all__ = [
     "GpuPeaks",
@@ -150,11 +145,9 @@ class Sampler:
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
-        self._split: dict[int, ProcessSplit] | None = None
-        self._split_pid: int | None = None  # the PID NVML listed us by in that split
-        self._used_at_process_read: dict[int, int | None] | None = None
-        self._process_due = -math.inf
-        self._process_read_at = -math.inf
+        self._lists = ProcessLists()
+        # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
+        self._made: dict[int, tuple[Any, ...]] = {}
         self._live_bytes: int | None = None
         self._live_at: float | None = None
         self._live_cost = 0.0  # what the last walk of the live arrays took (s); none yet
@@ -341,7 +334,8 @@ class Sampler:
         """
         if not self.serving:  # no thread, or it stopped or died
             started = self._monotonic()
-            self._deliver([callback], self._record(force=True, boundary=True), started)
+            sample = self._record(force=True, boundary=True, cell_path=True)
+            self._deliver([callback], sample, started)
             return
         self._after_requests.append(callback)
         if self._monotonic() >= self.wake_after_at:
@@ -370,8 +364,8 @@ class Sampler:
         (monotonic time it began, sample), or ``None`` without asking anything when readings
         are slow (the last two took ``_BOUNDARY_BUDGET_S`` or more, or one has been under way
         for ``_STUCK_READING_S``: NVML hangs), so that a cell never waits for a slow NVML. The
-        live arrays are walked only while that is cheap; the process list only when some GPU's
-        used bytes moved.
+        live arrays are walked only while that is cheap; of the process lists, only this process's
+        entries, on the GPUs whose used bytes moved (the others' stay on the thread's schedule).
         """
         since = self.reading_since
         began = self._monotonic()
@@ -379,7 +373,7 @@ class Sampler:
             since is not None and began - since >= _STUCK_READING_S
         ):
             return None
-        return began, self._record(force=True, boundary=True)
+        return began, self._record(force=True, boundary=True, cell_path=True)
 
     def wake_for_reading(self) -> None:
         """Wake the thread for the reading that requests or cells wait for."""
@@ -447,11 +441,17 @@ class Sampler:
                 self.callback_errors += 1
                 self._remember(exc)
 
-    def _record(self, force: bool, force_live: bool = False, boundary: bool = False) -> Sample:
+    def _record(
+        self,
+        force: bool,
+        force_live: bool = False,
+        boundary: bool = False,
+        cell_path: bool = False,
+    ) -> Sample:
         began = self._monotonic()
         self.reading_since = began
         try:
-            sample = self._collect(began, force, force_live, boundary)
+            sample = self._collect(began, force, force_live, boundary, cell_path)
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
@@ -467,8 +467,14 @@ class Sampler:
                 tracker.observe(sample)
         return sample
 
-    def _collect(self, now: float, force: bool, force_live: bool, boundary: bool) -> Sample:
-        """Read everything that is due, outside the lock; publish the schedule under it."""
+    def _collect(
+        self, now: float, force: bool, force_live: bool, boundary: bool, cell_path: bool
+    ) -> Sample:
+        """Read everything that is due, outside the lock; publish the schedule under it.
+
+        *cell_path*: the reading is on a cell's path (its start reads the boundary): only
+        what the record needs, at a cost that does not grow with the node's processes.
+        """
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
@@ -486,29 +492,22 @@ class Sampler:
         indices = self._gpu_indices
         memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         used = {reading.index: reading.used_bytes for reading in memory}
-        # A forced sample (after a cell) needs this process's bytes as they are now. When no
-        # GPU's used memory moved since the last process list, nobody's bytes did, and the
-        # list (the costly NVML call) would say the same again.
-        moved = used != self._used_at_process_read or None in used.values()
-        due = self._process_due
-        if self.busy:  # a cell runs: the list is due a busy interval after the last one
-            due = min(due, self._process_read_at + self.busy_process_interval)
-        if moved_much(used, self._used_at_process_read):
-            # Someone's bytes changed since the list: who holds what is stale. Read it again
-            # soon (no more often than while a cell runs), so a jump of this kernel's memory
-            # is not drawn, for a second, as another process's.
-            due = min(due, self._process_read_at + self.busy_process_interval)
-        own_pid = source.own_pid()
-        # A PID proven since the last list (a container's, by the node agent): whose bytes
-        # are whose is known only from a list split by it.
-        if (force and (moved or own_pid != self._split_pid)) or now + slack >= due:
+        lists = self._lists
+        # A forced sample (after a cell) needs this process's bytes as they are now; where no
+        # GPU's used memory moved, nobody's bytes did. A boundary reads only this process's
+        # own entries, on the GPUs whose used bytes moved (ProcessLists.read_own); the whole
+        # lists (every neighbour) are read on the thread's schedule, never on a cell's path.
+        moved = lists.moved(used)
+        due = lists.due(used, self.busy, self.busy_process_interval)
+        pid = self._own_pid()  # proven since the lists were split (a container's): split again
+        renamed = pid != lists.split_pid
+        if (force and (moved or renamed) and not boundary) or (
+            not cell_path and now + slack >= due
+        ):
             listing = self._read(source.processes, None, indices)
-            split = split_by_gpu(listing, own_pid)
-            with self._lock:
-                self._split, self._used_at_process_read = split, used
-                self._split_pid = own_pid
-                self._process_read_at = now
-                self._process_due = now + self.process_interval
+            lists.take_whole(listing, pid, used, now, self.process_interval)
+        elif boundary and (moved or renamed):
+            lists.read_own(source.own_processes, pid, used, self._remember)
         stats = list(self._read(source.device_stats, []) or []) if jax_up else []
         gpu_stats = jax_gpus(stats)
         # JAX's own quick reading (jaxstats.gpu_stats_now) finds GPU counters only where
@@ -529,11 +528,21 @@ class Sampler:
             # Walking the arrays costs time per array: read them less often the more there
             # are, so that it never takes more than its budget of a core.
             self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
+        split, used_at_split = lists.state
         gpus = gpu_samples(
-            memory, indices, gpu_stats, self._split, self._used_at_process_read, self._remember
+            memory, indices, gpu_stats, split, used_at_split, self._remember, self._made
         )
         host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
         return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
+
+    def _own_pid(self) -> int | None:
+        """This process as NVML lists it; None while that is not known (nothing is ours)."""
+        pid = self._source.pid
+        try:
+            return pid() if callable(pid) else pid
+        except Exception as exc:
+            self._remember(exc)
+            return None
 
     def _read(self, reader: Callable[..., Any], default: Any, *args: Any) -> Any:
         try:

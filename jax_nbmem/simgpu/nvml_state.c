@@ -1,7 +1,10 @@
 /*
  * The simulated GPU's state: its parser (the rules of jax_nbmem/simgpu/state_format.py, read in
  * Python by state_parse.py; the tests hold both readers to them), the state in use (read until
- * two reads agree, parsed once per change, shared by every thread), and its canonical text.
+ * two reads agree, parsed once per change, shared by every thread; a file whose stat has not
+ * changed is not read again, as a driver answers from memory), and its canonical text. The file
+ * is opened without following a link or blocking, and only a regular file of bounded size is
+ * read: anything else is a said fault (NVML_ERROR_NO_PERMISSION), never a hang.
  * Included by nvml_stub.c, after its types.
  */
 
@@ -585,9 +588,11 @@ static void check_state(sim_state *state, sim_parse *parse) {
     for (i = 0; i < state->proc_count; i++) order[i] = &state->procs[i];
     qsort(order, state->proc_count, sizeof *order, by_gpu_pid_line);
     for (i = 1; i < state->proc_count; i++) {
-        const sim_proc *first = order[i - 1], *proc = order[i];
+        const sim_proc *first = order[i - 1];
+        sim_proc *proc = order[i];
         unsigned int j;
         if (proc->gpu != first->gpu || proc->pid != first->pid) continue;
+        proc->twin_before = 1; /* an earlier line holds this PID on this GPU (device_used) */
         /* The group of this (gpu, pid) runs back to its first line. */
         for (j = i; j > 0 && order[j - 1]->gpu == proc->gpu && order[j - 1]->pid == proc->pid;)
             j--;
@@ -626,6 +631,23 @@ static int has_end_line(const char *text) {
         if (line) line++;
     }
     return 0;
+}
+
+static unsigned long long device_used(const sim_state *state, unsigned int index, int mig);
+
+/* Works out once the used bytes of every GPU whose figure cannot change until the next parse:
+ * none of its lines ends when its process exits. */
+static void fix_used(sim_state *state) {
+    unsigned char moment[SIM_MAX_GPUS] = {0};
+    unsigned int i;
+    for (i = 0; i < state->proc_count; i++) {
+        if (state->procs[i].ends_with_exit) moment[state->procs[i].gpu] = 1;
+    }
+    for (i = 0; i < SIM_MAX_GPUS; i++) {
+        if (!state->gpus[i].present || moment[i]) continue;
+        state->used_known[i] = device_used(state, i, -1);
+        state->used_fixed[i] = 1;
+    }
 }
 
 /* Parses TEXT (which it keeps, and does not change) into a new state; NULL with the problem
@@ -668,6 +690,7 @@ static sim_state *parse_state(char *text, size_t length, sim_parse *parse) {
     }
     state->text = text;
     state->length = length;
+    fix_used(state);
     return state;
 }
 
@@ -683,95 +706,7 @@ static int sim_bad_said;
 static time_t sim_bad_since;
 static sim_parse sim_bad_parse;
 
-enum { READ_OK, READ_MISSING, READ_UNSTABLE, READ_NO_MEMORY };
-
-/* The whole file, in a buffer of its own (sized by fstat, grown if the file grows). */
-static int read_text(const char *path, char **out, size_t *length) {
-    struct stat info;
-    size_t capacity, used = 0;
-    ssize_t got;
-    char *text;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return READ_MISSING;
-    capacity = fstat(fd, &info) == 0 && info.st_size > 0 ? (size_t)info.st_size + 4096 : 65536;
-    text = malloc(capacity + 1);
-    while (text) {
-        got = read(fd, text + used, capacity - used);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        used += (size_t)got;
-        if (used == capacity) {
-            char *larger = realloc(text, capacity * 2 + 1);
-            if (!larger) {
-                free(text);
-                text = NULL;
-                break;
-            }
-            text = larger;
-            capacity *= 2;
-        }
-    }
-    close(fd);
-    if (!text) return READ_NO_MEMORY;
-    text[used] = '\0';
-    *out = text;
-    *length = used;
-    return READ_OK;
-}
-
-/* The file's text once two reads in a row agree: never a mix of two writes. */
-static int read_stable(const char *path, char **out, size_t *length) {
-    char *first = NULL, *second = NULL;
-    size_t first_length = 0, second_length = 0;
-    int tries, got = read_text(path, &first, &first_length);
-    if (got != READ_OK) return got;
-    for (tries = 0; tries < SIM_STABLE_READS; tries++) {
-        if ((got = read_text(path, &second, &second_length)) != READ_OK) {
-            free(first);
-            return got;
-        }
-        if (first_length == second_length && memcmp(first, second, first_length) == 0) {
-            free(second);
-            *out = first;
-            *length = first_length;
-            return READ_OK;
-        }
-        free(first);
-        first = second;
-        first_length = second_length;
-    }
-    free(first);
-    return READ_UNSTABLE;
-}
-
-static int same_text(const char *a, size_t a_length, const char *b, size_t b_length) {
-    return a && b && a_length == b_length && memcmp(a, b, a_length) == 0;
-}
-
-static void release_state(sim_state *state);
-
-/* Whether the file holds exactly TEXT (LENGTH bytes). */
-static int file_matches(const char *path, const char *text, size_t length) {
-    char chunk[16384];
-    struct stat info;
-    size_t seen = 0;
-    ssize_t got;
-    int fd = open(path, O_RDONLY | O_CLOEXEC), same = 0;
-    if (fd < 0) return 0;
-    if (fstat(fd, &info) == 0 && (size_t)info.st_size == length) {
-        same = 1;
-        while (same) {
-            got = read(fd, chunk, sizeof chunk);
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) break;
-            if (seen + (size_t)got > length || memcmp(chunk, text + seen, (size_t)got) != 0) same = 0;
-            seen += (size_t)got;
-        }
-        same = same && seen == length;
-    }
-    close(fd);
-    return same;
-}
+#include "nvml_file.c"
 
 /* Says a bad state once: a problem at once, an incomplete file only when it stays so. */
 static void say_problem(const char *path) {
@@ -789,6 +724,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     sim_state *use = NULL;
     char *text = NULL;
     size_t length = 0;
+    sim_identity seen = {0};
+    long long began;
     int got;
 
     if (!path || !*path) {
@@ -802,14 +739,22 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     if (use) use->refs++;
     pthread_mutex_unlock(&sim_lock);
     if (use) {
-        if (file_matches(path, use->text, use->length)) {
+        if (still_current(use, path)) {
             *ret = NVML_SUCCESS;
             return use;
         }
         release_state(use);
         use = NULL;
     }
-    got = read_stable(path, &text, &length);
+    began = now_ns();
+    got = read_stable(path, &text, &length, &seen);
+    if (got == READ_REFUSED) {
+        pthread_mutex_lock(&sim_lock);
+        say_refused(path);
+        pthread_mutex_unlock(&sim_lock);
+        *ret = NVML_ERROR_NO_PERMISSION;
+        return NULL;
+    }
     if (got == READ_MISSING) {
         *ret = NVML_ERROR_DRIVER_NOT_LOADED;
         return NULL;
@@ -825,6 +770,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     }
     if (got == READ_OK && sim_good && same_text(text, length, sim_good->text, sim_good->length)) {
         free(text);
+        sim_good->seen = seen;
+        sim_good->trusted = began - seen.mtime_ns >= SIM_RACY_NS;
     } else if (got == READ_OK && same_text(text, length, sim_bad_text, sim_bad_length) &&
                sim_bad_path && strcmp(sim_bad_path, path) == 0) {
         free(text);
@@ -836,6 +783,8 @@ static sim_state *load_state(nvmlReturn_t *ret) {
         if (parsed && own_path) {
             parsed->path = own_path;
             parsed->refs = 1;
+            parsed->seen = seen;
+            parsed->trusted = began - seen.mtime_ns >= SIM_RACY_NS;
             if (sim_good && --sim_good->refs == 0) free_state(sim_good);
             sim_good = parsed;
         } else if (parsed) {

@@ -20,9 +20,9 @@
  * leaves out nvmlDeviceGetMemoryInfo_v2 and the _v3 process lists for that reason.
  *
  * Three parts, one library: this file (the types and the calls jax_nbmem makes), nvml_state.c
- * (the state file: its parser, the state in use, its canonical text) and nvml_clients.c (what
- * other clients ask, and MIG; nvml_query.c and nvml_host.c: what nvidia-smi -q asks), included
- * where they are needed.
+ * (the state file: its parser, the state in use, its canonical text; nvml_file.c opens and
+ * reads the file) and nvml_clients.c (what other clients ask, and MIG; nvml_query.c and
+ * nvml_host.c: what nvidia-smi -q asks), included where they are needed.
  *
  * One parsed state is shared by every thread (reference-counted, under a mutex), and parsed
  * again only when the file's text changes: a large state (8 GPUs x 1,000 processes) costs its
@@ -72,6 +72,12 @@ enum {
 #define SIM_PROBLEM 256
 #define SIM_STABLE_READS 50  /* tries to read the same text twice in a row */
 #define SIM_QUIET_INCOMPLETE_S 2 /* an incomplete file is said only once it stays so */
+/* A state file larger than this is refused: 8 GPUs x 1,000 processes take half a MiB. */
+#define SIM_MAX_STATE_BYTES (16u << 20)
+/* A file's mtime comes from the kernel's coarse clock (a tick: 1 to 10 ms): a state read less
+ * than this after its mtime could be rewritten, in place and at the same size, within the same
+ * tick, so its unchanged stat proves nothing until its text is compared once more. */
+#define SIM_RACY_NS 20000000LL
 
 /* The calls a fault or a delay can target, in the state's (alphabetical) rendering order. */
 enum { CALL_ANY, CALL_COUNT, CALL_DRIVER, CALL_INFO, CALL_INIT, CALL_MEMORY, CALL_NAME,
@@ -108,6 +114,7 @@ typedef struct {
     unsigned long long pidns; /* the PID namespace `pid` belongs to (its inode), 0: the caller's */
     unsigned long long start; /* when `pid` started (/proc/PID/stat field 22), if start_given */
     int start_given;
+    int twin_before; /* an earlier line has this PID on this GPU (its other list) */
 } sim_proc;
 
 typedef struct {
@@ -124,10 +131,21 @@ typedef struct {
     unsigned int line;
 } sim_fault;
 
+/* What stat says of the file a state was read from: the same on a later stat (and the state
+ * trusted, see SIM_RACY_NS), the file is unchanged and is not read again. */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    long long mtime_ns;
+} sim_identity;
+
 typedef struct {
     int refs;
     char *path, *text;
     size_t length;
+    sim_identity seen; /* the file it was last read or compared from */
+    int trusted;       /* that read came SIM_RACY_NS or more after the file's mtime */
     int nodriver, unprivileged;
     unsigned int mig_count;
     sim_mig migs[SIM_MAX_MIGS];
@@ -142,6 +160,10 @@ typedef struct {
     sim_proc *procs;
     char driver[SIM_DRIVER_TEXT];
     sim_gpu gpus[SIM_MAX_GPUS];
+    /* Each whole GPU's used bytes, worked out once per parse where no line's figure depends on
+     * the moment (a line that ends when its process exits): a driver answers from memory. */
+    unsigned long long used_known[SIM_MAX_GPUS];
+    unsigned char used_fixed[SIM_MAX_GPUS];
 } sim_state;
 
 typedef struct {
@@ -318,13 +340,20 @@ static unsigned long long device_used(const sim_state *state, unsigned int index
     unsigned long long used = 0;
     unsigned int i, j;
     if (gpu->used_given) return gpu->raw || gpu->used <= gpu->total ? gpu->used : gpu->total;
+    if (mig < 0 && state->used_fixed[index]) return state->used_known[index];
     for (i = 0; i < state->proc_count; i++) {
         const sim_proc *proc = &state->procs[i];
         if (proc->gpu != index || proc->used == SIM_NOT_AVAILABLE) continue;
         if (mig >= 0 && proc->mig != mig) continue;
         if (proc_gone(proc)) continue;
         /* A process on both the compute and the graphics list holds its memory once (an ended
-         * line of a reused PID holds nothing, and hides nothing). */
+         * line of a reused PID holds nothing, and hides nothing). Only a line with a twin
+         * before it is looked back for: the parse marked them, so 1,000 lines are not 500,000
+         * comparisons a call. */
+        if (!proc->twin_before) {
+            used += proc->used;
+            continue;
+        }
         for (j = 0; j < i; j++) {
             if (state->procs[j].gpu == index && state->procs[j].pid == proc->pid &&
                 !proc_gone(&state->procs[j]))

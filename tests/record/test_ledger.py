@@ -403,6 +403,34 @@ def test_a_cell_started_before_its_predecessors_reading_reads_the_boundary_itsel
     assert first.span_start is None and second.span_start is None
 
 
+def test_cells_back_to_back_leave_the_thread_asleep_and_paced_cells_wake_it_each_once():
+    nb = serving_notebook()
+    woken = []
+    nb.sampler.wake_for_reading = lambda: woken.append(nb.clock.now)
+
+    def cell(count, gap, allocate):
+        nb.clock.now += gap
+        nb.ledger.cell_started(count, "a = alloc()")
+        nb.held["bytes"] += allocate
+        nb.ledger.cell_finished(True, None, count)
+        if gap > 0.005:  # paced: the woken thread reads in the pause
+            nb.clock.now += 0.001
+            nb.sampler._serve_after()
+
+    cell(1, 1.0, GIB)  # the first after a pause: the thread is woken for its reading
+    assert len(woken) == 1
+    for count in (2, 3, 4):  # Run All: each start reads the boundary, nobody wakes the thread
+        cell(count, 0.0002, GIB)
+    assert len(woken) == 1
+    for count in (5, 6):  # a person's pace again: each end wakes the thread once
+        cell(count, 0.02, -GIB)
+    assert len(woken) == 3
+    records = nb.ledger.records()
+    retained = [r.gpu_self_retained for r in records]
+    assert retained == [GIB, GIB, GIB, GIB, -GIB, -GIB], records
+    assert all(r.notes == () and r.span_start is None for r in records[:-1]), records
+
+
 def test_a_reading_the_thread_delivers_after_the_next_start_is_not_the_cells():
     nb = serving_notebook()
     held = nb.held

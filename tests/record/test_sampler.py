@@ -601,6 +601,72 @@ def test_a_cell_boundary_skips_the_process_list_only_when_no_memory_moved(world,
     assert world.calls["processes"] == reads + 1
 
 
+def own_entries(world, asked):
+    """A reader of this process's entries alone, as NVML's raw one: what it was asked, kept."""
+
+    def read(indices, pid):
+        asked.append(list(indices))
+        return [
+            SimpleNamespace(
+                gpu=gpu,
+                processes=tuple(
+                    SimpleNamespace(pid=p, gpu=gpu, used_bytes=world._bytes(a))
+                    for g, p, a in world.holders
+                    if g == gpu and p == pid
+                ),
+            )
+            for gpu in indices
+        ]
+
+    return read
+
+
+def test_a_cells_boundary_reads_its_own_entries_on_the_gpus_that_moved_and_no_list(clock):
+    world = GpuWorld(clock, gpus=(0, 1, 2))
+    ours, theirs = {"bytes": GIB}, {"bytes": 2 * GIB}
+    world.hold(1, OUR_PID, lambda now: ours["bytes"])
+    world.hold(0, OTHER_PID, lambda now: theirs["bytes"])
+    world.hold(2, OTHER_PID + 1, 4 * GIB)
+    asked = []
+    source = dataclasses.replace(world.source(), own_processes=own_entries(world, asked))
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    sampler.sample_now()
+    lists = world.calls["processes"]
+
+    ours["bytes"], theirs["bytes"] = 3 * GIB, 5 * GIB  # the cell and a neighbour allocate
+    clock.now += 0.05
+    _, sample = sampler.boundary_reading()
+    assert world.calls["processes"] == lists  # no neighbour's list on the cell's path
+    assert asked == [[0, 1]]  # GPU 2 did not move: nobody's bytes there did
+    by_gpu = {g.index: g for g in sample.gpus}
+    assert [by_gpu[i].self_bytes for i in (0, 1, 2)] == [0, 3 * GIB, 0]
+    assert by_gpu[0].others_bytes == DRIVER_BYTES + 5 * GIB  # the used bytes less ours
+    assert by_gpu[1].others_bytes == DRIVER_BYTES
+
+    clock.now += 0.05  # nothing moved: nothing is asked again
+    assert sampler.boundary_reading()[1].gpus[1].self_bytes == 3 * GIB
+    assert asked == [[0, 1]]
+
+    clock.now += 5.0  # the whole lists are due: on the thread's schedule, never at a boundary
+    ours["bytes"] = 2 * GIB
+    assert sampler.boundary_reading()[1].gpus[1].self_bytes == 2 * GIB
+    assert world.calls["processes"] == lists and asked[-1] == [1]
+    sampler.tick()
+    assert world.calls["processes"] == lists + 1
+
+
+def test_a_boundary_with_this_process_not_yet_known_reads_no_bytes_as_its_own(clock):
+    world = GpuWorld(clock)
+    held = {"bytes": GIB}
+    world.hold(0, OUR_PID, lambda now: held["bytes"])
+    asked = []
+    source = dataclasses.replace(world.source(), pid=None, own_processes=own_entries(world, asked))
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    held["bytes"] = 2 * GIB
+    _, sample = sampler.boundary_reading()
+    assert asked == [] and sample.gpus[0].self_bytes is None  # unknown, never a guessed 0
+
+
 def test_a_gpu_whose_process_list_failed_has_unknown_owners(world, clock):
     world.hold(0, OUR_PID, 4 * GIB).hold(0, 777, GIB)
     world.processes = lambda indices: [SimpleNamespace(gpu=0, processes=None, problem="UNKNOWN")]

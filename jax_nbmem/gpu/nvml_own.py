@@ -1,0 +1,120 @@
+"""This process's own entries in NVML's process lists, found without reading anyone else's.
+
+Part of :mod:`jax_nbmem.gpu.nvml`; imports no pynvml (the functions take it as ``nv``). NVML
+tells a process's bytes on a GPU only inside that GPU's whole process list. pynvml's list calls
+turn every entry into a Python object (on a node with hundreds of processes, most of a cell's
+boundary went there), so this reads the compute and graphics lists through pynvml's own
+function pointers (``_v3``, stepping down to ``_v2`` as :mod:`~jax_nbmem.gpu.nvml_processes`
+does, sharing its memory of what the driver has) into a buffer each thread keeps, and finds the
+entries of one PID by searching the raw bytes: no object is made for another process's entry.
+
+The entries and their meaning are pynvml's: a PID as NVML sees it (the host's), bytes ``None``
+when NVML cannot say, impossible bytes left out and said.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from jax_nbmem.gpu.nvml_memory import plausible
+from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, newest_process_call
+from jax_nbmem.gpu.nvml_session import Device, Session
+
+__all__ = ["own_process_list"]
+
+_KINDS = ("Compute", "Graphics")
+_FIRST_CAPACITY = 64  # entries; the buffer grows to what a GPU's list needs, and stays
+_NOT_AVAILABLE = (1 << 64) - 1  # NVML's "no figure" for a process's bytes
+
+
+class _Buffers(threading.local):
+    """Each thread's list buffer (two threads read at once: the cell's and the sampler's)."""
+
+    def __init__(self) -> None:
+        self.entry: Any = None  # the pynvml struct the buffer holds
+        self.capacity = 0
+        self.array: Any = None
+        self.count = ctypes.c_uint(0)
+
+
+_buffers = _Buffers()
+
+
+def _entry_struct(nv: Any) -> Any:
+    return getattr(nv, "c_nvmlProcessInfo_v3_t", None) or nv.c_nvmlProcessInfo_v2_t
+
+
+def _buffer(nv: Any, capacity: int) -> Any:
+    struct = _entry_struct(nv)
+    if _buffers.entry is not struct or _buffers.capacity < capacity:
+        _buffers.entry, _buffers.capacity = struct, capacity
+        _buffers.array = (struct * capacity)()
+    return _buffers.array
+
+
+def _list_call(nv: Any, session: Session, kind: str, log_once: Callable[[str, str], None]) -> Any:
+    """The function pointer of this kind's newest list call (see newest_process_call)."""
+    return newest_process_call(nv, session, kind, log_once, nv._nvmlGetFunctionPointer)
+
+
+def _raw_list(nv: Any, device: Device, function: Any) -> tuple[bytes, int]:
+    """The list's entries as bytes, and the size of one; grows the buffer when NVML says so."""
+    for _attempt in range(3):
+        array = _buffer(nv, max(_FIRST_CAPACITY, _buffers.capacity))
+        count = _buffers.count
+        count.value = _buffers.capacity
+        result = function(device.handle, ctypes.byref(count), array)
+        if result == nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            _buffer(nv, count.value * 2 + 5)  # room for processes that start meanwhile
+            continue
+        nv._nvmlCheckReturn(result)
+        size = ctypes.sizeof(_buffers.entry)
+        return ctypes.string_at(array, count.value * size), size
+    raise nv.NVMLError(nv.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+def _entries_of(data: bytes, size: int, entry: Any, pid: int) -> list[int]:
+    """Raw bytes of every entry of *pid* in *data* (entries of *size* bytes): by search."""
+    pid_at, used_at = entry.pid.offset, entry.usedGpuMemory.offset
+    key = pid.to_bytes(ctypes.sizeof(ctypes.c_uint), sys.byteorder)
+    found = []
+    start = data.find(key)
+    while start >= 0:
+        if start % size == pid_at:  # a match inside another entry's bytes is not a PID
+            at = start - pid_at + used_at
+            found.append(int.from_bytes(data[at : at + 8], sys.byteorder))
+        start = data.find(key, start + 1)
+    return found
+
+
+def own_process_list(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None], pid: int
+) -> GpuProcesses:
+    """One GPU's list holding only *pid*'s entry (none when NVML does not list it).
+
+    As :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` would give it, less everyone
+    else: a PID on both lists appears once, with the first figure known. Raises pynvml's
+    errors, and :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`; ``log_once(key, message)``
+    tells of a step down.
+    """
+    used: int | None = None
+    listed = False
+    odd: list[str] = []
+    for kind in _KINDS:
+        data, size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
+        for raw in _entries_of(data, size, _buffers.entry, pid):
+            value = None if raw == _NOT_AVAILABLE else raw
+            good = plausible(value)
+            if value is not None and good is None:
+                odd.append(f"PID {pid} {value!r}")
+            listed = True
+            used = good if used is None else used
+    problem = None
+    if odd:
+        problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
+    processes = (GpuProcess(pid, device.index, used),) if listed else ()
+    return GpuProcesses(device.index, processes, problem)
