@@ -38,6 +38,18 @@ from jax_nbmem.units import format_bytes, format_duration, format_gib
 __all__ = ["StatusReport", "cap_line", "collect", "format_status", "warning_line"]
 
 
+# How a row says where its mode and pool come from, in a user's words; the JSON keeps the
+# ``source`` key's own values.
+_SOURCE_WORDS = {
+    "session": "this kernel's own record",
+    "beacon": "the kernel's own report",
+    "agent": "proven by the node agent",
+    "environment": "read from its environment variables",
+    "inferred": "inferred, not proven",
+    "memory size": "judged by its size",
+}
+
+
 class StatusReport(dict):
     """A plain dict (``report["gpus"]``) that also reads as attributes (``report.gpus``)."""
 
@@ -372,7 +384,7 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         about = "~" if process.get("idle_source") == "server" else ""
         parts.append(f"idle {about}{format_duration(process['idle_s'])}")
     if source and source != "unknown":
-        parts.append(f"[from {source}]")
+        parts.append(f"[{_SOURCE_WORDS.get(source, f'source: {source}')}]")
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)

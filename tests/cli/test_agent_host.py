@@ -95,7 +95,7 @@ def test_the_exporter_is_the_node_agent(sim_state, simgpu_env, share, tmp_path):
                 [sys.executable, "-m", "jax_nbmem.cli", "status"],
                 env=env, capture_output=True, text=True, timeout=60,
             ).stdout  # fmt: skip
-            assert "(mode: off)" in text and "[from agent]" in text, text
+            assert "(mode: off)" in text and "[proven by the node agent]" in text, text
             bob.kill()
             wait_for("bob's kernel out of the resolution",
                      lambda: not bob_resolved())  # fmt: skip

@@ -343,7 +343,7 @@ def test_shutdown_refuses_another_containers_kernel(tmp_path, fake_kernel):
     assert not result.done and result.how is None
     assert "another container (jupyter-alice)" in result.message
     assert "its owner (alice)" in result.message.lower()
-    assert f"`jax-nbmem shutdown {fake_kernel.pid}`" in result.message
+    assert f"`jax-nbmem shutdown {fake_kernel.pid} --yes`" in result.message
     assert fake_kernel.poll() is None  # still running
 
 

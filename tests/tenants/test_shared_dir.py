@@ -303,7 +303,7 @@ def test_a_5000_deep_array_or_an_unprintable_notebook_in_the_shared_dir_breaks_n
     beacon.write_bytes(notebook.encode("utf-8", "surrogatepass"))
     done = _cli_status(env)
     assert done.returncode == 0, done.stderr
-    assert "[from beacon]" in done.stdout and "(mode: off)" in done.stdout
+    assert "[the kernel's own report]" in done.stdout and "(mode: off)" in done.stdout
     report = json.loads(_cli_status(env, "--json").stdout)
     (seen,) = [p for p in report["processes"] if p["pid"] == sleeper]
     assert seen["source"] == "beacon" and seen["notebook"] is None
