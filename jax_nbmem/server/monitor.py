@@ -138,7 +138,12 @@ class ServerMonitor:
             return
         now = time.time()
         report["processes"] = [
-            {**p, "container_shown": container_text(p.get("container"))}
+            {
+                **p,
+                "container_shown": container_text(
+                    p.get("container"), p.get("container_hostname_claimed")
+                ),
+            }
             for p in report.get("processes", [])
         ]  # the board's and the sidebar's words for it: one rule, the status line's
         joined = _join_kernels(kernels, report["processes"], now)

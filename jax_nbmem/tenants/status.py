@@ -364,7 +364,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         user = process.get("user")  # in a container: its container's name (a claim) or its uid
         user = f"{user} in its container" if process.get("user_source") == "container" else user
         parts.append(owner_text(user, process.get("hub_user")) or "")
-    shown = container_text(process.get("container"))  # with its pod, where it has one
+    # With its pod, where it has one; where no runtime records it, its host name, claimed.
+    shown = container_text(process.get("container"), process.get("container_hostname_claimed"))
     if shown:
         inner = process.get("pid_in_container")
         where = f" (pid {inner} there)" if inner is not None and kind != "self" else ""
