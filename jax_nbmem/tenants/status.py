@@ -39,9 +39,9 @@ __all__ = ["StatusReport", "cap_line", "collect", "format_status", "warning_line
 
 
 # How a row says where its mode and pool come from, in a user's words; the JSON keeps the
-# ``source`` key's own values.
+# ``source`` key's own values. A process's own row (``session``) is "<its own name>'s own
+# record": this kernel's, this IPython session's.
 _SOURCE_WORDS = {
-    "session": "this kernel's own record",
     "beacon": "the kernel's own report",
     "agent": "proven by the node agent",
     "environment": "read from its environment variables",
@@ -385,7 +385,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         about = "~" if process.get("idle_source") == "server" else ""
         parts.append(f"idle {about}{format_duration(process['idle_s'])}")
     if source and source != "unknown":
-        parts.append(f"[{_SOURCE_WORDS.get(source, f'source: {source}')}]")
+        words = f"{own_name}'s own record" if source == "session" else _SOURCE_WORDS.get(source)
+        parts.append(f"[{words or f'source: {source}'}]")
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)
