@@ -6,16 +6,17 @@
 set -euo pipefail
 
 CHROMIUM=/usr/bin/chromium
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 
 if [ -x "$CHROMIUM" ]; then
     echo "browser-deps: $CHROMIUM is already installed"
     exit 0
 fi
 
-# shellcheck source=apt.sh
-source "$(dirname "$0")/apt.sh"
 # Fonts come along so that screenshots show text rather than empty boxes.
-apt_install chromium fonts-liberation fonts-dejavu-core
+apt_install chromium fonts-liberation fonts-dejavu-core ||
+    not_installed browser-deps "$CHROMIUM" chromium fonts-liberation fonts-dejavu-core
 
 if [ ! -x "$CHROMIUM" ]; then
     echo "browser-deps: apt-get finished but $CHROMIUM is still missing" >&2

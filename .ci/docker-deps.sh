@@ -6,18 +6,18 @@
 # registry is reached: the test's image is empty and binds the host's system folders.
 # Idempotent.
 set -euo pipefail
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 
-if command -v dockerd >/dev/null 2>&1 && command -v docker >/dev/null 2>&1; then
+if have dockerd && have docker; then
     echo "docker-deps: $(dockerd --version) is already installed"
     exit 0
 fi
 
-# shellcheck source=apt.sh
-source "$(dirname "$0")/apt.sh"
-apt_install docker.io
+apt_install docker.io || not_installed docker-deps "dockerd or docker" docker.io
 
 for tool in dockerd docker containerd runc; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
+    if ! have "$tool"; then
         echo "docker-deps: apt-get finished but $tool is still missing" >&2
         exit 1
     fi

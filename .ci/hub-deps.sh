@@ -6,10 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# shellcheck source=apt.sh
+source .ci/apt.sh
 PREFIX=build/hub-deps
 CHP="$PREFIX/node_modules/.bin/configurable-http-proxy"
 
-if command -v configurable-http-proxy >/dev/null 2>&1; then
+if have configurable-http-proxy; then
     echo "hub-deps: $(command -v configurable-http-proxy) is already installed"
     exit 0
 fi
@@ -18,10 +20,8 @@ if [ -x "$CHP" ]; then
     exit 0
 fi
 
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    # shellcheck source=apt.sh
-    source .ci/apt.sh
-    apt_install nodejs npm
+if ! have node || ! have npm; then
+    apt_install nodejs npm || not_installed hub-deps "node or npm (for configurable-http-proxy)" nodejs npm
 fi
 
 mkdir -p "$PREFIX"

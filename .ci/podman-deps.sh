@@ -6,20 +6,21 @@
 # overlay), slirp4netns nor the network plugins (`--network none`): no recommends. No
 # registry is reached: the containers' root is the host's own filesystem. Idempotent.
 set -euo pipefail
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 
-if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then
+if have podman && have runc; then
     echo "podman-deps: $(podman --version) and $(runc --version | head -n 1) are already installed"
     exit 0
 fi
 
-# shellcheck source=apt.sh
-source "$(dirname "$0")/apt.sh"
 # With the helpers Debian recommends beside it (the suite was proven with them there): the
 # overlay for `--rootfs /:O` and rootless runs, the init for pods, the id maps.
-apt_install podman runc fuse-overlayfs slirp4netns catatonit uidmap
+packages=(podman runc fuse-overlayfs slirp4netns catatonit uidmap)
+apt_install "${packages[@]}" || not_installed podman-deps "podman or runc" "${packages[@]}"
 
 for tool in podman runc conmon; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
+    if ! have "$tool"; then
         echo "podman-deps: apt-get finished but $tool is still missing" >&2
         exit 1
     fi

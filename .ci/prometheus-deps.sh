@@ -6,16 +6,16 @@ set -euo pipefail
 
 PROMETHEUS=/usr/bin/prometheus
 PROMTOOL=/usr/bin/promtool
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 
 if [ -x "$PROMETHEUS" ] && [ -x "$PROMTOOL" ]; then
     echo "prometheus-deps: $PROMETHEUS and $PROMTOOL are already installed"
     exit 0
 fi
 
-# shellcheck source=apt.sh
-source "$(dirname "$0")/apt.sh"
 # --no-install-recommends: no node exporter and no service of its own beyond the package's.
-apt_install prometheus
+apt_install prometheus || not_installed prometheus-deps "$PROMETHEUS or $PROMTOOL" prometheus
 
 for tool in "$PROMETHEUS" "$PROMTOOL"; do
     if [ ! -x "$tool" ]; then

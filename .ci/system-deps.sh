@@ -6,6 +6,8 @@
 # openssl (the test certificates), passwd's useradd (throwaway users) and gcc (the simulated
 # GPU's library). Idempotent: installs only what is missing.
 set -euo pipefail
+# shellcheck source=apt.sh
+source "$(dirname "$0")/apt.sh"
 
 declare -A package_of=(
     [ip]=iproute2
@@ -20,8 +22,10 @@ declare -A package_of=(
 )
 
 missing=()
+missing_tools=()
 for command in "${!package_of[@]}"; do
-    if ! command -v "$command" >/dev/null 2>&1; then
+    if ! have "$command"; then
+        missing_tools+=("$command")
         missing+=("${package_of[$command]}")
     fi
 done
@@ -30,12 +34,10 @@ if [ "${#missing[@]}" -eq 0 ]; then
     echo "system-deps: every tool is already installed"
     exit 0
 fi
-# shellcheck source=apt.sh
-source "$(dirname "$0")/apt.sh"
 mapfile -t unique < <(printf '%s\n' "${missing[@]}" | sort -u)
-apt_install "${unique[@]}"
+apt_install "${unique[@]}" || not_installed system-deps "${missing_tools[*]}" "${unique[@]}"
 for command in "${!package_of[@]}"; do
-    if ! command -v "$command" >/dev/null 2>&1; then
+    if ! have "$command"; then
         echo "system-deps: apt-get finished but $command is still missing" >&2
         exit 1
     fi

@@ -9,6 +9,12 @@
 # and the page it opens in a browser, open that notebook.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A stock Debian has python3 and no `python` until a virtual environment is active.
+if ! command -v python >/dev/null 2>&1; then
+    echo "quickstart.sh: no \`python\` here: make and activate a virtual environment first:" >&2
+    echo "  python3 -m venv .venv && source .venv/bin/activate" >&2
+    exit 1
+fi
 # JAX_NBMEM_NO_INSTALL=1 skips the install (the test suite runs this script as it is).
 [ -n "${JAX_NBMEM_NO_INSTALL:-}" ] || python -m pip install --quiet --disable-pip-version-check -e ".[lab]"
 # One quickstart at a time in a checkout: a second would overwrite the copy the first one's
@@ -75,6 +81,11 @@ if [ -n "$simulated" ]; then
   # itself runs on the CPU here); see jax_nbmem/simgpu/mirror.py.
   eval "$(python -m jax_nbmem.simgpu shell-env --kernels)"
   echo "Simulated GPU: state file $JAX_NBMEM_SIMGPU_STATE (JAX runs on the CPU; its arrays are mirrored)"
+  # A terminal of the user's own has neither variable: without this line its `jax-nbmem
+  # status` says "no NVIDIA driver" where the notebook says it prints the same.
+  echo "In another terminal, this line makes \`jax-nbmem status\` see the simulated GPU:"
+  printf '  export LD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} JAX_NBMEM_SIMGPU_STATE=%q\n' \
+    "${LD_LIBRARY_PATH%%:*}" "$JAX_NBMEM_SIMGPU_STATE"
   # The neighbour the product is for: someone else's idle kernel whose JAX preallocated 75% of
   # the GPU. A real kernel, started here rather than by the notebook (whose cells are the same
   # on a real GPU); it ends with this script (--stop-with: this PID, which `exec` hands to

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${JAX_NBMEM_OLDEST_VENV:-${TMPDIR:-/tmp}/jax_nbmem-oldest-$(id -u)}"
 rm -rf "$venv"
-python -m venv "$venv"
+python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # numpy 2 came after jaxlib 0.4.26, which was built against numpy 1.
 "${pip[@]}" "jax==0.4.26" "jaxlib==0.4.26" "numpy<2" "scipy<1.14"

@@ -7,6 +7,12 @@
 # tests, then pytest (its "no tests ran" exit 5 fails too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A stock Debian has python3 and no `python` until a virtual environment is active.
+if ! command -v python >/dev/null 2>&1; then
+    echo "test.sh: no \`python\` here: make and activate a virtual environment first:" >&2
+    echo "  python3 -m venv .venv && source .venv/bin/activate" >&2
+    exit 1
+fi
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 bash .ci/system-deps.sh
 bash .ci/browser-deps.sh

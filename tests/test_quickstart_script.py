@@ -171,6 +171,28 @@ def test_it_serves_a_copy_of_the_notebook_on_a_simulated_gpu(quickstart):
     assert "NVIDIA H200 (simulated)" in state.read_text()
 
 
+def test_the_printed_line_makes_a_terminal_s_status_see_the_simulated_gpu(quickstart):
+    """The notebook says `jax-nbmem status` prints the same in a terminal: after this line."""
+    quickstart.printed_url()
+    (line,) = [line.strip() for line in quickstart.lines
+               if line.strip().startswith("export LD_LIBRARY_PATH=")]  # fmt: skip
+    # A terminal of the same user: the same folders, neither of the simulation's variables.
+    env = {**clean_environ(), "TMPDIR": str(quickstart.tmp)}
+    env["JUPYTER_RUNTIME_DIR"] = str(quickstart.tmp / "runtime")
+    for name in ("LD_LIBRARY_PATH", "JAX_NBMEM_SIMGPU_STATE"):
+        env.pop(name, None)
+    status = [sys.executable, "-m", "jax_nbmem.cli", "status", "--json"]
+    before = subprocess.run(status, env=env, capture_output=True, text=True, timeout=60)
+    assert json.loads(before.stdout)["gpus"] == []  # "no NVIDIA driver", as the issue met
+    after = subprocess.run(
+        ["bash", "-c", f'{line}\nexec "$@"', "terminal", *status],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    report = json.loads(after.stdout)
+    assert [gpu["name"] for gpu in report["gpus"]] == ["NVIDIA H200 (simulated)"], after.stderr
+    assert any("neighbour.ipynb" in str(p.get("notebook")) for p in report["processes"]), report
+
+
 def test_no_news_pop_up_covers_the_panel(quickstart):
     """JupyterLab asks "notified about official Jupyter news?" while fetchNews is "none"."""
     quickstart.printed_url()

@@ -91,6 +91,9 @@ def test_the_wheel_holds_the_license_and_the_labextension_once(dist):
         copies = [name for name in names if name.endswith(f"/{relative}") and SHARE in name]
         assert copies == [f"jax_nbmem-{VERSION}.data/data/{SHARE}/{relative}"], relative
     assert not [name for name in names if name.startswith("jax_nbmem/labextension/")]
+    # PYPI.md: the docs come with the wheel; deploy/ and scripts/ are the repository's only.
+    assert "jax_nbmem/docs/index.md" in names
+    assert not [name for name in names if "/deploy/" in name or "/scripts/" in name]
     # Everything the JupyterLab extension ships, and nothing of it twice anywhere.
     remote = [name for name in names if "remoteEntry." in name]
     assert len(remote) == 1, remote
@@ -110,6 +113,11 @@ def test_the_sdist_holds_the_license_the_docs_and_the_notebooks(dist):
         "docs/index.md",
         "notebooks/quickstart.ipynb",
         "jax_nbmem/labextension/package.json",
+        # What PYPI.md says the source distribution has and the wheel lacks.
+        "scripts/quickstart.sh",
+        "deploy/jax-nbmem-exporter.service",
+        "deploy/prometheus/jax_nbmem.rules.yml",
+        "deploy/kubernetes/base/daemonset.yaml",
     ):
         assert f"{top}/{needed}" in names, needed
 
@@ -224,6 +232,7 @@ def test_the_cli_answers_without_a_gpu(venv):
         assert command in help_text
     status = in_venv(venv, "jax-nbmem", "status")
     assert "NVML unavailable" in status and "no NVIDIA driver" in status
+    assert in_venv(venv, "jax-nbmem", "--version").strip() == f"jax-nbmem {VERSION}"
 
 
 def test_the_systemd_unit_runs_what_the_documented_install_makes(venv):

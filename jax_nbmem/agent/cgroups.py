@@ -104,13 +104,17 @@ class Container:
         return asdict(self)
 
 
-def container_text(container: Any) -> str | None:
+def container_text(container: Any, claimed_hostname: Any = None) -> str | None:
     """A process entry's ``container`` as a person reads it, or None (no container).
 
     ``container jupyter-bob``; in a pod ``container notebook in pod jhub/jupyter-alice`` (in
     Zero to JupyterHub every user's container is ``notebook``: the pod says whose it is).
+    Where no runtime records it, the entry's ``container_hostname_claimed`` (*claimed_hostname*,
+    its kernel's word): ``container with host name box (its own claim)``.
     """
     if not isinstance(container, dict) or not (container.get("name") or container.get("id")):
+        if isinstance(claimed_hostname, str) and claimed_hostname:
+            return f"container with host name {claimed_hostname} (its own claim)"
         return None
     shown = f"container {container.get('name') or str(container['id'])[:12]}"
     if container.get("pod"):

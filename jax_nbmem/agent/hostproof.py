@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import pwd
+import socket
 import stat
 import time
 from collections.abc import Iterable, Mapping
@@ -168,6 +169,27 @@ class HostProof:
                 process["user"], process["user_source"] = seen.shown_user()
             if isinstance(pid, int) and self.is_proven(pid) and process.get("source") == "beacon":
                 process["source"] = "agent"
+            claimed = self._claimed_hostname(pid, seen)
+            if claimed:
+                process["container_hostname_claimed"] = claimed
+
+    def _claimed_hostname(self, pid: Any, seen: HostView | None) -> str | None:
+        """The host name a proven kernel's beacon gives, for a container no runtime records.
+
+        A plain PID and UTS namespace has no runtime's cgroup to name it, and the agent may not
+        enter another UTS namespace to read its host name (that takes ``setns``, which its unit
+        forbids): the kernel's own word is all there is, shown as the container's claim and never
+        used to decide. None where a runtime names the container, or the name is the host's own
+        (a PID namespace that shares the host's UTS namespace).
+        """
+        if seen is None or not seen.namespaced or seen.container is not None:
+            return None
+        if not self.is_proven(pid):
+            return None
+        hostname = (self.proven[pid].beacon.identity or {}).get("hostname")
+        if not isinstance(hostname, str) or not hostname or hostname == socket.gethostname():
+            return None
+        return hostname
 
 
 def _agent_uids() -> set[int]:

@@ -1,5 +1,6 @@
 """The ``jax-nbmem`` command: GPU status, metrics, and kernelspecs that start in a mode.
 
+jax-nbmem --version | -V
 jax-nbmem status [--json]
 jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stale-after S]
                    [--defer-to-servers] [--web.config.file FILE] [--insecure] [--no-agent]
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from jax_nbmem import guide
+from jax_nbmem._version import __version__
 from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
 from jax_nbmem.text import printable_lines
 
@@ -303,6 +305,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-nbmem", description="See and control JAX's GPU memory for Jupyter kernels."
     )
+    # The version the build stamps into the installed package (``[tool.hatch.version]``).
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"jax-nbmem {__version__}",
+        help="print the installed jax_nbmem's version and exit",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (_add_status, _add_exporter, _add_shutdown, _add_cull, _add_kernel):
         add(commands)

@@ -227,7 +227,9 @@ def _assemble(
     for host memory it holds every value, in the unit the *recent* samples call for.
     """
     series = shown_series(gpu_index)
-    axis = None if gpu_index is None else gpu_axis(rows, [name for name, _, _ in series])
+    recent_from = rows[-1][0] - limits.window_s if rows else None
+    names = [name for name, _, _ in series]
+    axis = None if gpu_index is None else gpu_axis(rows, names, recent_from)
     unit, divisor = (axis.unit, axis.divisor) if axis else scale(recent, gpu_index)
     digits = 3 if unit == "GiB" else 1
     traces: list[dict[str, Any]] = []
@@ -319,8 +321,9 @@ def _assemble(
         }],
         "uirevision": "jax_nbmem",  # keep the user's zoom and hidden traces across updates
     }  # fmt: skip
-    if axis and axis.above:
+    if axis and (axis.above or axis.earlier):
         colours = {name: colour for name, _, colour in series}
+        colours.update({f"{name} earlier": colour for name, _, colour in series})
         layout["annotations"] += off_scale_notes(axis, colours, layout["yaxis"]["domain"][1])
     if title:
         layout["title"] = {"text": title, "x": 0.01, "y": 0.99, "font": {"size": 13}}

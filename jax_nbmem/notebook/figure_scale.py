@@ -12,9 +12,13 @@ neighbour in its banner. So the axis holds, with 20% headroom:
 
 A series above the axis is clipped at its top, as plotly clips every line, and marked: a note
 at the axis' top right gives its latest value ("device total 139.7 GiB ↑"). When the other
-processes shrink (a neighbour shut down), their line comes down into view. Before this kernel
-holds anything, the axis holds whatever is in use; with nothing in use, the device total, so
-that an empty card looks empty. The unit follows the axis: MiB below 2 GiB.
+processes shrink (a neighbour shut down), their line comes down into view, and the axis holds
+its fall while that is within the recent window (``recent_from``): a line through the chart's
+top with nothing to say what it was would leave the reader guessing, so the units follow what
+the chart shows (GiB while 105 GiB falls to 0). Once the fall is older, the axis fits this
+kernel again and a note says how high the line went ("other processes earlier 105 GiB ↑").
+Before this kernel holds anything, the axis holds whatever is in use; with nothing in use, the
+device total, so that an empty card looks empty. The unit follows the axis: MiB below 2 GiB.
 
 Pure: no plotly, no widgets; :mod:`jax_nbmem.notebook.figure` assembles the figure.
 """
@@ -39,12 +43,17 @@ _NOTE_LINE_PX = 13
 
 @dataclass(frozen=True)
 class Axis:
-    """The timeline's unit, its top in bytes, and the series above it (name, latest bytes)."""
+    """The timeline's unit, its top in bytes, and the series above it (name, latest bytes).
+
+    ``earlier``: the series whose line went above the top before the recent window and has
+    come down since (name, its highest bytes).
+    """
 
     unit: str
     divisor: int
     top_bytes: int
     above: tuple[tuple[str, int], ...] = ()
+    earlier: tuple[tuple[str, int], ...] = ()
 
     @property
     def range(self) -> list[float]:
@@ -63,27 +72,43 @@ def fitted_top(peaks: Mapping[str, int]) -> int | None:
     return max(peaks.values(), default=None)  # nothing in use: the card's total, if known
 
 
-def gpu_axis(rows: Sequence[Row], names: Sequence[str]) -> Axis | None:
+def gpu_axis(
+    rows: Sequence[Row], names: Sequence[str], recent_from: float | None = None
+) -> Axis | None:
     """The axis for the timeline's *rows*, whose columns 1, 2, ... are the series *names*.
 
+    Rows from *recent_from* (their time, column 0) on are the recent window (``None``: all).
     ``None`` when no value is known at all (the figure then keeps a plain axis).
     """
     peaks: dict[str, int] = {}
+    recent_peaks: dict[str, int] = {}
     latest: dict[str, int] = {}
     for column, name in enumerate(names, 1):
         for row in rows:
             value = row[column]
             if value is not None:
                 latest[name] = value
-                if value > peaks.get(name, -1):
-                    peaks[name] = value
+                peaks[name] = max(value, peaks.get(name, -1))
+                if recent_from is None or row[0] >= recent_from:
+                    recent_peaks[name] = max(value, recent_peaks.get(name, -1))
     top = fitted_top(peaks)
     if not top:
         return None
     top = int(top * HEADROOM)
+    # A line that went above the top and has come down (a neighbour shut down): while its fall
+    # is recent, the axis holds it.
+    fallen = [peak for name, peak in recent_peaks.items()
+              if peak > top and latest.get(name, 0) <= top]  # fmt: skip
+    if fallen:
+        top = int(max(fallen) * HEADROOM)
     unit, divisor = ("GiB", GIB) if top >= 2 * GIB else ("MiB", MIB)
     above = tuple((name, latest[name]) for name in names if latest.get(name, 0) > top)
-    return Axis(unit, divisor, top, above)
+    earlier = tuple(
+        (name, peaks[name])
+        for name in names
+        if peaks.get(name, 0) > top and latest.get(name, 0) <= top
+    )
+    return Axis(unit, divisor, top, above, earlier)
 
 
 def off_scale_notes(
@@ -104,5 +129,7 @@ def off_scale_notes(
             "bgcolor": "rgba(255,255,255,0.8)",
             "font": {"size": 10, "color": colours.get(name, "#555555")},
         }  # fmt: skip
-        for line, (name, value) in enumerate(axis.above)
+        for line, (name, value) in enumerate(
+            [*axis.above, *((f"{name} earlier", value) for name, value in axis.earlier)]
+        )
     ]

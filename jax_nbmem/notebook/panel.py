@@ -58,7 +58,7 @@ from IPython.display import display
 
 from jax_nbmem.notebook.figure import LiveFigure
 from jax_nbmem.notebook.panel_live import LivePanel
-from jax_nbmem.notebook.panel_text import fallback_bundle, summary_text
+from jax_nbmem.notebook.panel_text import WIDGET_STAND_IN, fallback_bundle, summary_text
 from jax_nbmem.notebook.snapshot import picture_bundle
 
 __all__ = ["KINDS", "cell_finished", "close_panels", "frontend", "show_panel"]
@@ -224,9 +224,10 @@ def _show_widget(session: Any, state: _PanelState, live: bool) -> None:
     panel.start()
     state.kind = "widget" if live else "cells"
     state.refresh_after_cells = _in_a_kernel()
-    # Text and HTML ride along for frontends that cannot draw widgets at all.
-    fallback = fallback_bundle(session, "snapshot")
-    display({**panel.widget._repr_mimebundle_(), **fallback}, raw=True)
+    # Where the widget is not drawn (a frontend without widgets, a saved notebook reopened
+    # untrusted), this line shows in its place: no figures of its own, which would go stale
+    # above the snapshot that follows and is kept current (issue 49: two headers).
+    display({**panel.widget._repr_mimebundle_(), "text/plain": WIDGET_STAND_IN}, raw=True)
     # Every snapshot of this panel shares one display id: a refresh updates them all.
     state.snapshot = display(
         _snapshot_bundle(panel), raw=True, display_id=f"jax-nbmem-snapshot-{panel.plot.panel_id}"

@@ -125,6 +125,8 @@ class LivePanel:
         figure = self._timeline.build(self._history, self._records(), self.gpu_index)
         self.figure = figure  # the last figure drawn, for the snapshot
         self.plot = plot_view(figure_parts(figure))
+        self.plot.on_ping = self._answer_ping
+        self._sync_liveness()
         controls = widgets.HBox([self.gpu_selector, self.pause])
         self.actions = ShutdownActions(
             session, on_change=lambda: self.refresh_from_session(session)
@@ -159,6 +161,7 @@ class LivePanel:
             return
         self.live = live
         self.pause.layout.display = "" if live else "none"
+        self._sync_liveness()
         if live:
             self.start()
         else:
@@ -267,7 +270,21 @@ class LivePanel:
     def _on_pause(self, change: dict) -> None:
         self.pause.description = "Resume" if change["new"] else "Pause"
         self.pause.icon = "play" if change["new"] else "pause"
+        self._sync_liveness()
         self._dirty.set()
+
+    def _sync_liveness(self) -> None:
+        """Tell the view whether, and how often, to expect updates between cells."""
+        interval = getattr(self.sampler, "interval", None) or 0.0
+        self.plot.update_interval_s = max(_MIN_UPDATE_INTERVAL_S, float(interval))
+        self.plot.live = bool(self.live and self.sampler is not None and not self.pause.value)
+
+    def _answer_ping(self) -> None:
+        """A view heard nothing for a while and asked: send everything from here, as after a cell.
+
+        This runs on the kernel's main thread, between cells (the comm's message handler).
+        """
+        self.push_after_cell()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -348,9 +365,15 @@ class LivePanel:
         context = context_line(latest, self.gpu_index, beside_jax(report, self.gpu_index))
         split = frameworks_line(report, self.gpu_index)
         notes = unique_lines(notes + [n for n in (context, split) if n])
-        value = f"<div style='{_NOTES_STYLE}'>{'<br>'.join(map(code_html, notes))}</div>"
+        value = f"<div style='{_NOTES_STYLE}'>{'<br>'.join(map(_note_html, notes))}</div>"
         if self.notes.value != value:
             self.notes.value = value
+
+
+def _note_html(line: str) -> str:
+    """A note as HTML; the "Live" line marked, for a view that hears nothing to hide it."""
+    shown = code_html(line)
+    return f"<span class='jax-nbmem-live'>{shown}</span>" if line.startswith("Live:") else shown
 
 
 def _gpu_option(latest: Any, index: int) -> str:

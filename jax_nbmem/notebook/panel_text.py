@@ -47,11 +47,17 @@ __all__ = [
     "snapshot_html",
     "summary_text",
     "unique_lines",
+    "WIDGET_STAND_IN",
 ]
 
 log = logging.getLogger("jax_nbmem")
 
 TABLE_CELLS = 10  # cells in the text summary's table
+# The widget output's text, shown where no view draws the widget: true whenever it is read.
+WIDGET_STAND_IN = (
+    "jax_nbmem panel: drawn live where its kernel runs and widgets are shown; "
+    "the snapshot below is its latest picture."
+)
 _CODE = re.compile(r"`([^`]+)`")
 # How each kind of panel follows the GPU, in its own words (see sampler_status).
 _NOT_LIVE = {

@@ -20,6 +20,15 @@ only between cells. A view that missed that copy (a page reloaded later) asks fo
 
 A view tells the kernel when it has drawn (``views_drawn``): until one has, the panel's
 static snapshot is what the user sees, and it is kept current after every cell.
+
+A view keeps its own clock (issue 49). "Live" is written by the kernel over the very channel a
+frontend may drop (Colab drops comm messages sent from a kernel's threads; a busy or hung
+kernel sends nothing), so only the view can tell that nothing arrives. While the panel is meant
+to follow the GPU (``live``), a view that has heard nothing for a few update intervals
+(``update_interval_s``) pings the kernel (:data:`PING`); the kernel answers on the comm's
+message handler, which runs on its main thread between cells, and the panel sends what changed
+from there (``on_ping``) with a :data:`PONG`. A view that still hears nothing stops saying
+"Live" and says how old its picture is and what to do.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLOTLY_REPLY", "PLOTLY_REQUEST", "plot_view", "plotly_source"]
+__all__ = ["PING", "PLOTLY_REPLY", "PLOTLY_REQUEST", "PONG", "plot_view", "plotly_source"]
 
 log = logging.getLogger("jax_nbmem")
 
@@ -45,6 +54,10 @@ UPDATE_BUDGET_BYTES = 32 * 1024 - 1024  # a message adds its envelope to the val
 # PLOTLY_REPLY with the file as the message's one binary buffer (or an "error" and none).
 PLOTLY_REQUEST = "send-plotly.js"
 PLOTLY_REPLY = "plotly.js"
+# A view that has heard nothing for a while sends PING (with its "id"); the kernel answers PONG
+# with the same id, after sending what changed (static/panel_view.js keeps the clock).
+PING = "ping"
+PONG = "pong"
 # Whether this kernel has sent plotly.js unasked: once per kernel, with its first panel.
 _unasked_send = threading.Lock()
 _sent_unasked = False
@@ -84,6 +97,10 @@ def _plot_view_class() -> type:
         bars = traitlets.List().tag(sync=True)
         # Not ``layout``: every DOM widget has that trait already (its CSS Layout model).
         plot_layout = traitlets.Dict().tag(sync=True)
+        # Whether the panel follows the GPU between cells (not ``cells``, not paused), and how
+        # often it sends when it does: what a view's clock measures silence against.
+        live = traitlets.Bool(False).tag(sync=True)
+        update_interval_s = traitlets.Float(0.25).tag(sync=True)
 
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(panel_id=uuid.uuid4().hex, **kwargs)
@@ -91,6 +108,8 @@ def _plot_view_class() -> type:
             # How many views have drawn the plot so far (a reload draws a new one). A plain
             # attribute, not a property: the panel reads it after every cell.
             self.views_drawn = 0
+            # Called on the kernel's main thread when a view pings (see the module); None: none.
+            self.on_ping: Any = None
             self.on_msg(self._on_view_message)
 
         def _on_view_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
@@ -100,6 +119,8 @@ def _plot_view_class() -> type:
                     self.views_drawn += 1
             elif event == PLOTLY_REQUEST:
                 self._send_plotly()
+            elif event == PING:
+                _answer_ping(self, content.get("id"))
 
         def _send_plotly(self) -> None:
             """Answer a view that could not load plotly.js from the server (never raises)."""
@@ -135,6 +156,19 @@ def _plot_view_class() -> type:
             return True
 
     return PlotView
+
+
+def _answer_ping(view: Any, ping_id: Any) -> None:
+    """Send what changed, then the pong, from this (the main) thread; never raises."""
+    try:
+        if view.on_ping is not None:
+            view.on_ping()
+    except Exception:
+        log.debug("jax_nbmem: the panel's answer to a ping failed", exc_info=True)
+    try:
+        view.send({"event": PONG, "id": ping_id if isinstance(ping_id, int) else None})
+    except Exception:  # the comm closed meanwhile: the view is gone
+        log.debug("jax_nbmem: pong not sent", exc_info=True)
 
 
 def plot_view(parts: dict[str, Any]) -> Any:

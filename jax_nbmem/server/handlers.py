@@ -1,9 +1,10 @@
 """The extension's routes. Each reads the monitor's snapshot; none waits for NVML.
 
 Every route is behind the server's own authentication: the API answers 403 without a token or
-a login cookie, the board page sends the browser to the login page. The shutdown route acts
-only on this server's kernels, and a cookie-authenticated POST needs the XSRF token, as
-Jupyter's own API does (jupyter_server checks it before the handler runs).
+a login cookie, the board page sends the browser to the login page. The kernels' shutdown route
+acts only on this server's kernels, the processes' one only on what the snapshot offers (the
+notebook panel's offer: :mod:`jax_nbmem.server.offers`), and a cookie-authenticated POST needs
+the XSRF token, as Jupyter's own API does (jupyter_server checks it before the handler runs).
 
 One route serves a file, not data: ``/jax-nbmem/static/plotly.min.js``, the plotly.js of the
 plotly package installed beside the server, which the notebook panel's plot loads from here
@@ -14,6 +15,8 @@ asks its kernel instead.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -23,10 +26,14 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
+from jax_nbmem.server.offers import THIS_SERVER
+from jax_nbmem.tenants.servers import shutdown_kernel
+
 __all__ = [
     "BoardHandler",
     "HistoryHandler",
     "PlotlyHandler",
+    "ProcessShutdownHandler",
     "ShutdownHandler",
     "StatusHandler",
     "plotly_dir",
@@ -92,6 +99,40 @@ class ShutdownHandler(_MonitorMixin, APIHandler):
         await manager.shutdown_kernel(kernel_id)
         await self.monitor.tick()  # the next snapshot no longer lists it
         self.finish(json.dumps({"kernel_id": kernel_id, "stopped": True}))
+
+
+class ProcessShutdownHandler(_MonitorMixin, APIHandler):
+    """``POST /jax-nbmem/api/processes/<pid>/shutdown``: what the panel's button does.
+
+    Only a process the snapshot offers (``shutdown_offer``, :mod:`jax_nbmem.server.offers`):
+    this server's kernel through its kernel manager, another kernel of this user through
+    ``%jaxmem shutdown``'s path. 404 when no warning names the PID now, 409 with the reason
+    when it cannot be offered. Answers ``pid``, ``done``, ``how`` and ``message``.
+    """
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    async def post(self, pid_text: str) -> None:
+        """Shut the offered process down; the blocking part runs off the event loop."""
+        pid = int(pid_text)
+        offer, kernel_id, tenants = self.monitor.shutdown_target(pid)
+        if offer is None:
+            raise web.HTTPError(404, f"no warning names PID {pid} now; nothing done")
+        if not offer["offered"]:
+            raise web.HTTPError(409, offer["why"])
+        if kernel_id is not None and kernel_id in self.kernel_manager:
+            await self.kernel_manager.shutdown_kernel(kernel_id)
+            done, how, message = True, THIS_SERVER, f"Shut down kernel PID {pid} of this server."
+        else:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(
+                None, functools.partial(shutdown_kernel, pid, tenants, confirm=True)
+            )
+            done, how, message = outcome.done, outcome.how, outcome.message
+        await self.monitor.tick()  # the next snapshot shows what came free
+        self.finish(json.dumps({"pid": pid, "done": done, "how": how, "message": message}))
 
 
 class BoardHandler(_MonitorMixin, JupyterHandler):
@@ -166,6 +207,7 @@ def routes(base_url: str) -> list[tuple[str, type] | tuple[str, type, dict]]:
         (prefix + "/api/status", StatusHandler),
         (prefix + "/api/history", HistoryHandler),
         (prefix + r"/api/kernels/([\w-]+)/shutdown", ShutdownHandler),
+        (prefix + r"/api/processes/([0-9]{1,10})/shutdown", ProcessShutdownHandler),
     ]
     folder = plotly_dir()
     if folder is not None:  # else 404, as for any unknown path: the panel asks its kernel

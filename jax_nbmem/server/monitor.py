@@ -22,6 +22,7 @@ from typing import Any
 
 from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.server.kernel_state import with_states
+from jax_nbmem.server.offers import shutdown_offers
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
@@ -60,6 +61,7 @@ class ServerMonitor:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jax_nbmem-server")
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] | None = None
+        self._tenants: list[Any] = []  # the snapshot's Tenant records, for a shutdown
         self._in_flight: Future | None = None
         self._in_flight_since: float | None = None
         self._history: dict[str, deque] = {}
@@ -138,11 +140,21 @@ class ServerMonitor:
             return
         now = time.time()
         report["processes"] = [
-            {**p, "container_shown": container_text(p.get("container"))}
+            {
+                **p,
+                "container_shown": container_text(
+                    p.get("container"), p.get("container_hostname_claimed")
+                ),
+            }
             for p in report.get("processes", [])
         ]  # the board's and the sidebar's words for it: one rule, the status line's
         joined = _join_kernels(kernels, report["processes"], now)
         report["kernels"] = with_states(joined, report, self._pending(joined))
+        tenants = status.tenants() if hasattr(status, "tenants") else []
+        own = {k["pid"]: k for k in joined if k.get("pid") is not None}
+        offers = shutdown_offers(report, tenants, own)
+        for process in report["processes"]:
+            process["shutdown_offer"] = offers.get(process.get("pid"))
         report["server"] = {
             "url": self.server_url,
             "taken_at": now,
@@ -151,6 +163,7 @@ class ServerMonitor:
         }
         with self._lock:
             self._snapshot = report
+            self._tenants = tenants
             keys = set()
             for gpu in report.get("gpus", []):
                 key = gpu.get("uuid") or str(gpu.get("index"))
@@ -219,6 +232,18 @@ class ServerMonitor:
                 )
         snapshot["server"] = server
         return snapshot
+
+    def shutdown_target(self, pid: int) -> tuple[dict | None, str | None, list[Any]]:
+        """For a shutdown of host PID *pid*: its offer, this server's kernel id, the tenants.
+
+        From the last snapshot; the offer is None where no warning names *pid* now.
+        """
+        with self._lock:
+            snapshot, tenants = self._snapshot or {}, list(self._tenants)
+        process = next((p for p in snapshot.get("processes", []) if p.get("pid") == pid), None)
+        offer = process.get("shutdown_offer") if process else None
+        kernel = next((k for k in snapshot.get("kernels", []) if k.get("pid") == pid), None)
+        return offer, kernel["kernel_id"] if kernel else None, tenants
 
     def history(self) -> dict[str, list]:
         """Each GPU's ``[time, used bytes, total bytes]`` over the last minutes, by UUID."""

@@ -214,6 +214,8 @@ def _fix(tenant: Tenant, read_at: str = IN_IPYTHON) -> str:
     if tenant.elsewhere:  # another container: nothing here can stop it
         return _fix_elsewhere(tenant, restart)
     command = "jax-nbmem shutdown" if read_at == AT_SHELL else "%jaxmem shutdown"
+    # Each command advised is one that acts when pasted: `%jaxmem shutdown PID` alone is a dry
+    # run, and `--yes` says the same to `jax-nbmem shutdown`, whose default is to act.
     # In a container `jax-nbmem shutdown` takes the PID there (the agent's translation of the
     # host PID shown); `%jaxmem shutdown` takes the host PID it showed and translates it itself.
     here = tenant.pid_here if tenant.pid_here not in (None, tenant.pid) else None
@@ -222,18 +224,17 @@ def _fix(tenant: Tenant, read_at: str = IN_IPYTHON) -> str:
     if is_someone_else(tenant.user, tenant.hub_user):
         if may_stop_others():
             return (
-                f"As an administrator, stop it with `jax-nbmem shutdown {pid}`{there} (through "
-                "its Jupyter server when it is a kernel), or ask its owner to "
-                f"{restart}."
+                f"As an administrator, stop it with `jax-nbmem shutdown {pid} --yes`{there} "
+                f"(through its Jupyter server when it is a kernel), or ask its owner to {restart}."
             )
         owner = tenant.hub_user or tenant.user
         return (
             f"Ask its owner ({owner}) to shut it down or to {restart}, or ask an "
-            f"administrator to run `jax-nbmem shutdown {pid}`{there} (`{command}` "
+            f"administrator to run `jax-nbmem shutdown {pid} --yes`{there} (`{command}` "
             "stops only your own kernels)."
         )
     if tenant.kind == "kernel":
-        return f"Shut it down (`{command} {pid}`{there}) or {restart}."
+        return f"Shut it down (`{command} {pid} --yes`{there}) or {restart}."
     return (
         "Stop it, or start it with XLA_PYTHON_CLIENT_PREALLOCATE=false so that JAX takes "
         "memory only as its arrays need it."

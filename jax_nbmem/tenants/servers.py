@@ -483,7 +483,7 @@ def _refusal(pid: int, tenant) -> str | None:
 
 def _elsewhere(pid: int, tenant) -> str:
     """Why a process outside this kernel's PID namespace is not stopped from here."""
-    host = f"an administrator on the host can, with `jax-nbmem shutdown {pid}`"
+    host = f"an administrator on the host can, with `jax-nbmem shutdown {pid} --yes`"
     if tenant.kind == "unknown" or getattr(tenant, "source", None) == "inferred":
         return (
             f"PID {pid} is a host PID that no node agent resolves for this container, so it "

@@ -40,6 +40,18 @@ from jax_nbmem.units import format_bytes, format_duration, format_gib
 __all__ = ["StatusReport", "cap_line", "collect", "format_status", "warning_line"]
 
 
+# How a row says where its mode and pool come from, in a user's words; the JSON keeps the
+# ``source`` key's own values. A process's own row (``session``) is "<its own name>'s own
+# record": this kernel's, this IPython session's.
+_SOURCE_WORDS = {
+    "beacon": "the kernel's own report",
+    "agent": "proven by the node agent",
+    "environment": "read from its environment variables",
+    "inferred": "inferred, not proven",
+    "memory size": "judged by its size",
+}
+
+
 class StatusReport(dict):
     """A plain dict (``report["gpus"]``) that also reads as attributes (``report.gpus``)."""
 
@@ -382,7 +394,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         user = process.get("user")  # in a container: its container's name (a claim) or its uid
         user = f"{user} in its container" if process.get("user_source") == "container" else user
         parts.append(owner_text(user, process.get("hub_user")) or "")
-    shown = container_text(process.get("container"))  # with its pod, where it has one
+    # With its pod, where it has one; where no runtime records it, its host name, claimed.
+    shown = container_text(process.get("container"), process.get("container_hostname_claimed"))
     if shown:
         inner = process.get("pid_in_container")
         where = f" (pid {inner} there)" if inner is not None and kind != "self" else ""
@@ -402,7 +415,8 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
         about = "~" if process.get("idle_source") == "server" else ""
         parts.append(f"idle {about}{format_duration(process['idle_s'])}")
     if source and source != "unknown":
-        parts.append(f"[from {source}]")
+        words = f"{own_name}'s own record" if source == "session" else _SOURCE_WORDS.get(source)
+        parts.append(f"[{words or f'source: {source}'}]")
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)

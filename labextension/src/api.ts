@@ -48,6 +48,15 @@ export interface IProcess {
   mode_reason: string | null;
   runs_jax?: boolean | null; // false: it has no JAX pool at all; null: not known
   jax: { pool_bytes?: number | null } | null;
+  // Set for each process a blocking-preallocation warning names: whether the sidebar offers to
+  // shut it down (the panel's offer, decided by the server), how, and why (or why not).
+  shutdown_offer?: IShutdownOffer | null;
+}
+
+export interface IShutdownOffer {
+  offered: boolean;
+  how: 'this server' | 'server' | 'signal' | null;
+  why: string;
 }
 
 export interface IWarning {
@@ -122,6 +131,24 @@ export async function fetchStatus(): Promise<Reply> {
     return { kind: 'failed', why: `status ${response.status}` };
   }
   return { kind: 'ok', status: (await response.json()) as IStatus };
+}
+
+/** Shut down a process the server offers (shutdown_offer); resolves to what happened. */
+export async function shutdownProcess(pid: number): Promise<{ done: boolean; message: string }> {
+  try {
+    const response = await ServerConnection.makeRequest(
+      url(`processes/${encodeURIComponent(String(pid))}/shutdown`),
+      { method: 'POST' },
+      settings
+    );
+    const body = await response.json().catch(() => ({}));
+    if (response.ok) {
+      return { done: !!body.done, message: String(body.message || '') };
+    }
+    return { done: false, message: `status ${response.status} ${body.message || ''}`.trim() };
+  } catch (error) {
+    return { done: false, message: String(error) };
+  }
 }
 
 /** Shut down one of this server's kernels; resolves to an error text, or null when done. */

@@ -5,7 +5,7 @@ import { PromiseDelegate, Token } from '@lumino/coreutils';
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IStatus, fetchStatus, shutdownKernel } from './api';
+import { IStatus, fetchStatus, shutdownKernel, shutdownProcess } from './api';
 
 /** Milliseconds between two looks at the server's snapshot (the server refreshes every 2 s). */
 export const REFRESH_MS = 3000;
@@ -27,6 +27,8 @@ export interface IGpuStatus {
   /** Look now (after a shutdown), instead of at the next tick. */
   refresh(): Promise<void>;
   shutdown(kernelId: string): Promise<string | null>;
+  /** Shut down a process the server offers to (its shutdown_offer), then look again. */
+  shutdownProcess(pid: number): Promise<{ done: boolean; message: string }>;
 }
 
 export class GpuStatus implements IGpuStatus {
@@ -90,6 +92,12 @@ export class GpuStatus implements IGpuStatus {
     const failed = await shutdownKernel(kernelId);
     await this.refresh();
     return failed;
+  }
+
+  async shutdownProcess(pid: number): Promise<{ done: boolean; message: string }> {
+    const outcome = await shutdownProcess(pid);
+    await this.refresh();
+    return outcome;
   }
 
   private async _look(): Promise<void> {

@@ -1,10 +1,12 @@
 // The GPU sidebar: every GPU of the node with a used/free bar (JAX's pools marked), every
 // process on it (user, notebook, mode, bytes, idle), the warnings, and a shut-down button, with
-// a confirmation, for this server's kernels: the board's rules (only a kernel of this server
-// can be stopped from here; another user's notebook is shown, never opened).
+// a confirmation, where the notebook panel has one: for each kernel a blocking-preallocation
+// warning names that the server offers (its shutdown_offer: this user's kernel, through the
+// path `%jaxmem shutdown` takes), or the reason it cannot; never for a harmless kernel in its
+// place. Another user's notebook is shown, never opened.
 import { Widget } from '@lumino/widgets';
 
-import { IGpu, IKernel, IProcess, IStatus } from './api';
+import { IGpu, IKernel, IProcess, IShutdownOffer, IStatus } from './api';
 import { duration, element, gib, gpuLabel, mode, owner, poolsText, where } from './format';
 import { IGpuStatus } from './model';
 
@@ -136,16 +138,27 @@ export class GpuSidebar extends Widget {
         element('div', where(process), { class: 'jax-nbmem-note jax-nbmem-container' })
       );
     }
-    if (mine) {
-      item.append(this._shutdown(process));
+    const offer = process.shutdown_offer;
+    if (offer && offer.offered) {
+      item.append(this._shutdown(process, offer));
+    } else if (offer) {
+      item.append(
+        element('div', `Not shut down from here: ${offer.why}`, {
+          class: 'jax-nbmem-note jax-nbmem-refusal'
+        })
+      );
     }
     return item;
   }
 
-  private _shutdown(process: IProcess): HTMLElement {
+  private _shutdown(process: IProcess, offer: IShutdownOffer): HTMLElement {
     const cell = element('div', null, { class: 'jax-nbmem-actions' });
-    const kernelId = process.kernel_id as string;
-    const ask = element('button', `Shut down PID ${process.pid}`, { type: 'button' });
+    const shown = process.notebook_shown || process.notebook;
+    const name = shown ? ` (${shown.split('/').pop()})` : '';
+    const ask = element('button', `Shut down PID ${process.pid}${name}`, {
+      type: 'button',
+      title: offer.why
+    });
     ask.addEventListener('click', () => {
       this._confirming = true;
       const confirm = element('button', `Confirm: shut down PID ${process.pid}`, {
@@ -155,11 +168,11 @@ export class GpuSidebar extends Widget {
       const cancel = element('button', 'Cancel', { type: 'button' });
       confirm.addEventListener('click', async () => {
         cell.replaceChildren(element('span', `Stopping kernel PID ${process.pid}…`));
-        const failed = await this._model.shutdown(kernelId);
+        const outcome = await this._model.shutdownProcess(process.pid);
         this._confirming = false;
-        this._message.textContent = failed
-          ? `Could not stop kernel PID ${process.pid}: ${failed}`
-          : `Stopped kernel PID ${process.pid}.`;
+        this._message.textContent = outcome.done
+          ? outcome.message || `Stopped kernel PID ${process.pid}.`
+          : `Could not stop kernel PID ${process.pid}: ${outcome.message}`;
         this._render();
       });
       cancel.addEventListener('click', () => {

@@ -91,11 +91,14 @@ def test_the_exporter_is_the_node_agent(sim_state, simgpu_env, share, tmp_path):
             (row,) = [p for p in json.loads(done.stdout)["processes"] if p["pid"] == bob.host_pid]
             assert (row["source"], row["mode"], row["pid_in_container"]) == ("agent", "off", 1)
             assert row["hub_user"] == "bob" and row["container"] is None  # no runtime's cgroup
+            # Its container's host name, which the agent cannot read: its kernel's word (issue 49).
+            assert row["container_hostname_claimed"] == "bob"
             text = subprocess.run(
                 [sys.executable, "-m", "jax_nbmem.cli", "status"],
                 env=env, capture_output=True, text=True, timeout=60,
             ).stdout  # fmt: skip
-            assert "(mode: off)" in text and "[from agent]" in text, text
+            assert "(mode: off)" in text and "[proven by the node agent]" in text, text
+            assert "container with host name bob (its own claim) (pid 1 there)" in text, text
             bob.kill()
             wait_for("bob's kernel out of the resolution",
                      lambda: not bob_resolved())  # fmt: skip

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -199,12 +200,17 @@ def test_a_mig_instance_carries_dcgm_exporter_s_labels_and_promtool_finds_nothin
         (labels["gpu"], labels["GPU_I_ID"], labels["GPU_I_PROFILE"]): value
         for labels, value in found["jax_nbmem_gpu_memory_total_bytes"]
     }
-    assert total == {
+    expected = {
         ("0", "", ""): 141 * GIB,
         ("1", "", ""): 141 * GIB,
         ("0", "1", "1g.18gb"): 18 * GIB,
         ("0", "3", "3g.71gb"): 71 * GIB,
     }
+    if os.geteuid() != 0:
+        # Only root reads a MIG parent's own memory (NVML answers anyone else NO_PERMISSION, as
+        # the simulated GPU does): for another user that series is left out, never a guessed 0.
+        del expected[("0", "", "")]
+    assert total == expected
     (process,) = [s for s in found["jax_nbmem_kernel_gpu_memory_bytes"]
                   if s[0]["pid"] == str(sleeper)]  # fmt: skip
     assert (process[0]["GPU_I_ID"], process[0]["GPU_I_PROFILE"], process[1]) == (

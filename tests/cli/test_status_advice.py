@@ -73,12 +73,12 @@ def test_the_host_names_its_own_command_and_every_owner(
                 if w["kind"] == "blocking-preallocation"}  # fmt: skip
     assert set(blocking) == {own, theirs}, report["warnings"]
     # Root's own kernel: the terminal's command, and whose it is.
-    assert f"Shut it down (`jax-nbmem shutdown {own}`)" in blocking[own], blocking[own]
+    assert f"Shut it down (`jax-nbmem shutdown {own} --yes`)" in blocking[own], blocking[own]
     assert "%jaxmem" not in blocking[own] and "user root" in blocking[own]
     # Another user's: the hub user and the Unix user, as a kernel's own warnings name them.
     assert f"hub user {HUB_USER} (Unix user {unix_name})" in blocking[theirs], blocking[theirs]
-    assert f"`jax-nbmem shutdown {theirs}`" in blocking[theirs]
+    assert f"`jax-nbmem shutdown {theirs} --yes`" in blocking[theirs]
     assert "%jaxmem" not in blocking[theirs]
     assert main(["status"]) == 0
     text = capsys.readouterr().out
-    assert f"`jax-nbmem shutdown {own}`" in text and f"hub user {HUB_USER}" in text
+    assert f"`jax-nbmem shutdown {own} --yes`" in text and f"hub user {HUB_USER}" in text

@@ -177,7 +177,7 @@ def test_with_the_node_agent_every_kernel_is_named_and_warned(container_node):
         # said so, and never acted on.
         assert warning["pid"] == hog.pid and "inferred, not proven" in warning["message"]
         assert rows_of(report)[hog.pid]["source"] == "inferred"
-        assert f"shutdown {hog.pid}`" not in warning["message"].split("administrator")[0]
+        assert f"shutdown {hog.pid}" not in warning["message"].split("administrator")[0]
 
 
 def test_a_beacon_claiming_the_other_containers_namespace_is_refused(container_node):

@@ -46,7 +46,8 @@ def kubernetes_validate(objects, tmp_path, version):
 def crd_validate(objects):
     """The CRD validator's verdict on each of ``objects`` (tests/deploy/crd_validate.py)."""
     if not (SCHEMAS / "cloudcoil" / "models" / "prometheus_operator").is_dir():
-        pytest.fail("the Prometheus Operator's CRD models are missing: run .ci/k8s-deps.sh")
+        # A skip that says what to run; under CI it fails the run all the same (tests/skips.py).
+        pytest.skip("the Prometheus Operator's CRD models are missing: run .ci/k8s-deps.sh")
     done = subprocess.run(
         [sys.executable, str(REPO / "tests" / "deploy" / "crd_validate.py")],
         input=json.dumps(objects), capture_output=True, text=True, timeout=120,

@@ -10,6 +10,7 @@ resolution in the shared emptyDir, would warn it (the base's culler runs --dry-r
 """
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -81,6 +82,10 @@ def _line(process: subprocess.Popen, timeout: float) -> str:
 def test_the_agent_proves_a_kernel_that_finds_it_as_users_pods_do_and_the_culler_acts_on_it(
     tmp_path, sim_state, simgpu_env
 ):
+    if os.geteuid() != 0:
+        # The pod runs both as root; a culler that is not root trusts no resolution written by
+        # anyone but root (or the agent's configured user), as jax_nbmem.agent.hostproof says.
+        pytest.skip("the agent's pod runs as root, and its culler trusts only root's resolution")
     pod = containers(render(tmp_path / "render", None))
     agent, culler = pod["agent"], pod["culler"]
     assert agent["command"] == ["jax-nbmem", "exporter"]

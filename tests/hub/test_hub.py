@@ -139,7 +139,7 @@ def test_two_users_on_one_gpu_behind_the_hub(hub, tmp_path):
     assert (seen["source"], seen["hub_user"], seen["user"]) == ("beacon", alice.name, alice.name)
     assert warning["pid"] == hog.pid and f"user {alice.name}" in warning["message"]
     assert f"Ask its owner ({alice.name})" in warning["message"]
-    assert f"jax-nbmem shutdown {hog.pid}" in warning["message"]
+    assert f"jax-nbmem shutdown {hog.pid} --yes" in warning["message"]
     refused = mine.run(f"%jaxmem shutdown {hog.pid}")
     assert f"belongs to user {alice.name}" in refused and psutil.pid_exists(hog.pid)
 

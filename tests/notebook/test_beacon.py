@@ -122,7 +122,8 @@ def test_this_kernels_own_row_is_what_it_knows_of_itself(simgpu_env, sim_state):
         # JAX starts on the CPU in the cell that asks for the status.
         text = _execute(client, START_JAX + "%jaxmem status")
         row = _own_row(text, pid)
-        assert "this kernel" in row and "(mode: off)" in row and "[from session]" in row, text
+        assert "this kernel" in row and "(mode: off)" in row, text
+        assert "[this kernel's own record]" in row, text
         assert "idle" not in row and "not started" not in row, text
         assert "This kernel's JAX started on cpu with: off" in text
         own = _own_process(client, pid)

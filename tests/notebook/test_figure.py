@@ -116,12 +116,22 @@ def test_a_notebooks_memory_shows_next_to_a_neighbours_pool_on_a_large_card():
     assert [n["font"]["color"] for n in notes] == [
         trace(figure, name)["line"]["color"] for name in ("other processes", "device total")
     ]
-    # The neighbour is shut down: its line comes down into view, unmarked.
+    # The neighbour is shut down (issue 49): its 105 GiB falls to 0, and the axis holds the
+    # fall in GiB rather than draw a line through the chart's top with nothing to say what it was.
     samples.append(sample(5, gpu(self_bytes=684 * MIB, others=0, total=card)))
     after = build_figure(samples, [], gpu_index=0)
-    assert off_scale(after) == ["device total 140 GiB ↑"]
+    assert after["layout"]["yaxis"]["title"]["text"] == "GPU 0, GiB"
+    assert 105 < y_range(after)[1] <= 105 * 1.25
+    assert max(trace(after, "other processes")["y"]) == pytest.approx(105, abs=0.01)
     assert trace(after, "other processes")["y"][-1] == 0
-    assert after["layout"]["yaxis"]["range"] == layout["yaxis"]["range"]
+    assert off_scale(after) == ["device total 140 GiB ↑"]
+    # A minute on, the fall has left the recent window: the axis fits this kernel again, and a
+    # note says how high the line went.
+    samples += [sample(t, gpu(self_bytes=684 * MIB, others=0, total=card)) for t in (40, 70, 90)]
+    later = build_figure(samples, [], gpu_index=0)
+    assert later["layout"]["yaxis"]["range"] == layout["yaxis"]["range"]
+    assert later["layout"]["yaxis"]["title"]["text"] == "GPU 0, MiB"
+    assert off_scale(later) == ["device total 140 GiB ↑", "other processes earlier 105 GiB ↑"]
 
 
 def test_others_share_the_axis_while_they_do_not_dwarf_this_kernel():

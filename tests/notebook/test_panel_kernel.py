@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from jax_nbmem.notebook.panel_text import WIDGET_STAND_IN
 from jax_nbmem.simgpu import GIB
 from tests.ipython_session import clean_environ
 from tests.kernels import execute, running_kernel
@@ -79,9 +80,12 @@ def test_panel_shows_the_gpu_and_grows_while_a_cell_runs(gpu_kernel):
     _, _, displays = run_collecting(gpu_kernel, SHOW_PANEL_CELL)
     bundle, snapshot, picture = displays
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    # Frontends without widgets get the text instead of a traceback.
-    assert "GPU 0: NVIDIA H200 (simulated)" in bundle["text/plain"]
-    assert "allocator: on (when JAX starts)" in bundle["text/plain"]
+    # Frontends without widgets get a line instead of a traceback; it holds no figures of its
+    # own, which would be stale in a saved notebook above the snapshot (issue 49), and no HTML.
+    assert bundle["text/plain"] == WIDGET_STAND_IN and "text/html" not in bundle
+    assert "GiB" not in bundle["text/plain"] and "the snapshot below" in bundle["text/plain"]
+    assert "GPU 0: NVIDIA H200 (simulated)" in snapshot["text/html"]
+    assert "allocator: on (when JAX starts)" in snapshot["text/html"]
 
     # Under the widget, its snapshot: what an export or a frontend without the widget shows.
     # Its words, then its picture as an image output: SVG, and a PNG for sanitising viewers.

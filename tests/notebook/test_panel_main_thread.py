@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from jax_nbmem.simgpu import GIB
+from jax_nbmem.simgpu import GIB, SimState
 from tests.kernels import running_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
@@ -192,6 +192,67 @@ def test_every_cell_reaches_the_widget_when_thread_sends_are_dropped(sim_state, 
             "print(sum(t.name == 'jax_nbmem-panel' for t in threading.enumerate()), _live.alive)",
         )
         assert threads[-2:] == ["0", "False"]
+
+
+def test_between_cells_a_view_s_ping_brings_what_the_thread_could_not_send(sim_state, simgpu_env):
+    """Issue 49: the view keeps its own clock and pings; the kernel answers on its main thread.
+
+    A neighbour ends while the notebook sits idle: the panel's thread sees it, its sends are
+    dropped, and no cell runs to send it from the main thread. The view's ping (a comm message,
+    handled between cells on the main thread here, as in Colab) brings it, and a pong.
+    """
+    sim_state.gpu(0, total=80 * GIB).process(0, 4242, 20 * GIB).write()
+    with running_kernel(env=simgpu_env) as (_, client):
+        frontend = Frontend(client)
+        frontend.run(DROP_THREAD_SENDS)
+        frontend.run(SHOW)
+        words = frontend.words(IDS)
+        plot_id, notes_id = words[words.index("IDS") + 1], words[words.index("IDS") + 3]
+        plot = frontend.state[plot_id]
+        assert plot["live"] is True and plot["update_interval_s"] == 0.25
+        assert "<span class='jax-nbmem-live'>Live: sampling" in frontend.state[notes_id]["value"]
+
+        def others_gib() -> float:
+            state = frontend.state[plot_id]
+            others = next(t for t in state["timeline"] if t["name"] == "other processes")
+            return others["y"][-1]
+
+        assert others_gib() == 20
+        SimState(sim_state.path).gpu(0, total=80 * GIB).write()  # the neighbour ends
+        dropped_before = int(frontend.words("print(len(_dropped_sends))")[-1])
+        time.sleep(1.5)  # the thread sees it and sends: dropped
+        pongs: list = []
+        original_read = frontend.read
+
+        def read(timeout: float) -> None:
+            try:
+                msg = client.get_iopub_msg(timeout=timeout)
+            except queue.Empty:
+                return
+            data = msg["content"].get("data", {}) if msg["msg_type"] == "comm_msg" else {}
+            if data.get("method") == "custom" and data["content"].get("event") == "pong":
+                pongs.append(data["content"])
+            update = data.get("state", {})
+            frontend.state.setdefault(msg["content"].get("comm_id"), {}).update(update)
+
+        frontend.read = read
+        ping = {"method": "custom", "content": {"event": "ping", "id": 7}}
+        client.shell_channel.send(
+            client.session.msg("comm_msg", {"comm_id": plot_id, "data": ping})
+        )
+
+        def answered():
+            """A pong for ping 7, and the plot without the neighbour."""
+            return pongs and others_gib() == 0
+
+        frontend.until(answered, timeout=30)
+        assert pongs == [{"event": "pong", "id": 7}]
+        frontend.read = original_read
+        assert int(frontend.words("print(len(_dropped_sends))")[-1]) > dropped_before
+
+        # A panel that follows cells only tells its views not to expect updates between them.
+        frontend.run("%jaxmem panel cells")
+        assert frontend.state[plot_id]["live"] is False
 
 
 def test_in_colab_each_cell_replaces_the_panel_by_its_display_id(sim_state, simgpu_env):

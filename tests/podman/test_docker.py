@@ -44,7 +44,7 @@ def test_in_dockers_container_status_advises_the_pid_there(docker_scenario):
     done = carol.exec(*cli, "status")
     assert done.returncode == 0, done.stderr
     (line,) = [line for line in done.stdout.splitlines() if "[blocking-preallocation]" in line]
-    assert f"jax-nbmem shutdown {carol.pid_in_container}`, its PID in this container" in line
+    assert f"jax-nbmem shutdown {carol.pid_in_container} --yes`, its PID in this container" in line
     dry = carol.exec(*cli, "shutdown", str(carol.pid_in_container), "--dry-run")
     assert dry.returncode == 0 and "not in this PID namespace" not in dry.stdout + dry.stderr
     report = json.loads(carol.exec(*cli, "status", "--json").stdout)

@@ -143,7 +143,8 @@ def test_roots_status_finds_the_agent_where_the_docs_put_it_with_no_flag(scenari
     assert "on" in rows[alice.pid]["mode"] and "off" not in rows[alice.pid]["mode"]
     text = root_status(node, share_dir=node.share_dir)
     (bobs,) = [line for line in text.splitlines() if f"pid {bob.pid} " in line]
-    assert "(mode: " in bobs and "off" in bobs and "[from agent]" in bobs and " idle " in bobs
+    assert "(mode: " in bobs and "off" in bobs and " idle " in bobs
+    assert "[proven by the node agent]" in bobs
     assert "not consulted" not in text
 
 
@@ -154,7 +155,7 @@ def test_roots_status_without_the_agent_says_so_in_its_text(scenario):
     for said in ("mode they started with", "no idle time", "--share-dir DIR", "/var/tmp/jax_nbmem"):
         assert said in text, text
     (bobs,) = [line for line in text.splitlines() if f"pid {bob.pid} " in line]
-    assert "[from agent]" not in bobs and " idle " not in bobs
+    assert "[proven by the node agent]" not in bobs and " idle " not in bobs
 
 
 def _python_cli(scenario, kernel, *argv: str):
@@ -167,7 +168,7 @@ def test_in_a_container_the_shutdown_advice_works_there(scenario):
     done = _python_cli(scenario, alice, "status")
     assert done.returncode == 0, done.stderr
     (line,) = [line for line in done.stdout.splitlines() if "[blocking-preallocation]" in line]
-    command = f"jax-nbmem shutdown {alice.pid_in_container}`, its PID in this container"
+    command = f"jax-nbmem shutdown {alice.pid_in_container} --yes`, its PID in this container"
     assert command in line and f"shutdown {alice.pid}" not in line, line
     dry = _python_cli(scenario, alice, "shutdown", str(alice.pid_in_container), "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
@@ -180,6 +181,7 @@ def test_in_a_container_the_shutdown_advice_works_there(scenario):
         and f"on the host with `jax-nbmem shutdown {alice.pid}`" in line
     )
     assert f"shutdown {alice.pid_in_container}`" not in line
+    assert f"shutdown {alice.pid_in_container} --yes`" not in line
 
 
 def test_whose_a_kernel_is_comes_from_podmans_record_on_its_vfs_store(scenario):

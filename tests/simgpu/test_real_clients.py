@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 
@@ -62,6 +63,8 @@ def busy_gpus(sim_state, simgpu_env):
 
 
 def _run(args, env, timeout=120):
+    if shutil.which(args[0], path=env.get("PATH")) is None:
+        pytest.skip(f"no {args[0]} command on PATH (the test extra: pip install -e '.[test]')")
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return done

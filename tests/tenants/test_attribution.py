@@ -163,7 +163,7 @@ def test_the_preallocating_kernel_is_blamed_with_a_fix(neighbours):
     message = warnings[0].message
     assert str(neighbours.greedy) in message and "train.ipynb" in message
     assert "12.3 GiB" in message and f"{format_gib(gpus[0].free_bytes)} is free" in message
-    assert f"`%jaxmem shutdown {neighbours.greedy}`" in message
+    assert f"`%jaxmem shutdown {neighbours.greedy} --yes`" in message
     assert "`%jaxalloc off`" in message
     assert warnings[0].to_dict()["kind"] == "blocking-preallocation"
 
@@ -327,7 +327,7 @@ def test_out_of_memory_diagnosis_names_who_holds_the_gpu(neighbours):
     held = [line for line in lines if line.startswith("  - ") and "PID" in line]
     assert str(neighbours.greedy) in held[0] and "12.3 GiB, preallocated" in held[0]
     assert "time.sleep(120)" in text
-    assert f"`%jaxmem shutdown {neighbours.greedy}`" in text
+    assert f"`%jaxmem shutdown {neighbours.greedy} --yes`" in text
 
 
 def test_a_process_on_two_gpus_is_inspected_once_and_listed_twice(neighbours):

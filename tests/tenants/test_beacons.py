@@ -330,7 +330,7 @@ def test_two_kernels_seen_from_a_third_and_from_the_cli(simgpu_env, sim_state):
             assert error is None, text
             rows = [line.split() for line in text.splitlines() if line.strip().startswith("pid ")]
             lines = {row[1]: " ".join(row) for row in rows}
-            assert "[from beacon]" in lines[str(lean_pid)]
+            assert "[the kernel's own report]" in lines[str(lean_pid)]
             assert "preallocated" not in lines[str(lean_pid)]
             assert "(mode: off)" in lines[str(lean_pid)]
             assert "[preallocated]" in lines[str(hog_pid)]

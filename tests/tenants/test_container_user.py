@@ -4,6 +4,8 @@ import os
 import subprocess
 import tempfile
 
+import pytest
+
 from jax_nbmem.agent.hostproof import HostProof
 from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.passwd import container_uid, read_in_root
@@ -59,6 +61,8 @@ def test_without_the_container_s_passwd_the_bare_uid(tmp_path):
 
 def test_a_real_podman_container_s_user_is_its_own(tmp_path):
     """Uid 1000 is jovyan in the container (its passwd, bind-mounted), whoever it is here."""
+    if os.geteuid() != 0:
+        pytest.skip("runs a podman container in root's store, with the host's / as its root")
     with tempfile.NamedTemporaryFile("w", suffix=".passwd", delete=False) as passwd:
         passwd.write("root:x:0:0::/root:/bin/sh\njovyan:x:1000:100::/home/jovyan:/bin/sh\n")
     os.chmod(passwd.name, 0o644)

@@ -236,7 +236,7 @@ def test_with_the_agent_bob_names_alice_and_finds_his_own_row(node):
     assert "hub user alice" in warning["message"] and "jupyter-alice" in warning["message"]
     shown = bob.run("%jaxmem status")  # as a person reads it
     assert f"pid {alice.host_pid}" in shown and "container jupyter-alice (pid 1 there)" in shown
-    assert "[from agent]" in shown and "WARNING [blocking-preallocation]" in shown
+    assert "[proven by the node agent]" in shown and "WARNING [blocking-preallocation]" in shown
 
 
 def test_without_the_agent_bob_still_warns_and_names_alice_only_as_inferred(node):

@@ -270,7 +270,7 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
     assert not [w for w in report["warnings"] if w["kind"] in ("pid-namespace", "agent-stale")]
     shown = bob.run("%jaxmem status")  # as a person reads it
     assert f"PID {alice.host_pid}" in shown or f"pid {alice.host_pid}" in shown, shown
-    assert "[from agent]" in shown and "WARNING [blocking-preallocation]" in shown
+    assert "[proven by the node agent]" in shown and "WARNING [blocking-preallocation]" in shown
     assert "Traceback" not in shown
 
     # Root on the host: both kernels proven, by host PID, with their PIDs in their pods.

@@ -91,7 +91,7 @@ def test_cli_names_each_tenant_and_warns_about_the_preallocating_kernel(
     (warning,) = [w for w in report["warnings"] if w["kind"] == "blocking-preallocation"]
     assert warning["pid"] == tenants["hog"] and warning["gpu"] == 0
     assert "train.ipynb" in warning["message"]
-    assert f"`jax-nbmem shutdown {tenants['hog']}`" in warning["message"]  # read at a shell
+    assert f"`jax-nbmem shutdown {tenants['hog']} --yes`" in warning["message"]  # read at a shell
     assert "GiB" in warning["message"]
 
 

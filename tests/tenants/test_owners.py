@@ -75,7 +75,7 @@ def test_the_same_unix_user_under_another_hub_name_is_someone_else(alices_kernel
     unix = psutil.Process().username()
     assert f"hub user alice (Unix user {unix})" in warning.message
     assert "Ask its owner (alice)" in warning.message
-    assert f"`jax-nbmem shutdown {pid}`" in warning.message  # what the administrator runs
+    assert f"`jax-nbmem shutdown {pid} --yes`" in warning.message  # what the administrator runs
     assert "%jaxmem shutdown" in warning.message  # and why bob cannot
     line = format_status({
         "nvml": {"available": True}, "gpus": [{
@@ -97,7 +97,7 @@ def test_an_administrator_is_told_the_command_that_stops_it(alices_kernel, monke
     monkeypatch.setenv("JUPYTERHUB_USER", "bob")
     monkeypatch.setattr(advice, "may_stop_others", lambda: True)
     _, warning = _warning(pid, beacons)
-    assert f"As an administrator, stop it with `jax-nbmem shutdown {pid}`" in warning.message
+    assert f"As an administrator, stop it with `jax-nbmem shutdown {pid} --yes`" in warning.message
     assert "ask an administrator" not in warning.message
 
 

@@ -19,6 +19,14 @@ const SERVER_ROUTE = "jax-nbmem/static/plotly.min.js";
 const KERNEL_REQUEST = "send-plotly.js"; // jax_nbmem/notebook/panel_view.py: PLOTLY_REQUEST
 const KERNEL_REPLY = "plotly.js"; // PLOTLY_REPLY
 const KERNEL_WAIT_MS = 60000; // 4.6 MB over a slow link; a page without a kernel gives up
+// The view's own clock (panel_view.py): while the panel is live, silence for this many update
+// intervals (at least the floor) asks the kernel with a ping; longer, and it is not "Live".
+const PING = "ping"; // panel_view.py: PING
+const PONG = "pong"; // PONG
+const PING_AFTER = { intervals: 4, floorMs: 1500 };
+const STALE_AFTER = { intervals: 10, floorMs: 3000 };
+const PING_EVERY_MS = 1500;
+const CLOCK_TICK_MS = 500;
 
 // plotly.min.js is a UMD bundle. Run as a function with a local `module`, it hands its export
 // over whatever loaders the page has (an AMD `define` would otherwise take it). A Function
@@ -184,10 +192,93 @@ function hideSnapshots(panelId) {
   document.head.appendChild(style);
 }
 
+// The page's pings and pongs, for tests (as __jaxNbmemPlotlySource says where plotly came from).
+function clockCounts() {
+  globalThis.__jaxNbmemClock = globalThis.__jaxNbmemClock || { pings: 0, pongs: 0 };
+  return globalThis.__jaxNbmemClock;
+}
+
+// Local time as the timeline's axis writes it (24-hour).
+function clockTime(date) {
+  const two = (n) => String(n).padStart(2, "0");
+  return `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}`;
+}
+
+function age(ms) {
+  const seconds = Math.round(ms / 1000);
+  return seconds < 60 ? `${seconds} s` : `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
+}
+
+// Whether updates still arrive, by this page's own clock: the kernel's "Live" travels over the
+// very channel that a frontend may drop, or that a busy kernel leaves silent. Any part that
+// changes, and a pong, count as heard. Returns the clean-up.
+function keepClock(model, el) {
+  const note = document.createElement("div");
+  note.className = "jax-nbmem-freshness";
+  note.style.display = "none";
+  el.prepend(note);
+  let heard = Date.now();
+  let lastPing = 0;
+  let pings = 0;
+  const silence = (after) =>
+    Math.max(after.floorMs, after.intervals * 1000 * (model.get("update_interval_s") || 0.25));
+  const look = () => {
+    const live = Boolean(model.get("live"));
+    const silent = Date.now() - heard;
+    if (live && silent > silence(PING_AFTER) && Date.now() - lastPing > PING_EVERY_MS) {
+      lastPing = Date.now();
+      pings += 1;
+      clockCounts().pings += 1;
+      try {
+        model.send({ event: PING, id: pings });
+      } catch (error) {
+        // no kernel to ask (a saved notebook): the silence speaks for itself
+      }
+    }
+    const stale = live && silent > silence(STALE_AFTER);
+    const panel = el.closest(".jax-nbmem-panel");
+    if (panel) {
+      panel.classList.toggle("jax-nbmem-stale", stale);
+    }
+    note.style.display = stale ? "" : "none";
+    if (stale) {
+      const taken = clockTime(new Date(heard));
+      note.textContent =
+        `Not live: nothing has arrived from the kernel for ${age(silent)}; this picture is from ${taken}. ` +
+        "A cell that is still running, or a frontend that drops the panel's updates, holds them back: " +
+        "run a cell to refresh it, or use %jaxmem panel cells, which updates after each cell.";
+    }
+  };
+  const hear = () => {
+    heard = Date.now();
+    look();
+  };
+  const onMessage = (content) => {
+    if (content && content.event === PONG) {
+      clockCounts().pongs += 1;
+      hear();
+    }
+  };
+  const watched = [...PARTS, "live"];
+  for (const part of watched) {
+    model.on(`change:${part}`, hear);
+  }
+  model.on("msg:custom", onMessage);
+  const timer = setInterval(look, CLOCK_TICK_MS);
+  return () => {
+    clearInterval(timer);
+    for (const part of watched) {
+      model.off(`change:${part}`, hear);
+    }
+    model.off("msg:custom", onMessage);
+  };
+}
+
 function render({ model, el }) {
   const plot = document.createElement("div");
   plot.className = "jax-nbmem-plot";
   el.appendChild(plot);
+  const stopClock = keepClock(model, el);
   const panelId = model.get("panel_id");
   const config = pageConfig();
   if (config && config.appUrl !== "voila/" && !globalThis.__jaxNbmemNoServer) {
@@ -241,6 +332,7 @@ function render({ model, el }) {
 
   return () => {
     disposed = true;
+    stopClock();
     for (const part of PARTS) {
       model.off(`change:${part}`, schedule);
     }
