@@ -50,6 +50,12 @@ EXPECTED: tuple[ExpectedSkip, ...] = (
         only_when="JAX_NBMEM_FLOORS",
     ),
     ExpectedSkip(
+        "tests/cli/",
+        "could not import 'bcrypt'",
+        "the oldest floors' venv has the package's own dependencies, not the exporter-auth extra",
+        only_when="JAX_NBMEM_FLOORS",
+    ),
+    ExpectedSkip(
         "tests/gpu/test_nvml.py",
         "could not import 'gpustat'",
         "the oldest floors' venv has the package's own dependencies, not the test extra",

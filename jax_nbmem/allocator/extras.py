@@ -44,11 +44,14 @@ from typing import Any
 __all__ = [
     "ABORT_COLLECTIVES",
     "ASYNC_PREALLOC",
+    "CLIENT_OPTIONS_DICT_SINCE",
     "CLIENT_OPTIONS_ENV",
+    "CLIENT_OPTIONS_SINCE",
     "COLLECTIVE_MEM",
     "EXTRA_VARIABLES",
     "FROM_ENVIRON",
     "USE_TFRT",
+    "VMM_OVERRIDE_SINCE",
     "ClientOptions",
     "Extras",
     "client_options",
@@ -71,9 +74,9 @@ EXTRA_VARIABLES = (
     (ASYNC_PREALLOC, (0, 4, 26)),
     (CLIENT_OPTIONS_ENV, (0, 4, 29)),
 )
-_CLIENT_OPTIONS_SINCE = (0, 4, 29)
-_CLIENT_OPTIONS_DICT_SINCE = (0, 6, 2)
-_VMM_OVERRIDE_SINCE = (0, 10, 2)
+CLIENT_OPTIONS_SINCE = (0, 4, 29)
+CLIENT_OPTIONS_DICT_SINCE = (0, 6, 2)
+VMM_OVERRIDE_SINCE = (0, 10, 2)
 _UPDATE_MODE = re.compile(r"--xla_gpu_command_buffer_update_mode=(\S+)")
 # The CUDA plugin's types for the options a user sets (pjrt_c_api_gpu_internal.cc).
 _OPTION_TYPES: dict[str, type] = {
@@ -161,7 +164,7 @@ def read_extras(environ: Mapping[str, str], release: tuple[int, ...] | None) -> 
         use_tfrt=flags.get(USE_TFRT),
         async_prealloc=prealloc,
         update_mode=update_mode,
-        vmm_forced=vmm_forced and reads(_VMM_OVERRIDE_SINCE),
+        vmm_forced=vmm_forced and reads(VMM_OVERRIDE_SINCE),
         errors=tuple(errors),
     )
 
@@ -188,12 +191,12 @@ def client_options(value: Any, release: tuple[int, ...] | None) -> ClientOptions
 
     *release*: the installed jax's (None: newest). Before jax 0.4.29 the option does not exist.
     """
-    if value is None or value == "" or (release is not None and release < _CLIENT_OPTIONS_SINCE):
+    if value is None or value == "" or (release is not None and release < CLIENT_OPTIONS_SINCE):
         return ClientOptions(None)
     if isinstance(value, str):
         return _string_options(value)
     if isinstance(value, dict):
-        if release is not None and release < _CLIENT_OPTIONS_DICT_SINCE:
+        if release is not None and release < CLIENT_OPTIONS_DICT_SINCE:
             return ClientOptions("dict", error="a dict is read from jax 0.6.2 on; this jax "
                                  "calls .split() on it and the backend does not start")  # fmt: skip
         return _dict_options(value)

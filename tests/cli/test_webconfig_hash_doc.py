@@ -12,14 +12,14 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from jax_nbmem.cli.webconfig import load_web_config
-from tests.jupyterlab import REPO_ROOT
 
 bcrypt = pytest.importorskip("bcrypt")  # jax_nbmem[exporter-auth], as the page says
-PAGE = REPO_ROOT / "docs" / "metrics.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 PASSWORD = "correct horse battery staple"
 
 

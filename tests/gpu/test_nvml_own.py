@@ -34,7 +34,8 @@ def test_own_entries_among_hundreds_of_neighbours_are_the_whole_lists_own(simgpu
     for gpu in range(4):
         state.gpu(gpu, total=141 * GIB)
         for n in range(300):  # more than the first buffer: it must grow
-            state.process(gpu, 100_000 + gpu * 1_000 + n, (1 + n % 7) * MIB)
+            pid = 100_000 + gpu * 1_000 + n
+            state.process(gpu, pid if pid != me else 200_000 + n, (1 + n % 7) * MIB)
     state.process(1, me, 300 * MIB)
     state.process(2, me, 400 * MIB).process(2, me, 400 * MIB, graphics=True)
     state.process(3, me, None)  # NVML cannot tell its bytes (WDDM's "not available")
@@ -56,8 +57,8 @@ def test_a_list_that_grows_between_two_readings_is_read_whole_again(simgpu_in_pr
     state, me = simgpu_in_process, os.getpid()
     state.gpu(0, total=80 * GIB).process(0, me, GIB).write()
     assert own(me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
-    for n in range(2_000):
-        state.process(0, 10_000 + n, MIB)
+    for pid in [p for p in range(10_000, 12_001) if p != me][:2_000]:  # never this process's
+        state.process(0, pid, MIB)
     state.write()
     assert own(me) == mine_in_whole_lists(me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
 

@@ -1,12 +1,19 @@
 """%jaxalloc in real IPython shells, each in a fresh process (JAX's backend starts only once)."""
 
+import importlib.metadata
 import json
 
+from jax_nbmem.allocator.extras import (
+    CLIENT_OPTIONS_DICT_SINCE,
+    CLIENT_OPTIONS_SINCE,
+    VMM_OVERRIDE_SINCE,
+)
 from jax_nbmem.allocator.jaxlib import installed_jaxlib
 from tests.ipython_session import run_cells
 
 # The fraction variable the installed jaxlib reads (the deprecated name before 0.4.33).
 FRACTION_NAME = installed_jaxlib().fraction_variable
+_JAX = tuple(int(part) for part in importlib.metadata.version("jax").split(".")[:3])
 
 ENV_DUMP = (
     "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
@@ -288,10 +295,13 @@ def test_jaxalloc_says_what_else_decides_the_pool_and_what_overrides_the_mode():
     }
     out = run_cells(["%load_ext jax_nbmem", "%jaxalloc off", "%jaxalloc"], env=env)
     applied, report = out[1].stdout, out[2].stdout
+    assert "also read:   XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=512" in report
+    if _JAX < CLIENT_OPTIONS_SINCE:  # the option does not exist: nothing is said of it
+        assert "jax_pjrt_client_create_options" not in applied
+        return
     # The string form keeps "false" a string: the CUDA plugin's type check refuses it.
     assert "But: jax_pjrt_client_create_options breaks the GPU backend" in applied
     assert "wants a bool for preallocate" in applied
-    assert "also read:   XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=512" in report
     assert "JAX_PJRT_CLIENT_CREATE_OPTIONS=preallocate:false" in report
 
 
@@ -303,5 +313,11 @@ def test_a_typed_option_overrides_the_mode_and_xla_flags_forces_vmm():
     ]
     env = {"XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"}
     applied = run_cells(cells, env=env)[2].stdout
-    assert "But: jax_pjrt_client_create_options overrides allocator='bfc'" in applied
-    assert "so the CUDA plugin will run vmm, not bfc" in applied
+    if _JAX < CLIENT_OPTIONS_DICT_SINCE:  # no such option, or only its string form: not said
+        assert "overrides allocator='bfc'" not in applied
+    else:
+        assert "But: jax_pjrt_client_create_options overrides allocator='bfc'" in applied
+    if _JAX < VMM_OVERRIDE_SINCE:  # that jaxlib's plugin does not force vmm
+        assert "will run vmm" not in applied
+    else:
+        assert "so the CUDA plugin will run vmm, not bfc" in applied
