@@ -58,7 +58,7 @@ def shutdown_offers(
         try:
             outcome = shutdown_kernel(pid, tenants, confirm=False)
         except Exception as exc:  # said, never raised into the monitor
-            log.debug("jax_nbmem: no shutdown offer for PID %s", pid, exc_info=True)
+            log.debug("jax_nbmem: no shutdown offer for PID %d", pid, exc_info=True)
             offers[pid] = {"offered": False, "how": None, "why": f"{type(exc).__name__}: {exc}"}
             continue
         offered = outcome.how is not None
