@@ -39,12 +39,17 @@ class User:
         return self.home / ".local" / "share" / "jupyter" / "runtime"
 
 
-def add_user(prefix: str) -> User:
-    """A new user with a home, named ``prefix`` and six hex digits; only as root."""
+def add_user(prefix: str, uid: int | None = None) -> User:
+    """A new user with a home, named ``prefix`` and six hex digits; only as root.
+
+    ``uid``: that very uid (``useradd`` refuses one that is taken).
+    """
     name = f"{prefix}{secrets.token_hex(3)}"
+    wanted = ["--uid", str(uid)] if uid is not None else []
     subprocess.run(
-        ["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True
-    )
+        ["useradd", "--create-home", "--shell", "/bin/bash", *wanted, name],
+        check=True, capture_output=True,
+    )  # fmt: skip
     entry = pwd.getpwnam(name)
     return User(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
 

@@ -68,7 +68,7 @@ class ProvenProcess:
     pid: int
     start_ticks: int
     uid: int
-    user: str | None  # the name of ``uid`` (None: the system has none)
+    user: str | None  # the host's name of ``uid`` (None: none, or it runs in a container)
     parent_pid: int | None
     pid_ns: tuple[int, int] | None
     pid_in_container: int | None
@@ -160,10 +160,12 @@ def prove_process(pid: int, viewer: HostViewer | None = None) -> ProvenProcess:
         raise FactError(f"PID {pid} is gone, or not readable in this PID namespace")
     if view.uid is None:
         raise FactError(f"PID {pid}: its owner (the Uid line of /proc/{pid}/status) is unreadable")
-    try:
-        user: str | None = pwd.getpwuid(view.uid).pw_name
-    except KeyError:
-        user = None
+    user: str | None = None
+    if view.container is None:  # in a container, the host's name for its uid is someone else's
+        try:
+            user = pwd.getpwuid(view.uid).pw_name
+        except KeyError:
+            pass
     parent = parent_pid(pid, viewer.proc)
     if viewer.start_ticks(pid) != view.start_ticks:
         raise FactError(f"PID {pid} ended while it was read: it names another process now")

@@ -26,7 +26,7 @@ import socket
 import stat
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jax_nbmem.agent.cgroups import SHOWN_KEYS
@@ -47,6 +47,8 @@ __all__ = [
 
 ENV_AGENT_USER = "JAX_NBMEM_AGENT_USER"
 _MAX_RESOLUTION_BYTES = 32 << 20
+# What a reader takes from the agent's resolution for a container it cannot name itself.
+_AGENTS_NAMES = ("name", "pod_uid", "pod", "namespace", "hub_user")
 _viewer: HostViewer | None = None
 # The last resolution parsed: [its file's key, its content, the beacons made of its entries].
 _parsed: list = [None, None, {}]
@@ -90,11 +92,16 @@ class HostProof:
         proven: Mapping[int, ProvenKernel],
         resolution_reason: str | None = None,
         views: Mapping[int, HostView | None] | None = None,
+        resolved: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         self.viewer = viewer
         self.proven = dict(proven)
         self.resolution_reason = resolution_reason
         self._views: dict[int, HostView | None] = dict(views or {})
+        # The resolution's entries by host PID (still the same processes), for the names this
+        # reader cannot read itself; the PIDs named from them.
+        self._resolved = dict(resolved or {})
+        self.named_by_agent: set[int] = set()
 
     @classmethod
     def from_registry(
@@ -111,10 +118,50 @@ class HostProof:
         return cls(viewer, proven, views=views)
 
     def view(self, pid: int) -> HostView | None:
-        """The host's view of ``pid`` (read once per proof)."""
+        """The host's view of ``pid`` (read once per proof).
+
+        With the agent's names where this reader could not read them (:meth:`_agents_names`).
+        """
         if pid not in self._views:
-            self._views[pid] = self.viewer.view(pid)
+            self._views[pid] = self._agents_names(self.viewer.view(pid))
         return self._views[pid]
+
+    def _agents_names(self, seen: HostView | None) -> HostView | None:
+        """``seen`` with its container's name and its user's from the agent's resolution.
+
+        Only where this reader could not read them (a user other than root: Podman's store and
+        another user's ``/proc/PID/root`` are root's), for the same container of the same
+        process. Names only, shown as the agent's: what is proven or acted on is read from the host
+        (:mod:`.facts`), never from here.
+        """
+        entry = self._resolved.get(seen.pid) if seen is not None else None
+        if entry is None or seen.container is None:
+            return seen
+        changes: dict[str, Any] = {}
+        theirs = entry.get("container")
+        ours = seen.container
+        if not ours.name and isinstance(theirs, dict) and theirs.get("id") == ours.id:
+            named = {k: theirs[k] for k in _AGENTS_NAMES if isinstance(theirs.get(k), str)}
+            if named.get("name"):
+                changes["container"] = replace(ours, name_reason=None, **named)
+        user = entry.get("user")
+        if not seen.user_in_container and entry.get("user_source") == "container":
+            if isinstance(user, str) and user:
+                changes["user_in_container"] = user
+        if not changes:
+            return seen
+        self.named_by_agent.add(seen.pid)
+        return replace(seen, **changes)
+
+    def shown_user(self, pid: int) -> tuple[str | None, str] | None:
+        """(user, ``user_source``) of a process in a container (:meth:`HostView.shown_user`).
+
+        None for one on the host, or unreadable: its host account is its name there.
+        """
+        seen = self.view(pid)
+        if seen is None or seen.container is None:
+            return None
+        return seen.shown_user()
 
     def is_proven(self, pid: int) -> bool:
         """Whether the agent proved the kernel of host PID ``pid`` (still the same process)."""
@@ -167,6 +214,8 @@ class HostProof:
             if seen is not None and seen.container is not None:
                 # Never the host's account name for a container's uid (someone else's).
                 process["user"], process["user_source"] = seen.shown_user()
+            if isinstance(pid, int) and pid in self.named_by_agent:
+                process["names_source"] = "agent"  # names this reader could not read itself
             if isinstance(pid, int) and self.is_proven(pid) and process.get("source") == "beacon":
                 process["source"] = "agent"
             claimed = self._claimed_hostname(pid, seen)
@@ -294,4 +343,19 @@ def host_proof(share_dir: str | None, viewer: HostViewer | None = None) -> HostP
     if share_dir is None:
         return HostProof(viewer, {}, "no share directory: no node agent")
     content, reason = read_resolution(share_dir)
-    return HostProof(viewer, _proven_from(content, viewer) if content else {}, reason)
+    if not content:
+        return HostProof(viewer, {}, reason)
+    return HostProof(viewer, _proven_from(content, viewer), reason,
+                     resolved=_same_processes(content, viewer))  # fmt: skip
+
+
+def _same_processes(content: Mapping[str, Any], viewer: HostViewer) -> dict[int, Mapping]:
+    """The resolution's entries by host PID, of processes still running (same start)."""
+    found = {}
+    entries = content.get("processes")
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("container"), dict):
+            pid, ticks = entry.get("pid"), entry.get("start_ticks")
+            if isinstance(pid, int) and isinstance(ticks, int) and viewer.start_ticks(pid) == ticks:
+                found[pid] = entry
+    return found

@@ -69,15 +69,17 @@ class HostView:
     user_reason: str | None = None
 
     def shown_user(self) -> tuple[str | None, str]:
-        """(the user to show, where it comes from: ``container`` or ``uid``).
+        """(the user to show, where it comes from: ``container``, ``uid`` or ``host_uid``).
 
         Only for a process in a container: the container's own name for its uid there (the
-        container's claim, :mod:`.passwd`), else the bare uid, never the host's account name.
+        container's claim, :mod:`.passwd`), else its bare uid there, else the host's uid (its
+        user namespace's map unread), never the host's account name.
         """
         if self.user_in_container:
             return self.user_in_container, "container"
-        uid = self.uid_in_container if self.uid_in_container is not None else self.uid
-        return (None if uid is None else str(uid)), "uid"
+        if self.uid_in_container is not None:
+            return str(self.uid_in_container), "uid"
+        return (None if self.uid is None else str(self.uid)), "host_uid"
 
     @property
     def pid_in_ns(self) -> int:

@@ -227,13 +227,18 @@ def _pieces(
     The hidden pieces (:mod:`.visibility`) are made only for an entry in a namespace.
     ``left_out``: why its kernel's beacon is not published (``kernel_reason``).
     """
-    head = _dumps({
+    fields = {
         "pid": pid,
         "pid_in_container": seen.pid_in_container if seen else None,
         "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
         "start_ticks": seen.start_ticks if seen else None,
         "gpus": list(gpus),
-    })[:-1]  # fmt: skip
+    }
+    if seen is not None and seen.container is not None:
+        # Its container's own name for its uid (read here, as root, through its root), so a
+        # reader who cannot read that never falls back on the host's name for the number.
+        fields["user"], fields["user_source"] = seen.shown_user()
+    head = _dumps(fields)[:-1]
     container = container_entry(seen)
     namespace = container.get("namespace") if container else None
     reason = HIDDEN_REASON

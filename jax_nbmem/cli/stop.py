@@ -138,7 +138,9 @@ def whose(kernel: Kernel, own_server: OwnServer | None = None) -> tuple[bool, st
     if kernel.hub_user and own_hub:
         unix = f" (Unix user {me})" if me and me != own_hub else ""
         return kernel.hub_user == own_hub, f"you are hub user {own_hub}{unix}"
-    return kernel.user is not None and kernel.user == me, f"you are user {me}"
+    # A container's user name is the container's: the same name on the host is someone else.
+    mine = kernel.user is not None and kernel.user == me and kernel.user_source is None
+    return mine, f"you are user {me}"
 
 
 def _refuse_contradictions(kernel: Kernel, through_hub: bool) -> None:

@@ -57,11 +57,14 @@ class Kernel:
     owner_reason: str | None = None
     claimed: Claimed = field(default_factory=Claimed)
     ancestors: tuple[int, ...] = ()
+    # What ``user`` is (owners.unix_user_text): None, the host's account; in a container, its
+    # own name there, its uid there or the host's uid, never the host's name for that uid.
+    user_source: str | None = None
 
     @property
     def owner(self) -> str:
         """Whose it is, as people know them; a hub user only claimed says so."""
-        shown = owner_text(self.user, self.hub_user) or "an unknown user"
+        shown = owner_text(self.user, self.hub_user, self.user_source) or "an unknown user"
         unproven = self.proven_owner is None or not self.proven_owner.is_hub_user
         if self.hub_user and self.hub_user != self.user and unproven and self.process:
             return shown.replace(f"hub user {self.hub_user}", f"hub user {self.hub_user} (claimed)")
@@ -106,6 +109,8 @@ def find(pid: int, share_dir: str | None = None, host: HostProof | None = None) 
         raise StopError(f"PID {pid}: {info.reason}; nothing done.")
     process = _proven(pid, host)
     owner, owner_reason = _owner(process)
+    # In a container: its container's user, never the host's account of the same uid.
+    user, user_source = (host.shown_user(pid) if host is not None else None) or (info.user, None)
     if view is not None and view.namespaced:
         proven = host.is_proven(pid)
         beacon = host.proven[pid].beacon if proven else None
@@ -118,12 +123,12 @@ def find(pid: int, share_dir: str | None = None, host: HostProof | None = None) 
             notebook=beacon.notebook if beacon else None,
         )  # a beacon file or environment there is anyone's: only the agent's relay is heard
         return Kernel(
-            pid=pid, started_at=info.started_at, user=info.user,
+            pid=pid, started_at=info.started_at, user=user,
             hub_user=_shown_hub_user(owner, claimed), kernel_id=claimed.kernel_id,
             notebook=claimed.notebook, gpu_bytes=gpu_bytes(pid),
             pid_in_container=view.pid_in_container, container=public_container(view),
             proven=proven, process=process, proven_owner=owner, owner_reason=owner_reason,
-            claimed=claimed,
+            claimed=claimed, user_source=user_source,
         )  # fmt: skip
     if info.kind != "kernel":
         raise StopError(_not_a_kernel(pid, info.cmdline))
@@ -142,11 +147,11 @@ def find(pid: int, share_dir: str | None = None, host: HostProof | None = None) 
         server_pid=int(parent) if parent.isdigit() else None,
     )
     return Kernel(
-        pid=pid, started_at=info.started_at, user=info.user,
+        pid=pid, started_at=info.started_at, user=user,
         hub_user=_shown_hub_user(owner, claimed), kernel_id=claimed.any_kernel_id,
         notebook=claimed.notebook, server_pid=claimed.server_pid, gpu_bytes=gpu_bytes(pid),
         process=process, proven_owner=owner, owner_reason=owner_reason, claimed=claimed,
-        ancestors=ancestors(process) if process is not None else (),
+        ancestors=ancestors(process) if process is not None else (), user_source=user_source,
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.server.kernel_state import with_states
 from jax_nbmem.server.offers import shutdown_offers
 from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
+from jax_nbmem.tenants.owners import unix_user_text
 from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
@@ -145,6 +146,8 @@ class ServerMonitor:
                 "container_shown": container_text(
                     p.get("container"), p.get("container_hostname_claimed")
                 ),
+                # In a container its container's user, never the host's name for its uid.
+                "user_shown": unix_user_text(p.get("user"), p.get("user_source")),
             }
             for p in report.get("processes", [])
         ]  # the board's and the sidebar's words for it: one rule, the status line's

@@ -25,7 +25,7 @@ from jax_nbmem.tenants.attribution import (
     Tenant,
     pool_sizes,
 )
-from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
+from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text, who_text
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration, format_gib
 
@@ -156,7 +156,7 @@ def _stale_message(agent, tenants: list[Tenant]) -> str:
     unknown = [t for t in tenants if t.kind == "unknown"]
 
     def pids(rows: list[Tenant]) -> str:
-        shown = [f"PID {t.pid}" + (f" ({t.hub_user or t.user})" if t.hub_user or t.user else "")
+        shown = [f"PID {t.pid}" + (f" ({who})" if (who := _who(t)) else "")
                  for t in rows[:_LISTED]]  # fmt: skip
         more = f" and {len(rows) - _LISTED} more" if len(rows) > _LISTED else ""
         return ", ".join(shown) + more
@@ -186,7 +186,7 @@ def _label(
     if tenant.cmdline and (tenant.kind == "process" or tenant.source == "memory size"):
         details.append(f"`{tenant.cmdline}`")
     if read_at == AT_SHELL or is_someone_else(tenant.user, tenant.hub_user):
-        owner = owner_text(tenant.user, tenant.hub_user)
+        owner = owner_text(tenant.user, tenant.hub_user, tenant.user_source)
         details += [owner] if owner else []
     shown = container_text(tenant.container) if tenant.elsewhere else None
     if shown:  # another container's: "container notebook in pod jhub/jupyter-alice"
@@ -194,6 +194,11 @@ def _label(
     text = f"{noun or 'unidentified process'} PID {tenant.pid}"
     text += f" ({', '.join(details)})" if details else ""
     return text[0].upper() + text[1:] if start else text
+
+
+def _who(tenant: Tenant) -> str:
+    """Whom to ask about ``tenant``: its hub user, else its Unix user ("" when unknown)."""
+    return who_text(tenant.user, tenant.hub_user, tenant.user_source)
 
 
 def _idle_clause(tenant: Tenant) -> str:
@@ -227,7 +232,7 @@ def _fix(tenant: Tenant, read_at: str = IN_IPYTHON) -> str:
                 f"As an administrator, stop it with `jax-nbmem shutdown {pid} --yes`{there} "
                 f"(through its Jupyter server when it is a kernel), or ask its owner to {restart}."
             )
-        owner = tenant.hub_user or tenant.user
+        owner = _who(tenant)
         return (
             f"Ask its owner ({owner}) to shut it down or to {restart}, or ask an "
             f"administrator to run `jax-nbmem shutdown {pid} --yes`{there} (`{command}` "
@@ -248,7 +253,7 @@ def _fix_elsewhere(tenant: Tenant, restart: str) -> str:
             f"This container cannot tell which process host PID {tenant.pid} is. "
             f"{_AGENT_ADVICE} An administrator can stop it {host}."
         )
-    owner = f" ({tenant.hub_user or tenant.user})" if tenant.hub_user or tenant.user else ""
+    owner = f" ({_who(tenant)})" if _who(tenant) else ""
     if tenant.source == "inferred":
         return (
             f"If that kernel is yours, {restart}; otherwise ask its owner{owner} to. An "

@@ -23,7 +23,7 @@ from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETR
 from jax_nbmem.gpu import own_process
 from jax_nbmem.tenants.beacons import Beacon, read_beacons
 from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
-from jax_nbmem.tenants.owners import hub_user_of
+from jax_nbmem.tenants.owners import hub_user_of, in_container
 from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
@@ -167,6 +167,9 @@ class Tenant:
     pid_here: int | None = field(default=None, repr=False)
     elsewhere: bool = field(default=False, repr=False)
     memory_cap_bytes: int | None = None  # its MPS/HAMi cap here (its beacon, or this process's)
+    # What ``user`` is (owners.unix_user_text): None, the host's account; in a container its
+    # own name there (``container``), its uid there (``uid``) or the host's uid (``host_uid``).
+    user_source: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the fields above by name (less ``pid_here`` and ``elsewhere``)."""
@@ -529,6 +532,8 @@ def _tenant(
         fields["notebook_shown"] = shown_notebook(verdict["notebook"], fields.get("user"))
     if entry is not None:
         fields.update(pid_in_container=entry.pid_in_container, container=entry.shown_container)
+        if entry.container is not None:  # never the host's account name for a container's uid
+            fields.update(in_container(fields, entry.user, entry.user_source, process.pid))
     return Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields)
 
 

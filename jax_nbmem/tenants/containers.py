@@ -226,6 +226,9 @@ def _neighbour(process, entry: ResolvedProcess, total, uuid) -> dict:
         "container": entry.shown_container,
         "elsewhere": True,
         "notebook": None,
+        # Its container's user as the agent read it (None from an agent that does not say).
+        "user": entry.user,
+        "user_source": entry.user_source,
     }
     if kernel is None:
         size_only = _a._matches_a_pool(
@@ -240,7 +243,8 @@ def _neighbour(process, entry: ResolvedProcess, total, uuid) -> dict:
     fields = {
         **base,
         "kind": "kernel",
-        "user": kernel.user,
+        "user": entry.user or kernel.user,  # the agent's reading, else the kernel's own word
+        "user_source": entry.user_source if entry.user else None,
         "kernel_id": kernel.kernel_id,
         "started_at": kernel.started_at,
         "hub_user": kernel.hub_user,

@@ -102,11 +102,15 @@ class Candidate:
     used_bytes: int | None
     reason: str  # "idle-preallocated" or "idle-over-share"
     why: str  # one sentence
+    user_source: str | None = None  # what ``user`` is (owners.unix_user_text)
 
     def label(self) -> str:
-        """``kernel PID 123 (notebook x.ipynb, hub user alice (Unix user jovyan))``."""
-        parts = [p for p in (self.notebook and f"notebook {self.notebook}",
-                             owner_text(self.user, self.hub_user)) if p]  # fmt: skip
+        """``kernel PID 123 (notebook x.ipynb, hub user alice (Unix user jovyan))``.
+
+        In a container: ``(Unix user jovyan in its container)``.
+        """
+        owner = owner_text(self.user, self.hub_user, self.user_source)
+        parts = [p for p in (self.notebook and f"notebook {self.notebook}", owner) if p]
         return f"kernel PID {self.pid}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -151,6 +155,7 @@ def candidates(report: Mapping[str, Any], policy: CullPolicy) -> list[Candidate]
                 hub_user=process.get("hub_user"),
                 notebook=process.get("notebook_shown") or process.get("notebook"),
                 idle_s=idle, used_bytes=used, reason=reason, why=why,
+                user_source=process.get("user_source"),
             )  # fmt: skip
     return list(found.values())
 

@@ -68,8 +68,9 @@ GPU_LABELS = ("UUID", "gpu", "Hostname", "gpu_uuid", *MIG_LABELS)
 # a process outside any container are the same series as before these labels came.
 CONTAINER_LABELS = ("container", "pod", "namespace")
 # Who says the names: `user_source` is empty (the host's account of its uid), `container` (a
-# process in a container: its container's passwd, the container's claim) or `uid` (the bare
-# uid: no name known there); `hub_user_source` is `pod` (KubeSpawner's annotation, from the
+# process in a container: its container's passwd, the container's claim), `uid` (the bare
+# uid: no name known there) or `host_uid` (the host's uid: its container's map unread);
+# `hub_user_source` is `pod` (KubeSpawner's annotation, from the
 # Kubernetes API) or `claimed` (the process's own beacon or environment). `kernel_id` and
 # `notebook` are always the process's or its server's own word (bounded, never proven).
 SOURCE_LABELS = ("user_source", "hub_user_source")

@@ -4,12 +4,17 @@ In a hub whose single-user servers run in containers every Unix user may be ``jo
 hub's name (``$JUPYTERHUB_USER`` in every spawned server and kernel) is what tells people
 apart. A kernel states it in its beacon; for a process without one it is read from its
 environment where that is readable (the viewer's own processes, or root).
+
+A process in a container is never shown by the host's account name for its uid (that is
+whoever has the same number on the host): its ``user_source`` says what its ``user`` is
+(:func:`unix_user_text`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "ENV_HUB_USER",
@@ -17,9 +22,12 @@ __all__ = [
     "SHUTDOWN_DRY_RUN",
     "SHUTDOWN_YES",
     "hub_user_of",
+    "in_container",
     "is_someone_else",
     "may_stop_others",
     "owner_text",
+    "unix_user_text",
+    "who_text",
 ]
 
 ENV_HUB_USER = "JUPYTERHUB_USER"
@@ -53,13 +61,66 @@ def is_someone_else(user: str | None, hub_user: str | None) -> bool:
     return bool(hub_user and own_hub and hub_user != own_hub)
 
 
-def owner_text(user: str | None, hub_user: str | None) -> str | None:
-    """``user alice``, ``hub user alice (Unix user jovyan)``; None when nobody is known."""
-    if hub_user and hub_user != user:
-        return f"hub user {hub_user}" + (f" (Unix user {user})" if user else "")
-    return f"user {user}" if user else None
+def unix_user_text(user: str | None, user_source: str | None = None) -> str | None:
+    """A process's Unix user as people read it, by where its name comes from.
+
+    ``user_source`` (a status entry's): none, the host's account (``alice``); ``container``,
+    its container's own name for its uid there (``jovyan in its container``); ``uid``, its uid
+    there with no name (``uid 1000 in its container``); ``host_uid``, only the host's uid is
+    known (``host uid 1000``). None when ``user`` is.
+    """
+    if not user:
+        return None
+    if user_source == "container":
+        return f"{user} in its container"
+    if user_source == "uid":
+        return f"uid {user} in its container"
+    if user_source == "host_uid":
+        return f"host uid {user}"
+    return user
+
+
+def owner_text(
+    user: str | None, hub_user: str | None, user_source: str | None = None
+) -> str | None:
+    """``user alice``, ``hub user alice (Unix user jovyan in its container)``; None: nobody.
+
+    ``user_source`` as :func:`unix_user_text` says.
+    """
+    shown = unix_user_text(user, user_source)
+    if hub_user and (hub_user != user or user_source):
+        return f"hub user {hub_user}" + (f" (Unix user {shown})" if shown else "")
+    if shown and user_source in ("uid", "host_uid"):
+        return shown  # "host uid 1000": a number, never "user 1000"
+    return f"user {shown}" if shown else None
+
+
+def who_text(user: str | None, hub_user: str | None, user_source: str | None = None) -> str:
+    """Whom to ask, in one word where there is one: the hub user, else the Unix user ("")."""
+    return hub_user or unix_user_text(user, user_source) or ""
 
 
 def may_stop_others() -> bool:
     """Whether this process may stop another user's kernel (root: ``jax-nbmem shutdown``)."""
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def in_container(
+    shown: Mapping[str, Any], user: str | None, user_source: str | None, pid: int | None = None
+) -> dict[str, Any]:
+    """``user``, ``user_source`` and ``notebook_shown`` of a process in a container.
+
+    ``shown`` holds what the host made of it (``user``: the host's account of its uid,
+    ``notebook``, ``notebook_shown``); ``user``/``user_source`` are its container's (the node
+    agent's reading). Without them, its host uid (read from ``/proc/PID`` when ``pid`` is
+    given). Its notebook is never shown under the home the host gives that uid's account.
+    """
+    if not user and pid is not None:
+        try:
+            user, user_source = str(os.stat(f"/proc/{pid}").st_uid), "host_uid"
+        except OSError:
+            user, user_source = None, None
+    notebook_shown, account = shown.get("notebook_shown"), shown.get("user")
+    if account and notebook_shown and notebook_shown.startswith(f"~{account}/"):
+        notebook_shown = shown.get("notebook")
+    return {"user": user, "user_source": user_source, "notebook_shown": notebook_shown}

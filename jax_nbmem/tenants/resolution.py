@@ -60,6 +60,7 @@ SCHEMA = 1
 MAX_BYTES = 32 * 1024 * 1024
 _MIN_STALE_S = 10.0
 _RUNTIMES = ("docker", "containerd", "crio", "podman", "kubepods", "unknown")
+_USER_SOURCES = ("container", "uid", "host_uid")
 
 
 def resolution_path(share_dir: str) -> str:
@@ -89,6 +90,10 @@ class ResolvedProcess:
     container: dict | None
     kernel: Beacon | None
     names_reason: str | None = None  # why its kernel's names are null (not this reader's)
+    # In a container, its user as the agent read it (``user_source``: ``container``, ``uid``
+    # or ``host_uid``, see owners.unix_user_text); None from an agent that does not say.
+    user: str | None = None
+    user_source: str | None = None
 
     @property
     def shown_container(self) -> dict | None:
@@ -377,7 +382,16 @@ def _entry(entry: Any, path: str) -> ResolvedProcess | None:
         container=_container(entry.get("container")),
         kernel=beacon,
         names_reason=_text(kernel.get("names_reason"), 256) if beacon is not None else None,
+        **_user(entry),
     )
+
+
+def _user(entry: dict) -> dict:
+    """An entry's ``user`` and ``user_source``, both or neither (an agent before them: none)."""
+    source, user = entry.get("user_source"), _text(entry.get("user"), 64)
+    if source not in _USER_SOURCES or not user:
+        return {}
+    return {"user": user, "user_source": source}
 
 
 def _container(value: Any) -> dict | None:

@@ -34,6 +34,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 from jax_nbmem.tenants.beacons import read_small_file
 from jax_nbmem.tenants.exchange import exchange
+from jax_nbmem.tenants.owners import unix_user_text, who_text
 
 __all__ = [
     "JupyterServer",
@@ -474,8 +475,10 @@ def _refusal(pid: int, tenant) -> str | None:
     if tenant.kind == "unknown":
         return f"PID {pid} could not be inspected ({tenant.reason}); nothing done."
     me = current_user()
-    if tenant.user is not None and me is not None and tenant.user != me:
-        return f"PID {pid} belongs to user {tenant.user}; only its owner can shut it down."
+    source = getattr(tenant, "user_source", None)  # in a container: never the host's name
+    if tenant.user is not None and me is not None and (tenant.user != me or source):
+        who = unix_user_text(tenant.user, source)
+        return f"PID {pid} belongs to user {who}; only its owner can shut it down."
     if tenant.kind != "kernel":
         return f"PID {pid} is not a Jupyter kernel ({tenant.cmdline}); stop it yourself if need be."
     return None
@@ -492,7 +495,7 @@ def _elsewhere(pid: int, tenant) -> str:
         )
     container = (tenant.container or {}).get("name") or (tenant.container or {}).get("id")
     where = f"another container ({container})" if container else "another PID namespace"
-    owner = tenant.hub_user or tenant.user
+    owner = who_text(tenant.user, tenant.hub_user, getattr(tenant, "user_source", None))
     whose = f"its owner ({owner})" if owner else "its owner"
     return (
         f"PID {pid} runs in {where}, which nothing in this container can stop; nothing done. "

@@ -31,7 +31,7 @@ from jax_nbmem.tenants.containers import from_container
 from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
 from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.own_memory import own_split
-from jax_nbmem.tenants.owners import is_someone_else, owner_text
+from jax_nbmem.tenants.owners import in_container, is_someone_else, owner_text
 from jax_nbmem.tenants.resolution import load_resolution
 from jax_nbmem.tenants.sharedir import agent_not_consulted
 from jax_nbmem.text import printable, printable_lines
@@ -168,8 +168,7 @@ def collect(
             dirs=dirs,
             identity=identity,
         )
-    if own is not None:
-        tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
+    tenants = _as_shown(tenants, host, own)
     notes = [look.visible.note] if look.visible.note else []
     caps, cap_problems = caps_by_gpu(environ, look.gpus)  # MPS's or HAMi's, in this environment
     notes += cap_problems
@@ -223,6 +222,32 @@ def collect(
     elif not look.gpus:  # a kernel's own host memory, what it shows instead of a GPU
         report["host"] = _own_host_memory(backend_started)
     return report
+
+
+def _as_shown(tenants: list, host, own) -> list:
+    """The rows as the report shows them, before the warnings that name their owners.
+
+    Each in a container named by its container's user (:func:`_container_user`); this
+    process's own row judged by its session (:func:`_from_session`) when ``own`` is given.
+    """
+    if host:
+        tenants = [_container_user(t, host) for t in tenants]
+    if own is not None:
+        tenants = [_from_session(t) if t.kind == "self" else t for t in tenants]
+    return tenants
+
+
+def _container_user(tenant, host):
+    """``tenant`` named by its container's user where it runs in one, never the host's account.
+
+    See :meth:`~jax_nbmem.agent.hostproof.HostProof.shown_user`.
+    """
+    shown = host.shown_user(tenant.pid)
+    if shown is None:
+        return tenant
+    host_side = {"user": tenant.user, "notebook": tenant.notebook,
+                 "notebook_shown": tenant.notebook_shown}  # fmt: skip
+    return replace(tenant, **in_container(host_side, *shown))
 
 
 def _agent_notes(resolution, shared: str | None, environ: Mapping[str, str]) -> list[str]:
@@ -391,9 +416,9 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     elif process.get("cmdline") and kind != "self":
         parts.append(process["cmdline"])
     if is_someone_else(process.get("user"), process.get("hub_user")):
-        user = process.get("user")  # in a container: its container's name (a claim) or its uid
-        user = f"{user} in its container" if process.get("user_source") == "container" else user
-        parts.append(owner_text(user, process.get("hub_user")) or "")
+        # In a container: its container's name (a claim) or its uid, never the host's name.
+        parts.append(owner_text(process.get("user"), process.get("hub_user"),
+                                process.get("user_source")) or "")  # fmt: skip
     # With its pod, where it has one; where no runtime records it, its host name, claimed.
     shown = container_text(process.get("container"), process.get("container_hostname_claimed"))
     if shown:
@@ -414,9 +439,14 @@ def _process_line(process: Mapping[str, Any], own_name: str = OWN_NAME) -> str:
     if process.get("idle_s") is not None:
         about = "~" if process.get("idle_source") == "server" else ""
         parts.append(f"idle {about}{format_duration(process['idle_s'])}")
+    # Names this reader could not read itself (a user other than root) are the agent's.
+    named = process.get("names_source") == "agent"
     if source and source != "unknown":
         words = f"{own_name}'s own record" if source == "session" else _SOURCE_WORDS.get(source)
+        words = "proven and named by the node agent" if named and source == "agent" else words
         parts.append(f"[{words or f'source: {source}'}]")
+    if named and source != "agent":
+        parts.append("[named by the node agent]")
     if kind == "unknown" and process.get("reason"):
         parts.append(f"({process['reason']})")
     return "  ".join(parts)

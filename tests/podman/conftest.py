@@ -25,7 +25,7 @@ from tests.podman.podman import (
     podman,
     start,
 )
-from tests.users import User, python_for
+from tests.users import User, add_user, python_for
 from tests.waiting import wait_for
 
 
@@ -95,16 +95,22 @@ def jovyan_1000():
     home = folder / "home"
     home.mkdir()
     os.chown(home, JOVYAN_UID, JOVYAN_UID)
+    # The host has an account of its own at uid 1000, as a real host does, named otherwise
+    # than the containers' jovyan: no text about a container's kernel may name it (issue 51).
+    made = None
     try:
         name = pwd.getpwuid(JOVYAN_UID).pw_name
     except KeyError:
-        name = str(JOVYAN_UID)
+        made = add_user("jnmhost", uid=JOVYAN_UID)
+        name = made.name
     user = User(name, JOVYAN_UID, JOVYAN_UID, home)
     try:
         python, env = python_for(user, folder, {"PATH": os.environ["PATH"]}, IMPORTS)
         keep = ("PYTHONPATH", "LD_LIBRARY_PATH")
         yield Jovyan(user, python, {k: env[k] for k in keep if k in env})
     finally:
+        if made is not None:  # its processes are the containers' (gone by now): none killed
+            subprocess.run(["userdel", "--force", "--remove", made.name], capture_output=True)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.containers.scenario import hog_and_work, resolved
 from tests.podman.conftest import host_env
 from tests.podman.podman import podman
+from tests.users import add_user, python_for, remove_user
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -194,6 +198,82 @@ def test_whose_a_kernel_is_comes_from_podmans_record_on_its_vfs_store(scenario):
         owner = owner_of(prove_process(kernel.pid))
         assert (owner.name, owner.is_hub_user) == (user, True), owner
         assert "rootful Podman's record" in owner.source
+
+
+def _host_account_named(text: str, host: str) -> list[str]:
+    """Where ``text`` names ``host`` (the host's account of uid 1000) other than as the
+    container's user: ``jovyan in its container`` is the container's name for uid 1000."""
+    return re.findall(rf"\b{re.escape(host)}\b(?! in its container)", text)
+
+
+def test_roots_warnings_advice_and_shutdown_name_the_containers_user(scenario):
+    """Issue 51 item 4: uid 1000 is jovyan in the containers and another account on the host
+    (the fixture's): every text root reads names jovyan, marked as the container's."""
+    node, alice = scenario.node, scenario.alice
+    host = node.user.name  # the host's account of uid 1000, nobody in the containers
+    report = json.loads(root_status(node, "--json", share_dir=node.share_dir))
+    about_alice = [w["message"] for w in report["warnings"] if w.get("pid") == alice.pid]
+    assert about_alice, report["warnings"]
+    for message in about_alice:  # the row's owner, in the warning and its advice alike
+        assert "hub user alice (Unix user jovyan in its container)" in message, message
+        assert not _host_account_named(message, host), message
+    row = rows_of(report)[alice.pid]
+    assert (row["user"], row["user_source"]) == ("jovyan", "container"), row
+    text = root_status(node, share_dir=node.share_dir)
+    assert "As an administrator, stop it with `jax-nbmem shutdown" in text, text
+    assert not _host_account_named(text, host), text
+    dry = subprocess.run(
+        [sys.executable, "-m", "jax_nbmem.cli", "shutdown", str(alice.pid), "--dry-run"],
+        env=host_env(node), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and f"Would stop kernel PID {alice.pid}" in said, said
+    assert "hub user alice (Unix user jovyan in its container)" in said, said
+    assert not _host_account_named(said, host), said
+
+
+def test_a_non_root_reader_takes_the_names_from_the_agents_resolution(scenario):
+    """Issue 51 item 9: a user other than root cannot list Podman's store nor read another
+    user's /proc/PID/root; the agent's world-readable resolution names both, as the agent's."""
+    node, alice, bob = scenario.node, scenario.alice, scenario.bob
+    reader = add_user("jnmread")
+    folder = Path(tempfile.mkdtemp(prefix="jnm-reader-"))
+    folder.chmod(0o755)
+    try:
+        python, env = python_for(reader, folder, {"PATH": os.environ["PATH"]})
+        env.update({
+            "HOME": str(reader.home), "LANG": "C.UTF-8", "JAX_PLATFORMS": "cpu",
+            "LD_LIBRARY_PATH": ":".join(filter(None, (str(node.root / "lib"),
+                                                      env.get("LD_LIBRARY_PATH")))),
+            "JAX_NBMEM_SIMGPU_STATE": str(node.state),
+            "JAX_NBMEM_SHARE_DIR": str(node.share_dir),
+        })  # fmt: skip
+
+        def status(*args: str) -> str:
+            done = subprocess.run(
+                [python, "-m", "jax_nbmem.cli", "status", *args], user=reader.uid,
+                group=reader.gid, extra_groups=[], env=env, cwd=reader.home,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        rows = rows_of(json.loads(status("--json")))
+        for kernel, hub_user in ((alice, "alice"), (bob, "bob")):
+            row = rows[kernel.pid]
+            assert row["container"]["name"] == kernel.name, row["container"]
+            assert row["container"]["name_reason"] is None, row["container"]
+            assert (row["user"], row["user_source"]) == ("jovyan", "container"), row
+            assert (row["names_source"], row["hub_user"]) == ("agent", hub_user), row
+        text = status()
+        (alices,) = [line for line in text.splitlines() if f"pid {alice.pid} " in line]
+        assert f"container {alice.name}" in alices, alices
+        assert "hub user alice (Unix user jovyan in its container)" in alices, alices
+        assert "[proven and named by the node agent]" in alices, alices
+        assert "cannot list Podman's store" not in text and "Unix user 1000" not in text, text
+    finally:
+        remove_user(reader)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 def test_the_agent_logs_what_it_serves_and_is_restarted_after_a_kill(scenario):

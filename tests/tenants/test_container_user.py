@@ -1,5 +1,6 @@
 """A container's process is shown as its container's user (a claim) or its uid, never the host's."""
 
+import json
 import os
 import subprocess
 import tempfile
@@ -92,3 +93,94 @@ def test_a_real_podman_container_s_user_is_its_own(tmp_path):
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
         os.unlink(passwd.name)
+
+
+def test_each_user_source_is_said_as_its_own(monkeypatch):
+    """Issue 51 item 4: the host's uid only as a number, marked as the host's."""
+    from jax_nbmem.tenants.owners import owner_text, unix_user_text, who_text
+
+    assert unix_user_text("jovyan", "container") == "jovyan in its container"
+    assert unix_user_text("1000", "uid") == "uid 1000 in its container"
+    assert unix_user_text("1000", "host_uid") == "host uid 1000"
+    assert unix_user_text("alice") == "alice" and unix_user_text(None, "container") is None
+    assert owner_text("jovyan", "alice", "container") == (
+        "hub user alice (Unix user jovyan in its container)"
+    )
+    # A container's user named like its hub user is still the container's.
+    assert owner_text("alice", "alice", "container") == (
+        "hub user alice (Unix user alice in its container)"
+    )
+    assert owner_text("alice", "alice") == "user alice"  # the host's account, as before
+    assert owner_text("1000", None, "host_uid") == "host uid 1000"
+    assert who_text("1000", None, "uid") == "uid 1000 in its container"
+    assert who_text("jovyan", "alice", "container") == "alice"
+
+
+def test_without_its_user_namespace_s_map_the_host_uid_marked_so(tmp_path):
+    fake_process(tmp_path, 301, nspids=(301, 1), uid=1000,
+                 cgroup=f"0::/system.slice/docker-{DOCKER_ID}.scope\n")  # fmt: skip
+    seen = HostViewer(str(tmp_path)).view(301)  # no uid_map: the uid there is unknown
+    assert seen.uid_in_container is None and seen.shown_user() == ("1000", "host_uid")
+    processes = [{"pid": 301, "gpu": 0, "user": "cloudsdk", "used_bytes": 1, "kind": "kernel",
+                  "hub_user": "alice"}]  # fmt: skip
+    HostProof(HostViewer(str(tmp_path)), {}).annotate(processes)
+    line = _process_line(processes[0])
+    assert "hub user alice (Unix user host uid 1000)" in line and "cloudsdk" not in line, line
+
+
+def _agents_entry(pid: int, container_id: str, **more) -> dict:
+    return {"pid": pid, "start_ticks": 1000, "container": {"id": container_id,
+            "name": "jupyter-alice", "name_reason": None}, **more}  # fmt: skip
+
+
+def test_a_reader_who_cannot_name_a_container_takes_the_agent_s_names(tmp_path):
+    """Issue 51 item 9: what root's store and another user's root tell, the agent's word."""
+    fake_process(tmp_path, 302, nspids=(302, 7), uid=1000,
+                 cgroup=f"0::/system.slice/docker-{DOCKER_ID}.scope\n")  # fmt: skip
+    (tmp_path / "302" / "uid_map").write_text("0 0 4294967295\n")
+    viewer = HostViewer(str(tmp_path))
+    own = viewer.view(302)
+    assert own.container.name is None and own.user_in_container is None  # this reader's own
+    entry = _agents_entry(302, DOCKER_ID, user="jovyan", user_source="container")
+    proof = HostProof(viewer, {}, resolved={302: entry})
+    processes = [{"pid": 302, "gpu": 0, "user": "cloudsdk", "used_bytes": 1, "kind": "kernel",
+                  "hub_user": "alice", "source": "environment"}]  # fmt: skip
+    proof.annotate(processes)
+    row = processes[0]
+    assert row["container"]["name"] == "jupyter-alice" and row["container"]["name_reason"] is None
+    assert (row["user"], row["user_source"], row["names_source"]) == (
+        "jovyan", "container", "agent"
+    )
+    line = _process_line(row)
+    assert "container jupyter-alice" in line and "unnamed" not in line
+    assert "hub user alice (Unix user jovyan in its container)" in line
+    assert "[named by the node agent]" in line
+    # Another container's entry (another id) names nothing here: the reader's own words stay.
+    other = HostProof(viewer, {}, resolved={302: _agents_entry(302, "4e" * 32)})
+    rows = [{"pid": 302, "gpu": 0, "used_bytes": 1, "kind": "kernel"}]
+    other.annotate(rows)
+    assert rows[0]["container"]["name"] is None and "names_source" not in rows[0]
+    assert (rows[0]["user"], rows[0]["user_source"]) == ("1000", "uid")
+
+
+def test_the_agent_publishes_each_container_process_s_user():
+    from jax_nbmem.agent.cgroups import Container
+    from jax_nbmem.agent.hostview import HostView
+    from jax_nbmem.agent.publish import build_resolution
+    from jax_nbmem.tenants.resolution import _parse
+
+    container = Container(DOCKER_ID, "docker", name="jupyter-alice")
+    views = {
+        500: HostView(500, 1, (500, 7), 1000, (1, 2), None, container, "x",
+                      uid_in_container=1000, user_in_container="jovyan"),
+        501: HostView(501, 1, (501,), 0, (1, 3), None, None, ""),  # on the host: no user said
+    }  # fmt: skip
+    report = {"gpus": [{"index": 0, "uuid": "GPU-a"}],
+              "processes": [{"pid": 500, "gpu": 0}, {"pid": 501, "gpu": 0}]}  # fmt: skip
+    content = build_resolution(report, {}, views.get, interval_s=1.0, now=1.0)
+    entries = {entry["pid"]: entry for entry in content["processes"]}
+    assert (entries[500]["user"], entries[500]["user_source"]) == ("jovyan", "container")
+    assert "user" not in entries[501]
+    parsed = _parse(json.dumps(content).encode(), "resolution.json")
+    assert (parsed.get(500).user, parsed.get(500).user_source) == ("jovyan", "container")
+    assert parsed.get(501).user is None
