@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jax_nbmem.tenants.unix_names import unix_user_text, who_text
+
 __all__ = [
     "ENV_HUB_USER",
     "SHUTDOWN_BOTH",
@@ -61,25 +63,6 @@ def is_someone_else(user: str | None, hub_user: str | None) -> bool:
     return bool(hub_user and own_hub and hub_user != own_hub)
 
 
-def unix_user_text(user: str | None, user_source: str | None = None) -> str | None:
-    """A process's Unix user as people read it, by where its name comes from.
-
-    ``user_source`` (a status entry's): none, the host's account (``alice``); ``container``,
-    its container's own name for its uid there (``jovyan in its container``); ``uid``, its uid
-    there with no name (``uid 1000 in its container``); ``host_uid``, only the host's uid is
-    known (``host uid 1000``). None when ``user`` is.
-    """
-    if not user:
-        return None
-    if user_source == "container":
-        return f"{user} in its container"
-    if user_source == "uid":
-        return f"uid {user} in its container"
-    if user_source == "host_uid":
-        return f"host uid {user}"
-    return user
-
-
 def owner_text(
     user: str | None, hub_user: str | None, user_source: str | None = None
 ) -> str | None:
@@ -93,11 +76,6 @@ def owner_text(
     if shown and user_source in ("uid", "host_uid"):
         return shown  # "host uid 1000": a number, never "user 1000"
     return f"user {shown}" if shown else None
-
-
-def who_text(user: str | None, hub_user: str | None, user_source: str | None = None) -> str:
-    """Whom to ask, in one word where there is one: the hub user, else the Unix user ("")."""
-    return hub_user or unix_user_text(user, user_source) or ""
 
 
 def may_stop_others() -> bool:

@@ -34,7 +34,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 from jax_nbmem.tenants.beacons import read_small_file
 from jax_nbmem.tenants.exchange import exchange
-from jax_nbmem.tenants.owners import unix_user_text, who_text
+from jax_nbmem.tenants.unix_names import unix_user_text, who_text
 
 __all__ = [
     "JupyterServer",

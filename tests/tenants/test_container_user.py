@@ -148,9 +148,8 @@ def test_a_reader_who_cannot_name_a_container_takes_the_agent_s_names(tmp_path):
     proof.annotate(processes)
     row = processes[0]
     assert row["container"]["name"] == "jupyter-alice" and row["container"]["name_reason"] is None
-    assert (row["user"], row["user_source"], row["names_source"]) == (
-        "jovyan", "container", "agent"
-    )
+    assert (row["user"], row["user_source"]) == ("jovyan", "container")
+    assert row["names_source"] == "agent"
     line = _process_line(row)
     assert "container jupyter-alice" in line and "unnamed" not in line
     assert "hub user alice (Unix user jovyan in its container)" in line
@@ -184,3 +183,29 @@ def test_the_agent_publishes_each_container_process_s_user():
     parsed = _parse(json.dumps(content).encode(), "resolution.json")
     assert (parsed.get(500).user, parsed.get(500).user_source) == ("jovyan", "container")
     assert parsed.get(501).user is None
+
+
+def test_a_kernel_on_the_host_names_a_container_s_process_as_the_agent_read_it():
+    """In a host kernel (no host proof of its own), the agent's resolution names the user of
+    a process in a container; where the agent says nothing, the host's uid, marked so."""
+    from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+    from jax_nbmem.tenants.attribution import attribute
+    from jax_nbmem.tenants.resolution import Resolution, ResolvedProcess
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        gpu = GpuMemory(0, "GPU-a", "simulated", 80 << 30, 1 << 30, 79 << 30)
+        container = {"id": DOCKER_ID, "runtime": "docker", "name": "jupyter-alice"}
+        for said, expected in (({"user": "jovyan", "user_source": "container"},
+                                ("jovyan", "container")),
+                               ({}, (str(os.getuid()), "host_uid"))):  # fmt: skip
+            entry = ResolvedProcess(sleeper.pid, 7, None, None, ("GPU-a",), container, None,
+                                    **said)  # fmt: skip
+            resolution = Resolution("fresh", processes={sleeper.pid: entry})
+            (tenant,) = attribute([GpuProcess(sleeper.pid, 0, 1 << 30)], [gpu], own_pid=1,
+                                  beacons={}, resolution=resolution, sessions={})  # fmt: skip
+            assert (tenant.user, tenant.user_source) == expected, tenant
+            assert tenant.to_dict()["user_source"] == expected[1]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
