@@ -219,6 +219,16 @@ def test_roots_warnings_advice_and_shutdown_name_the_containers_user(scenario):
         assert not _host_account_named(message, host), message
     row = rows_of(report)[alice.pid]
     assert (row["user"], row["user_source"]) == ("jovyan", "container"), row
+    # The culler's words for her kernel, from the same report; an exemption of the host's
+    # account exempts no container's kernel (its uid is the same number, not the same person).
+    from jax_nbmem.agent.facts import owner_of, prove_process
+    from jax_nbmem.tenants.culling import CullPolicy, candidates
+
+    policy = CullPolicy(idle_s=1.0, exempt=frozenset({host}))
+    (candidate,) = [c for c in candidates(report, policy) if c.pid == alice.pid]
+    assert "hub user alice (Unix user jovyan in its container)" in candidate.label()
+    process = prove_process(alice.pid)
+    assert process.user is None and not policy.exempts(owner_of(process), process.user)
     text = root_status(node, share_dir=node.share_dir)
     assert "As an administrator, stop it with `jax-nbmem shutdown" in text, text
     assert not _host_account_named(text, host), text
