@@ -227,18 +227,20 @@ def _pieces(
     The hidden pieces (:mod:`.visibility`) are made only for an entry in a namespace.
     ``left_out``: why its kernel's beacon is not published (``kernel_reason``).
     """
-    fields = {
+    head = _dumps({
         "pid": pid,
         "pid_in_container": seen.pid_in_container if seen else None,
         "pid_ns": list(seen.pid_ns) if seen and seen.pid_ns else None,
         "start_ticks": seen.start_ticks if seen else None,
         "gpus": list(gpus),
-    }
+    })[:-1]  # fmt: skip
+    user = ""
     if seen is not None and seen.container is not None:
         # Its container's own name for its uid (read here, as root, through its root), so a
-        # reader who cannot read that never falls back on the host's name for the number.
-        fields["user"], fields["user_source"] = seen.shown_user()
-    head = _dumps(fields)[:-1]
+        # reader who cannot read that never falls back on the host's name for the number. A
+        # name, hidden where the container's names are (as the kernel's own `user` is).
+        shown, source = seen.shown_user()
+        user = f',"user":{_dumps(shown)},"user_source":{_dumps(source)}'
     container = container_entry(seen)
     namespace = container.get("namespace") if container else None
     reason = HIDDEN_REASON
@@ -246,7 +248,7 @@ def _pieces(
         namespace, reason = UNKNOWN_NAMESPACE, UNKNOWN_REASON  # a pod's, not known: fail closed
     content = registration.content if registration else None
     said = f',"kernel_reason":{_dumps(left_out)}' if left_out else ""
-    tail = f',"kernel":{_dumps(content)}{said},"source":"agent"}}'
+    tail = f'{user},"kernel":{_dumps(content)}{said},"source":"agent"}}'
     hidden = hidden_tail = ""
     if namespace is not None:
         hidden = _dumps(hidden_container(container, reason))

@@ -145,7 +145,8 @@ def _shutdown(args: argparse.Namespace) -> int:
     if args.json:  # JSON escapes every control character a notebook name may carry
         print(json.dumps({
             "pid": kernel.pid, "kernel_id": kernel.kernel_id, "user": kernel.user,
-            "user_source": kernel.user_source, "hub_user": kernel.hub_user, "notebook": kernel.notebook, "how": stopped.how,
+            "user_source": kernel.user_source, "hub_user": kernel.hub_user,
+            "notebook": kernel.notebook, "how": stopped.how,
             "server": stopped.server, "done": not args.dry_run,
             "gpu_bytes": kernel.gpu_bytes, "freed_bytes": stopped.freed,
             "free_bytes_after": stopped.free_after, "message": stopped.message,

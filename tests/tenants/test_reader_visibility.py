@@ -117,3 +117,13 @@ def test_the_agent_answers_a_tcp_caller_as_its_own_namespace_may_see(proc, direc
     assert kernels(for_alice)[500]["notebook"] == ALICE["notebook"]
     _, on_host = exporter._resolution_for(700)  # in no pod: as the 0644 file
     assert kernels(on_host)[500]["hub_user"] is None
+
+
+def test_a_pod_s_user_as_the_agent_read_it_is_hidden_with_its_names(proc, directory):
+    """The entry's ``user`` (the container's name for its uid, issue 51) is a name too."""
+    writer, public = writer_with_alice(proc, directory)
+    for text in (writer.for_namespace("ml"), public):
+        entry = {p["pid"]: p for p in json.loads(text)["processes"]}[500]
+        assert "user" not in entry and "user_source" not in entry, entry
+    entry = {p["pid"]: p for p in json.loads(writer.for_namespace("jhub"))["processes"]}[500]
+    assert entry["user_source"] in ("container", "uid", "host_uid") and entry["user"], entry
