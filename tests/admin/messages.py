@@ -25,10 +25,12 @@ def _constants(trees: Iterable[ast.Module]) -> dict[str, str]:
     seen: dict[str, set[str]] = {}
     for tree in trees:
         for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):  # fmt: skip
-                seen.setdefault(node.targets[0].id, set()).add(node.value.value)
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                if isinstance(value.value, str):
+                    seen.setdefault(target.id, set()).add(value.value)
     return {name: next(iter(texts)) for name, texts in seen.items() if len(texts) == 1}
 
 
