@@ -85,7 +85,7 @@ def test_the_page_s_block_starts_the_agent_that_a_user_s_status_reads(tmp_path, 
     env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
     env.pop("JAX_NBMEM_SHARE_DIR", None)
-    script = "mount -t tmpfs -o mode=1777 tmpfs /var/tmp && exec bash -euc \"$0\""
+    script = 'mount -t tmpfs -o mode=1777 tmpfs /var/tmp && exec bash -euc "$0"'
     agent = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
          block.replace("127.0.0.1:9840", f"127.0.0.1:{port}")],
