@@ -11,6 +11,7 @@ exists. Every block is valid bash.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import os
@@ -236,3 +237,54 @@ def test_the_magics_page_s_kernelspec_block_runs_as_written(tmp_path):
     assert "jax-nbmem-off" in done.stdout and "jax-30" in done.stdout  # the list, before remove
     assert (venv / "share" / "jupyter" / "kernels" / "jax-30" / "kernel.json").is_file()
     assert not (tmp_path / "data" / "kernels" / "jax-nbmem-off").exists()  # removed
+
+
+def _fenced(info: str) -> list[tuple[str, str]]:
+    """(page, text) of every block of the pages fenced as ``info``."""
+    parser = markdown_it.MarkdownIt()
+    return [
+        (page.relative_to(REPO_ROOT).as_posix(), token.content)
+        for page in PAGES
+        for token in parser.parse(page.read_text(encoding="utf-8"))
+        if token.type == "fence" and token.info.strip() == info
+    ]
+
+
+def _configured_commands() -> list[tuple[str, list[str]]]:
+    """The jax-nbmem command lines the pages' configs and the shipped units give, as words.
+
+    A hub config's service command is a Python list: each word that is not a literal (a
+    variable such as ``HUB_URL``) stands as ``X``. A unit's ``ExecStart=`` and the exporter's
+    environment file are read as systemd would split them.
+    """
+    found = []
+    for page, code in _fenced("python"):
+        if code.lstrip().startswith("%"):
+            continue  # a notebook's cell, with magics: no config
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.List) and any(
+                isinstance(e, ast.Constant) and e.value == "jax_nbmem.cli" for e in node.elts
+            ):
+                words = [e.value if isinstance(e, ast.Constant) else "X" for e in node.elts]
+                found.append((page, words[words.index("jax_nbmem.cli") + 1 :]))
+    units = [(page, text) for page, text in _fenced("ini")]
+    units.append(("deploy/jax-nbmem-exporter.service",
+                  (REPO_ROOT / "deploy" / "jax-nbmem-exporter.service").read_text()))  # fmt: skip
+    for page, text in units:
+        for line in text.replace("\\\n", " ").splitlines():
+            start = re.match(r"ExecStart=\S*(?:jax-nbmem|python -m jax_nbmem\.cli) (.*)", line)
+            if start:
+                found.append((page, shlex.split(start[1].replace("$JAX_NBMEM_EXPORTER_ARGS", ""))))
+    env = (REPO_ROOT / "deploy" / "jax-nbmem-exporter.env").read_text()
+    (args,) = re.findall(r'^JAX_NBMEM_EXPORTER_ARGS="(.*)"$', env, re.M)
+    found.append(("deploy/jax-nbmem-exporter.env", ["exporter", *shlex.split(args)]))
+    return found
+
+
+def test_the_configs_and_units_give_jax_nbmem_command_lines_its_parser_accepts():
+    found = _configured_commands()
+    pages = {page for page, _ in found}
+    assert {"docs/jupyterhub.md", "deploy/jax-nbmem-exporter.env"} <= pages, pages
+    assert any(words[0] == "cull" for _, words in found)
+    wrong = [f"{page}: {words}: {said}" for page, words in found if (said := _parses(words))]
+    assert wrong == []
