@@ -195,7 +195,8 @@ def test_the_section_says_loopback_is_no_boundary_between_local_users():
 
 @pytest.mark.parametrize(
     "page", ["docs/metrics.md", "docs/containers.md", "README.md", "docs/shared-node.md",
-             "docs/jupyterhub.md", "docs/getting-started.md"],
+             "docs/jupyterhub.md", "docs/getting-started.md", "docs/troubleshooting.md",
+             "docs/upgrade.md"],
 )  # fmt: skip
 def test_other_pages_link_to_the_account_instead_of_restating_it(page):
     text = (REPO / page).read_text()

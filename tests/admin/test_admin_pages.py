@@ -60,3 +60,10 @@ def test_the_uninstall_page_names_what_stays_where_the_code_puts_it(monkeypatch)
                  "/opt/jax_nbmem"):  # fmt: skip
         assert f"`{path}`" in page, path
     assert "jax-nbmem kernel remove NAME" in page and "jax-nbmem kernel list" in page
+
+
+def test_every_test_the_verification_page_names_exists():
+    page = (REPO_ROOT / "docs" / "verification.md").read_text()
+    named = set(re.findall(r"`(tests/[\w/]+\.py)`", page))
+    assert len(named) >= 20
+    assert sorted(path for path in named if not (REPO_ROOT / path).is_file()) == []

@@ -1,0 +1,1 @@
+# The administrator's day as docs/ tells it: the pages' claims, messages and commands.
