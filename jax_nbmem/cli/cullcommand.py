@@ -10,8 +10,8 @@ each is an error and exit status 2 before any round, so what shows once ``--dry-
 removed shows in the dry run first. A dry run with neither a hub address nor a token (the
 Kubernetes base, a look at a node without a hub) checks no hub and says so. In earnest the
 culler refuses to start on a refused token or a missing scope (it could warn, never stop),
-and starts when the hub does not answer (a hub restarting with its services), saying so:
-each stop then asks the hub again.
+and starts when the hub does not answer or answers with an error (a hub restarting with its
+services), saying so: each stop then asks the hub again.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _hub_and_check(args):
                 "services) it can only --dry-run")  # fmt: skip
         return None, None, said
     check = check_token(hub)
-    if check.ok or (check.no_answer and not args.dry_run):
+    if check.ok or not (args.dry_run or check.fatal):
         return hub, check, None
     then = "; the dry run stops here: this would stop the culler too" if args.dry_run else (
         "; not started: it could warn kernels, never stop one")  # fmt: skip
@@ -158,7 +158,7 @@ def start_line(args, share_dir: str, hub, check, log: Path | None) -> str:
     if hub is None:
         hub_words = ("no hub (no --hub-url nor $JUPYTERHUB_API_TOKEN): this dry run checks no "
                      "hub and token; without --dry-run it would refuse to start")  # fmt: skip
-    elif check.no_answer:
+    elif not check.ok:
         hub_words = f"hub {hub.url}: {check.words}; it starts anyway and asks again at each stop"
     else:
         hub_words = f"hub {hub.url} (API {hub.api_url}): {check.words}"

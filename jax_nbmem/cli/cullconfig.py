@@ -43,7 +43,7 @@ def _duration(flag: str, *, zero: bool) -> Callable[[str], float]:
         found = _DURATION.fullmatch(text.strip())
         if not found:
             raise argparse.ArgumentTypeError(
-                f"{flag} takes seconds like 3600, or 10m, 1h, 2d; got {printable(text)!r}"
+                f"{flag} takes seconds like 3600, or 10m, 1h, 2d; got '{printable(text)}'"
             )
         value = float(found.group(1)) * _UNITS[found.group(2) or "s"]
         if value > _MAX_S or (value == 0 and not zero):
@@ -65,7 +65,7 @@ def _name(flag: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         word = text.strip()
         if not word or any(c.isspace() or not c.isprintable() for c in word):
-            raise argparse.ArgumentTypeError(f"{flag} takes one name, got {printable(text)!r}")
+            raise argparse.ArgumentTypeError(f"{flag} takes one name, got '{printable(text)}'")
         return word
 
     return parse
@@ -76,7 +76,7 @@ def _url(text: str) -> str:
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", word):
         raise argparse.ArgumentTypeError(
             f"--hub-url takes the hub's http(s) address like http://127.0.0.1:8000, got "
-            f"{printable(text)!r}"
+            f"'{printable(text)}'"
         )
     return word
 
@@ -185,11 +185,11 @@ def read_config(path: Path) -> dict[str, object]:
         where = f"{path} line {number}"
         name, equals, value = (w.strip() for w in words.partition("="))
         if not equals:
-            raise ConfigError(f"{where}: {printable(words)!r} is not NAME = VALUE (e.g. idle "
+            raise ConfigError(f"{where}: '{printable(words)}' is not NAME = VALUE (e.g. idle "
                               "= 1h); write it so, or start it with # as a comment")  # fmt: skip
         option = _BY_NAME.get(name.removeprefix("--"))
         if option is None:
-            raise ConfigError(f"{where}: {printable(name)!r} is no setting of jax-nbmem cull "
+            raise ConfigError(f"{where}: '{printable(name)}' is no setting of jax-nbmem cull "
                               f"(they are: {', '.join(_BY_NAME)}); fix its name or remove "
                               "the line")  # fmt: skip
         if option.name in found and not option.many:
@@ -202,7 +202,7 @@ def _value(option: Option, value: str, where: str, found: dict) -> object:
     if option.parse is None:
         if value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
-        raise ConfigError(f"{where}: {option.name} is true or false, not {printable(value)!r}")
+        raise ConfigError(f"{where}: {option.name} is true or false, not '{printable(value)}'")
     try:
         parsed = option.parse(value)
     except argparse.ArgumentTypeError as error:

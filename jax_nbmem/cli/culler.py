@@ -316,6 +316,7 @@ class Culler:
                          f"{stopped}")  # fmt: skip
             return event
         remove_notice(self.share_dir, key or candidate.pid)
+        self._warned_owner.pop(candidate.pid, None)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
         if self._counts is not None:
             self._counts.counts[candidate.reason] = self._counts.counts.get(candidate.reason, 0) + 1
@@ -337,6 +338,7 @@ class Culler:
         remove_notice(self.share_dir, key)
         if pid is None and key.isdigit():
             pid = int(key)
+        self._warned_owner.pop(pid, None)
         return {"action": "cancel", "pid": pid, "key": key,
                 "message": f"no longer culling {label}: {why}"}  # fmt: skip
 

@@ -34,6 +34,12 @@ class TokenCheck:
     words: str  # one clause for the start line
     missing: tuple[str, ...] = ()  # needed scopes it lacks, as SCOPES names them
     no_answer: bool = False  # the hub did not answer at all
+    refused: bool = False  # the hub answered that it does not know the token (401, 403)
+
+    @property
+    def fatal(self) -> bool:
+        """Whether no round could ever stop a kernel: the token refused, or a scope missing."""
+        return self.refused or bool(self.missing)
 
 
 def check_token(hub: Hub) -> TokenCheck:
@@ -47,7 +53,7 @@ def check_token(hub: Hub) -> TokenCheck:
                 "knows (mistyped, revoked or expired); set $JUPYTERHUB_API_TOKEN to the "
                 "culler's service token (its api_token in jupyterhub_config.py; a service the "
                 "hub starts gets it from the hub)"
-            ))  # fmt: skip
+            ), refused=True)  # fmt: skip
         if error.no_answer:
             said = f"the hub does not answer: {error}; the token is unchecked"
             return TokenCheck(False, said, no_answer=True)
