@@ -125,8 +125,13 @@ def _hub_and_check(args):
     check = check_token(hub)
     if check.ok or not (args.dry_run or check.fatal):
         return hub, check, None
-    then = "; the dry run stops here: this would stop the culler too" if args.dry_run else (
-        "; not started: it could warn kernels, never stop one")  # fmt: skip
+    if not args.dry_run:
+        then = "; not started: it could warn kernels, never stop one"
+    elif check.fatal:
+        then = "; the dry run stops here: without --dry-run the culler would not start either"
+    else:
+        then = ("; the dry run stops here: without --dry-run the culler would start, and stop "
+                "nothing until the hub answers")  # fmt: skip
     return hub, check, f"hub {hub.url}: {check.words}{then}"
 
 

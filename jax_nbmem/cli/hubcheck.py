@@ -55,7 +55,7 @@ def check_token(hub: Hub) -> TokenCheck:
                 "hub starts gets it from the hub)"
             ), refused=True)  # fmt: skip
         if error.no_answer:
-            said = f"the hub does not answer: {error}; the token is unchecked"
+            said = f"{error}; the token is unchecked"  # "… URL does not answer (why)"
             return TokenCheck(False, said, no_answer=True)
         return TokenCheck(False, f"the hub did not say who this token is: {error}")
     if not isinstance(model, dict):

@@ -69,7 +69,7 @@ def test_the_start_line_says_the_hub_s_word_on_the_token_and_a_dry_run_stops_whe
     assert rc == 2, out
     assert "the token of service half-culler lacks tokens" in out, out
     assert "it needs the scopes read:servers and tokens" in out and "load_roles" in out, out
-    assert "the dry run stops here" in out, out
+    assert "the dry run stops here: without --dry-run the culler would not start" in out, out
 
     rc, out = _jax_nbmem(hub, *once, token="not" + secrets.token_hex(20))
     assert rc == 2 and "the hub refused this token (HTTP 403)" in out, out
@@ -81,7 +81,8 @@ def test_the_start_line_says_the_hub_s_word_on_the_token_and_a_dry_run_stops_whe
     args = ["cull", "--once", "--hub-url", down, "--log", str(tmp_path / "log")]
     rc, out = _jax_nbmem(hub, *args, "--dry-run", token=hub.culler_token)
     assert rc == 2, out
-    assert "the hub does not answer" in out and "connection refused: nothing listens" in out
+    assert "does not answer (connection refused: nothing listens at 127.0.0.1:" in out, out
+    assert "the culler would start, and stop nothing until the hub answers" in out, out
     assert "refused this token" not in out, out
     rc, out = _jax_nbmem(hub, *args, token=hub.culler_token)  # in earnest it starts, and says
     assert rc == 0 and "started, in earnest" in out and "it starts anyway" in out, out

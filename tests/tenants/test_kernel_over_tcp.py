@@ -420,7 +420,7 @@ def test_the_culler_s_warning_reaches_its_kernel_in_a_pod_and_no_other(node, tmp
         said = culler.stdout.readline() if ready else ""
         # Its start line: nobody answers at the hub's address, which is said, not fatal.
         assert said.startswith("jax-nbmem cull: started, in earnest"), said
-        assert "the hub does not answer" in said and "connection refused" in said, said
+        assert "does not answer (connection refused" in said and "starts anyway" in said, said
         ready, _, _ = select.select([culler.stdout], [], [], 60)
         said = culler.stdout.readline() if ready else ""
         assert said.startswith(f"jax-nbmem cull: warned kernel PID {alice.host_pid} "), said
