@@ -8,10 +8,10 @@ through its user's server: the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``) goes to the hub only, which issues a token for that one server
 (:mod:`jax_nbmem.cli.hubapi`). The stops of one round run at once, each bounded by its
 deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says
-what it would do (its checks of the hub: :mod:`jax_nbmem.cli.cullcommand`). Each round ends
-with one line of what it saw and did (:mod:`jax_nbmem.cli.cullround`); a warning taken back
-says why. Every warning, stop and change of mind is a JSON line in the log and a
-line on stdout (users' words in it neutralised; a hub user the host did not prove marked
+what it would do (its checks of the hub: :mod:`jax_nbmem.cli.cullcommand`); each round ends
+with a line of what it saw and did, a warning taken back says why (:mod:`~jax_nbmem.cli.
+cullround`). Every warning, stop and change of mind is a JSON line in the log and a line
+on stdout (users' words in it neutralised; a hub user the host did not prove marked
 "(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in
 the shared directory, from which the node exporter serves it (counting on from there after
 a restart), and served at the culler's own ``/metrics`` with ``--listen``.
