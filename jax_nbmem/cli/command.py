@@ -7,6 +7,8 @@ jax-nbmem exporter [--listen HOST:PORT] [--interval S] [--share-dir DIR] [--stal
                    [--agent-listen HOST:PORT] [--kubernetes auto|on|off] [--node-name NODE]
                    [--pod-names-visible own|all|none|NS,...]
 jax-nbmem cull [--idle S] [--warn S] [--every S] [--share F] [--exempt USER] [--dry-run] [--once]
+               [--hub-url URL] [--share-dir DIR] [--log FILE] [--listen HOST:PORT]
+               [--config FILE] [--generate-config [FILE]]
 jax-nbmem shutdown PID [--yes | --dry-run] [--hub-url URL] [--share-dir DIR] [--log FILE] [--json]
                    [--deadline SECONDS]
 jax-nbmem kernel install --allocator MODE [--name NAME] [--display-name TEXT]
@@ -19,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from jax_nbmem import guide
 from jax_nbmem._version import __version__
 from jax_nbmem.allocator.modes import ModeError, mode_forms, parse_mode
+from jax_nbmem.cli.cullcommand import add_cull
 from jax_nbmem.text import printable_lines
 
 __all__ = ["main"]
@@ -156,82 +157,6 @@ def _shutdown(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cull(args: argparse.Namespace) -> int:
-    from jax_nbmem.cli.culler import Culler
-    from jax_nbmem.cli.hubapi import HubError, hub_from_environment
-    from jax_nbmem.cli.stop import admin_log_path
-    from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
-    from jax_nbmem.tenants.culling import CullPolicy
-    from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
-
-    share_dir = _share_dir(args.share_dir)
-    if not share_dir or not os.path.isdir(share_dir):
-        print(
-            printable_lines(
-                f"jax-nbmem cull: needs the shared beacon directory of every user's kernels "
-                f"(--share-dir or ${ENV_SHARE_DIR}, else {DEFAULT_SHARE_DIR} where it is); "
-                f"{share_dir or 'none given'} is no folder"
-            ),
-            file=sys.stderr,
-        )
-        return 2
-    if args.idle <= 0 or args.warn < 0 or args.every <= 0:
-        print("jax-nbmem cull: --idle and --every must be > 0, --warn >= 0", file=sys.stderr)
-        return 2
-    if args.share is not None and not 0 < args.share <= 1:
-        print("jax-nbmem cull: --share must be in (0, 1]", file=sys.stderr)
-        return 2
-    try:
-        hub = hub_from_environment(args.hub_url)
-    except HubError as error:
-        if not args.dry_run:  # a dry run asks no server: it needs no token
-            print(printable_lines(f"jax-nbmem cull: {error}"), file=sys.stderr)
-            return 2
-        hub = None
-    if hub is None and not args.dry_run:
-        print(
-            "jax-nbmem cull: without a hub (--hub-url and $JUPYTERHUB_API_TOKEN, as JupyterHub "
-            "gives its services) it can only --dry-run",
-            file=sys.stderr,
-        )
-        return 2
-    policy = CullPolicy(
-        idle_s=args.idle, warn_s=args.warn, share=args.share, exempt=frozenset(args.exempt)
-    )
-    registry = None
-    if args.listen:
-        from jax_nbmem.cli.exporter import is_loopback, parse_listen
-
-        try:
-            host, port = parse_listen(args.listen)
-            if not is_loopback(host):  # no TLS, no password here: the exporter has them
-                raise ValueError(
-                    "it serves without TLS or a password, so on loopback only; off this "
-                    "machine Prometheus reads the count from the node exporter "
-                    f"({guide.page('metrics.md', 'The cull count')})"
-                )
-            import prometheus_client
-
-            registry = prometheus_client.CollectorRegistry()
-            prometheus_client.start_http_server(port, host, registry)
-        except (ImportError, ValueError, OSError) as error:
-            said = f"jax-nbmem cull: cannot serve /metrics on {args.listen}: {error}"
-            print(printable_lines(said), file=sys.stderr)
-            return 2
-    culler = Culler(
-        policy, share_dir, hub, dry_run=args.dry_run,
-        log_path=args.log or admin_log_path(), registry=registry,
-    )  # fmt: skip
-    if args.once:
-        culler.round()
-        return 0
-    try:
-        culler.serve(args.every)
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
 def _exporter(args: argparse.Namespace) -> int:
     from jax_nbmem.cli.exporter import Exporter
 
@@ -312,7 +237,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the installed jax_nbmem's version and exit",
     )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_status, _add_exporter, _add_shutdown, _add_cull, _add_kernel):
+    for add in (_add_status, _add_exporter, _add_shutdown, add_cull, _add_kernel):
         add(commands)
     return parser
 
@@ -465,47 +390,6 @@ def _add_shutdown(commands) -> None:
         help="give up, saying so, when the whole stop has not finished in SECONDS (default 60)",
     )
     shutdown.set_defaults(run=_shutdown)
-
-
-def _add_cull(commands) -> None:
-    """``jax-nbmem cull``: the GPU-aware idle culler."""
-    cull = commands.add_parser(
-        "cull",
-        help="GPU-aware idle culling of kernels (a JupyterHub service; off unless run)",
-        description="Warn, then shut down through its server, each kernel idle for more than "
-        "--idle seconds that holds a preallocated pool (or more than --share of a GPU) on a "
-        "GPU with less free than a default JAX start needs. Never a busy kernel, never an "
-        "--exempt user's.",
-    )
-    cull.add_argument("--idle", type=float, default=3600.0, help="idle limit, s (default 3600)")
-    cull.add_argument(
-        "--warn", type=float, default=600.0, help="seconds from the warning to the stop (600)"
-    )
-    cull.add_argument("--every", type=float, default=60.0, help="seconds between rounds (60)")
-    cull.add_argument(
-        "--share", type=float, default=None, metavar="F",
-        help="also kernels holding more than F (0-1) of a GPU without a pool",
-    )  # fmt: skip
-    cull.add_argument(
-        "--exempt", action="append", default=[], metavar="USER",
-        help="a user (hub or Unix name) never culled; repeat for more",
-    )  # fmt: skip
-    cull.add_argument("--dry-run", action="store_true", help="only say what it would do")
-    cull.add_argument("--once", action="store_true", help="one round, then exit")
-    cull.add_argument("--hub-url", metavar="URL", help="the hub's public address")
-    cull.add_argument(
-        "--share-dir",
-        metavar="DIR",
-        help="the shared beacon directory ($JAX_NBMEM_SHARE_DIR, else /var/tmp/jax_nbmem)",
-    )
-    cull.add_argument("--log", type=Path, metavar="FILE", help="the administrators' log")
-    cull.add_argument(
-        "--listen",
-        metavar="HOST:PORT",
-        help="also serve jax_nbmem_culled_kernels_total at /metrics here, on loopback only (the "
-        "node exporter serves it from the shared directory: scrape one of them)",
-    )
-    cull.set_defaults(run=_cull)
 
 
 def _add_kernel(commands) -> None:

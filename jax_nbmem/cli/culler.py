@@ -8,8 +8,10 @@ through its user's server: the hub token JupyterHub gives its services
 (``$JUPYTERHUB_API_TOKEN``) goes to the hub only, which issues a token for that one server
 (:mod:`jax_nbmem.cli.hubapi`). The stops of one round run at once, each bounded by its
 deadlines, so a slow or hostile server delays no other user's. ``--dry-run`` only says
-what it would do. Every warning, stop and change of mind is a JSON line in the log and a
-line on stdout (users' words in it neutralised; a hub user the host did not prove marked
+what it would do (its checks of the hub: :mod:`jax_nbmem.cli.cullcommand`); each round ends
+with a line of what it saw and did, a warning taken back says why (:mod:`~jax_nbmem.cli.
+cullround`). Every warning, stop and change of mind is a JSON line in the log and a line
+on stdout (users' words in it neutralised; a hub user the host did not prove marked
 "(claimed)"); stops are counted in ``jax_nbmem_culled_kernels_total{reason}``: kept in
 the shared directory, from which the node exporter serves it (counting on from there after
 a restart), and served at the culler's own ``/metrics`` with ``--listen``.
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from jax_nbmem.agent.facts import disagreements
 from jax_nbmem.agent.hostproof import HostProof, host_proof
+from jax_nbmem.cli.cullround import RoundTally, why_no_longer
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop import Kernel, StopError, find, stop
@@ -59,7 +62,7 @@ from jax_nbmem.tenants.culling import (
     CullCounts,
     CullPolicy,
     Notice,
-    candidates,
+    assess,
     read_counts,
     read_notice,
     remove_notice,
@@ -95,6 +98,8 @@ class Culler:
         self.out = out or sys.stdout
         self.culled: dict[str, int] = {}
         self._unproven_said: set[int] = set()
+        self._declined: dict[int, tuple[str, str]] = {}  # PID -> (short, why) this round
+        self._warned_owner: dict[int, str] = {}  # PID -> its proven owner when warned
         self._proven_hub_users: dict[int, str] = {}  # PID -> its hub user, where proven
         self._outside_said = False
         self._host: HostProof | None = None
@@ -129,19 +134,23 @@ class Culler:
         self._host = host
         report = collect(share_dir=self.share_dir, host=host or False) if report is None else report
         events = []
-        found = candidates(report, self.policy)
+        verdicts = assess(report, self.policy)
+        found = [v for v in verdicts.values() if isinstance(v, Candidate)]
+        self._declined = {}
         if host is None and found and not self._outside_said:
             self._outside_said = True
             events.append({"action": "skip", "pid": None, "dry_run": self.dry_run, "message": (
                 "not culling: this culler runs outside the host's PID namespace, where it "
                 "cannot prove whose a kernel is; run it in the host's PID namespace"
             )})  # fmt: skip
+        if host is None:
+            self._declined = {c.pid: ("outside the host's PID namespace", "") for c in found}
         chosen = self._choose(found, host, events) if host is not None else {}
         keys = {pid: host.key(pid) if host is not None else str(pid) for pid in chosen}
         beacons = read_beacons([self.share_dir])
         if host is not None:
             beacons = host.beacons(beacons, chosen)
-        due = []
+        due, tally = [], RoundTally.of(verdicts, {p: d[0] for p, d in self._declined.items()})
         for pid, candidate in chosen.items():
             key = keys[pid]
             notice = read_notice([self.share_dir], pid, candidate.started_at,
@@ -149,34 +158,68 @@ class Culler:
             if notice is None:
                 events.append(self._warn(candidate, now, key))
             elif now < notice.deadline:
-                continue  # warned; its time has not come
+                tally.waiting += 1  # warned; its time has not come
             elif self._ran_a_cell_since(pid, notice, beacons):
-                events.append(self._forget(key, self._label(candidate), "it ran a cell", pid))
+                events.append(self._forget(key, self._label(candidate),
+                                           "it ran a cell after the warning", pid))  # fmt: skip
             else:
                 due.append((candidate, key))
         events.extend(self._cull_all(due))
         if not self.dry_run:
             for key in self._noticed() - set(keys.values()):
-                events.append(self._forget(key, f"kernel {key}", "it no longer qualifies"))
+                events.append(self._take_back(key, verdicts, report, host))
         for event in events:
             self._say(event)
+            tally.done[event["action"]] += 1
+        self._say({"action": "round", "message": tally.line(self.policy.idle_s, self.dry_run)},
+                  log=False)  # fmt: skip
         return events
+
+    def announce(self, message: str) -> None:
+        """Say the start line (stdout and the administrators' log)."""
+        self._say({"action": "start", "pid": None, "dry_run": self.dry_run, "message": message})
+
+    def _take_back(self, key: str, verdicts: dict, report, host: HostProof | None) -> dict:
+        """Take back the notice of ``key``, which no longer qualifies, saying why."""
+        pid = int(key) if key.isdigit() else None
+        if pid is None and host is not None:
+            pid = next((p for p in verdicts if host.key(p) == key), None)
+        verdict = verdicts.get(pid) if pid is not None else None
+        started = {p.get("pid"): p.get("started_at") for p in report.get("processes", [])}
+        notice = None
+        if pid is not None:
+            notice = read_notice([self.share_dir], pid, key=None if key == str(pid) else key)
+        declined = self._declined.get(pid, ("", ""))[1] if pid is not None else None
+        why = why_no_longer(pid, verdict, declined, notice, started.get(pid))
+        label = self._label(verdict) if isinstance(verdict, Candidate) else (
+            f"kernel PID {pid}" if pid is not None else f"kernel {key}")  # fmt: skip
+        return self._forget(key, label, why, pid)
 
     def _choose(self, found: list[Candidate], host: HostProof, events: list) -> dict:
         """The candidates whose facts allow acting, not exempt; why not is added to ``events``."""
         chosen = {}
         for candidate in found:
             if host.namespaced(candidate.pid) and not host.is_proven(candidate.pid):
+                self._declined[candidate.pid] = ("unproven in its container", (
+                    "it runs in a container the node agent has not proven"))  # fmt: skip
                 events.extend(self._unproven(candidate))
                 continue
             kernel, why = self._facts(candidate, host)
             if kernel is None:
+                self._declined[candidate.pid] = ("owner unproven", f"no longer: {why}")
                 events.extend(self._unproven(candidate, why))
                 continue
+            owner = kernel.proven_owner.name
             if kernel.proven_owner.is_hub_user:
-                self._proven_hub_users[candidate.pid] = kernel.proven_owner.name
+                self._proven_hub_users[candidate.pid] = owner
             if self.policy.exempts(kernel.proven_owner, kernel.process.user):
+                was = self._warned_owner.get(candidate.pid)
+                self._declined[candidate.pid] = ("exempt", (
+                    f"its owner changed from {was} to {owner}, whom --exempt spares"
+                    if was and was != owner else f"its owner {owner} is exempt (--exempt)"
+                ))  # fmt: skip
                 continue
+            self._warned_owner.setdefault(candidate.pid, owner)
             chosen[candidate.pid] = candidate
         return chosen
 
@@ -275,6 +318,7 @@ class Culler:
                          f"{stopped}")  # fmt: skip
             return event
         remove_notice(self.share_dir, key or candidate.pid)
+        self._warned_owner.pop(candidate.pid, None)
         self.culled[candidate.reason] = self.culled.get(candidate.reason, 0) + 1
         if self._counts is not None:
             self._counts.counts[candidate.reason] = self._counts.counts.get(candidate.reason, 0) + 1
@@ -296,6 +340,7 @@ class Culler:
         remove_notice(self.share_dir, key)
         if pid is None and key.isdigit():
             pid = int(key)
+        self._warned_owner.pop(pid, None)
         return {"action": "cancel", "pid": pid, "key": key,
                 "message": f"no longer culling {label}: {why}"}  # fmt: skip
 
@@ -331,11 +376,11 @@ class Culler:
                 candidate = dataclasses.replace(candidate, hub_user=f"{claimed} (claimed)")
         return candidate.label()
 
-    def _say(self, event: dict) -> None:
+    def _say(self, event: dict, log: bool = True) -> None:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # Notebook names and hub users are their users' words: shown only neutralised.
         print(printable_lines(f"jax-nbmem cull: {event['message']}"), file=self.out, flush=True)
-        if self.log_path is None:
+        if self.log_path is None or not log:
             return
         try:  # never through a link, nor in a folder others may write
             line = json.dumps({"at": at, "by": "jax-nbmem cull", **event})

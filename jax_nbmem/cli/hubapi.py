@@ -27,6 +27,7 @@ import contextlib
 import http.client
 import json
 import os
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Iterator
@@ -57,7 +58,22 @@ SERVER_TOKEN_S = 120  # a one-server token's life, should its revocation not get
 
 
 class HubError(RuntimeError):
-    """A hub or a user's server that did not answer, or refused; the message says why."""
+    """A hub or a user's server that did not answer, or refused; the message says why.
+
+    ``status`` is the HTTP status of a refusing answer (else None); ``no_answer`` is true
+    where none came (connection refused, a name that does not resolve, TLS, a timeout):
+    "the hub refused this token" is said of 401 and 403 only.
+    """
+
+    def __init__(self, message: str, status: int | None = None, *, no_answer: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.no_answer = no_answer
+
+    @property
+    def refused(self) -> bool:
+        """Whether the other side answered that the token may not (401, 403)."""
+        return self.status in (401, 403)
 
 
 @dataclass(frozen=True)
@@ -189,27 +205,47 @@ def _request(method: str, url: str, token: str, what: str, body: object = None) 
         answer = exchange(connection, method, path, headers, REQUEST_S, data)
     except TimeoutError:
         raise HubError(
-            f"{what}: {url} gave no full answer within {REQUEST_S:g} s; given up"
+            f"{what}: {url} does not answer (no full answer within {REQUEST_S:g} s: a "
+            "firewall, or a hub too busy to answer); given up",
+            no_answer=True,
         ) from None
     except (OSError, http.client.HTTPException, ValueError) as error:
-        raise HubError(f"{what}: {url} does not answer ({_reason(error, token)})") from None
+        said = f"{what}: {url} does not answer ({_reason(error, token, parts)})"
+        raise HubError(said, no_answer=True) from None
     if 300 <= answer.status < 400:
         raise HubError(
             f"{what}: {url} answered HTTP {answer.status} with a redirect to "
             f"{answer.location or 'nowhere'}, which is not followed (a credential is sent only "
-            "where it was addressed)"
+            "where it was addressed)",
+            answer.status,
         )
     if answer.status >= 400:
-        raise HubError(f"{what}: {_refusal(answer.status, answer.reason, answer.body)}")
+        refusal = _refusal(answer.status, answer.reason, answer.body)
+        raise HubError(f"{what}: {refusal}", answer.status)
     try:
         return json.loads(answer.body) if answer.body else None
     except ValueError:
-        raise HubError(f"{what}: {url} answered something that is not JSON") from None
+        said = f"{what}: {url} answered something that is not JSON"
+        raise HubError(said, answer.status) from None
 
 
-def _reason(error: BaseException, token: str) -> str:
+def _reason(error: BaseException, token: str, parts: urllib.parse.SplitResult) -> str:
+    """Why no answer came, in an administrator's words: which of the usual causes it is."""
     text = str(getattr(error, "reason", None) or error) or type(error).__name__
-    return text.replace(token, "***") if token else text
+    text = text.replace(token, "***") if token else text
+    where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused: nothing listens at {where}; is the hub running there?"
+    if isinstance(error, socket.gaierror):
+        return f"the name {parts.hostname} does not resolve (DNS: {text})"
+    if isinstance(error, ssl.SSLError):
+        return (
+            f"TLS with {where} failed ({text}); is the address https where the hub is http, "
+            "or its certificate not one this machine trusts?"
+        )
+    if isinstance(error, http.client.HTTPException) and parts.scheme == "http":
+        return f"{text}: not an HTTP answer (is the hub https?)"
+    return text
 
 
 def _refusal(status: int, reason: str, body: bytes) -> str:

@@ -220,9 +220,14 @@ def _through_hub(kernel: Kernel, hub: Hub, mine: bool, you: str) -> Plan:
     except HubError as error:
         if mine:
             raise StopError(f"{error}; nothing done.") from None
+        answer = (
+            "the hub refused this token" if error.refused
+            else "the hub did not answer" if error.no_answer
+            else "the hub did not give its server"
+        )  # fmt: skip
         raise StopError(
-            f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and the "
-            f"hub refused this token: {error}; nothing done."
+            f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and "
+            f"{answer}: {error}; nothing done."
         ) from None
     return Plan(
         "server", url, "hub", kernel.process, _listed(kernel, url, lambda: hub.kernel_ids(url))

@@ -48,7 +48,9 @@ __all__ = [
     "Candidate",
     "CullCounts",
     "CullPolicy",
+    "NotCulled",
     "Notice",
+    "assess",
     "candidates",
     "culled_collector",
     "notice_content",
@@ -114,50 +116,82 @@ class Candidate:
         return f"kernel PID {self.pid}" + (f" ({', '.join(parts)})" if parts else "")
 
 
+@dataclass(frozen=True)
+class NotCulled:
+    """Why a kernel of the report is not a candidate: ``short`` to count, ``why`` a clause."""
+
+    pid: int
+    short: str  # "busy", "active", "idle unknown", "GPU unknown", "GPU has room", "no pool"
+    why: str  # "it ran a cell 3 min ago, under the --idle limit of 1 h"
+
+
 def candidates(report: Mapping[str, Any], policy: CullPolicy) -> list[Candidate]:
     """The kernels of a status report (``jax-nbmem status --json``) that the policy would stop.
 
     Exemptions are not applied here: the report's owners are partly claims; the culler applies
     :meth:`CullPolicy.exempts` to each candidate's proven owner.
     """
+    return [v for v in assess(report, policy).values() if isinstance(v, Candidate)]
+
+
+def assess(report: Mapping[str, Any], policy: CullPolicy) -> dict[int, Candidate | NotCulled]:
+    """Every kernel of the report on a GPU, by PID: a candidate, or why it is none."""
     gpus = {g["index"]: g for g in report.get("gpus", [])}
-    found: dict[int, Candidate] = {}
+    found: dict[int, Candidate | NotCulled] = {}
     for process in report.get("processes", []):
         gpu = gpus.get(process.get("gpu"))
         if process.get("kind") != "kernel" or gpu is None:
             continue
-        idle = process.get("idle_s")
-        if idle is None or idle < policy.idle_s or idle == 0:
-            continue  # busy, or idle for less than the limit, or never known
-        total, free, used = gpu.get("total_bytes"), gpu.get("free_bytes"), process.get("used_bytes")
-        if total is None or free is None:
-            continue  # cannot tell whether anyone is short of memory
-        needed = DEFAULT_FRACTION * total
-        if free >= needed:
-            continue  # nobody waits: a default JAX start still fits
-        if process.get("preallocated"):
-            reason, holds = "idle-preallocated", "a preallocated pool"
-        elif policy.share is not None and used is not None and used > policy.share * total:
-            reason, holds = "idle-over-share", f"more than {policy.share:.0%} of the GPU"
-        else:
-            continue
-        where = report_label(gpu)  # a MIG instance: its label
-        why = (
-            f"idle for {format_duration(idle)} (limit {format_duration(policy.idle_s)}), it "
-            f"holds {holds} ({format_bytes(used)}) of {where}, where only "
-            f"{format_bytes(free)} is free, less than the {format_bytes(needed)} a default "
-            "JAX start needs"
-        )
-        if process["pid"] not in found:
-            found[process["pid"]] = Candidate(
-                pid=process["pid"], gpu=gpu["index"], started_at=process.get("started_at"),
-                kernel_id=process.get("kernel_id"), user=process.get("user"),
-                hub_user=process.get("hub_user"),
-                notebook=process.get("notebook_shown") or process.get("notebook"),
-                idle_s=idle, used_bytes=used, reason=reason, why=why,
-                user_source=process.get("user_source"),
-            )  # fmt: skip
-    return list(found.values())
+        verdict = _verdict(process, gpu, policy)
+        if not isinstance(found.get(process["pid"]), Candidate):  # a candidate on any GPU is one
+            found[process["pid"]] = verdict
+    return found
+
+
+def _verdict(process: Mapping[str, Any], gpu: Mapping[str, Any], policy: CullPolicy):
+    pid, idle = process["pid"], process.get("idle_s")
+    limit = format_duration(policy.idle_s)
+    if idle == 0:
+        return NotCulled(pid, "busy", "it is running a cell")
+    if idle is None:
+        return NotCulled(pid, "idle unknown", "how long it has been idle is unknown (no "
+                         "beacon or server of its says)")  # fmt: skip
+    if idle < policy.idle_s:
+        return NotCulled(pid, "active", f"it ran a cell {format_duration(idle)} ago, under the "
+                         f"--idle limit of {limit}")  # fmt: skip
+    total, free, used = gpu.get("total_bytes"), gpu.get("free_bytes"), process.get("used_bytes")
+    where = report_label(gpu)  # a MIG instance: its label
+    if total is None or free is None:
+        return NotCulled(pid, "GPU unknown", f"the free memory of {where} is unknown, so "
+                         "whether anyone is short of it cannot be told")  # fmt: skip
+    needed = DEFAULT_FRACTION * total
+    if free >= needed:  # nobody waits: a default JAX start still fits
+        return NotCulled(pid, "GPU has room", f"{where} has {format_bytes(free)} free, enough "
+                         f"for the {format_bytes(needed)} a default JAX start needs")  # fmt: skip
+    if process.get("preallocated"):
+        reason, holds = "idle-preallocated", "a preallocated pool"
+    elif policy.share is not None and used is not None and used > policy.share * total:
+        reason, holds = "idle-over-share", f"more than {policy.share:.0%} of the GPU"
+    elif policy.share is None:
+        return NotCulled(pid, "no pool", "it holds no preallocated pool (and no --share is "
+                         "set for kernels without one)")  # fmt: skip
+    else:
+        return NotCulled(pid, "no pool", f"it holds no preallocated pool, and its "
+                         f"{format_bytes(used)} is no more than --share {policy.share:g} of "
+                         f"{where}")  # fmt: skip
+    why = (
+        f"idle for {format_duration(idle)} (limit {limit}), it holds {holds} "
+        f"({format_bytes(used)}) of {where}, where only {format_bytes(free)} is free, less "
+        f"than the {format_bytes(needed)} a default JAX start needs"
+    )
+    return Candidate(
+        pid=pid, gpu=gpu["index"], started_at=process.get("started_at"),
+        kernel_id=process.get("kernel_id"), user=process.get("user"),
+        hub_user=process.get("hub_user"),
+        notebook=process.get("notebook_shown") or process.get("notebook"),
+        idle_s=idle, used_bytes=used, reason=reason, why=why,
+        user_source=process.get("user_source"),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

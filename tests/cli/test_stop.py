@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from jax_nbmem.cli.command import main
 
@@ -71,7 +72,9 @@ def test_the_culler_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
     assert "shared beacon directory" in capsys.readouterr().err
     assert main(["cull", "--once", "--share-dir", str(tmp_path)]) == 2
     assert "can only --dry-run" in capsys.readouterr().err
-    assert main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"]) == 2
+    with pytest.raises(SystemExit) as refused:  # argparse's own validator, exit status 2
+        main(["cull", "--once", "--share-dir", str(tmp_path), "--share", "2"])
+    assert refused.value.code == 2
     assert "--share must be in (0, 1]" in capsys.readouterr().err
     assert main(["cull", "--once", "--share-dir", str(tmp_path), "--dry-run"]) == 0
     off_loopback = ["--listen", "0.0.0.0:9841", "--dry-run"]

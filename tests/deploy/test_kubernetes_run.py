@@ -136,6 +136,9 @@ def test_the_agent_proves_a_kernel_that_finds_it_as_users_pods_do_and_the_culler
                 env=cull_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             started.append(running)
+            said = _line(running, 60)  # its start line: the base gives it no hub to check
+            assert said.startswith("jax-nbmem cull: started, dry run"), said
+            assert "this dry run checks no hub and token" in said, said
             said = _line(running, 60)
             assert said.startswith(f"jax-nbmem cull: would warn kernel PID {kernel.pid} "), said
             assert "--dry-run: nothing done" in said

@@ -231,7 +231,9 @@ def test_two_users_on_one_gpu_behind_the_hub(hub, tmp_path):
     wait_for("the busy kernel's beacon", lambda: _busy(hub, busy.pid), 20)
     time.sleep(1.2)  # idle for more than the limit
     cull = ["cull", "--once", "--idle", "1", "--warn", "3", *log, "--hub-url", hub.url]
-    rc, out = _jax_nbmem(hub, *cull, "--dry-run")
+    rc, out = _jax_nbmem(hub, *cull, "--dry-run")  # no token: the dry run says so, and stops
+    assert rc == 2 and "no hub API token" in out and "checked by --dry-run" in out, out
+    rc, out = _jax_nbmem(hub, *cull, "--dry-run", token=hub.culler_token)
     assert rc == 0, out
     assert f"would warn kernel PID {hog.pid}" in out and "nothing done" in out, out
     assert str(busy.pid) not in out
