@@ -39,6 +39,8 @@ export interface IProcess {
   notebook_shown: string | null;
   preallocated: boolean | null;
   user: string | null;
+  user_shown?: string | null; // 'jovyan in its container': the status line's words for user
+  user_source?: string | null; // null: the host's account; 'container', 'uid', 'host_uid'
   hub_user: string | null;
   cmdline: string | null;
   kernel_id: string | null;

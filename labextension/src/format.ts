@@ -58,13 +58,16 @@ export function poolsText(processes: IProcess[]): { bytes: number | null; text: 
   return { bytes, text: `${some}${gib(bytes)} in JAX pools` };
 }
 
-/** The hub's user name where there is one (in container hubs every Unix user is `jovyan`). */
+/** The hub's user name where there is one (in container hubs every Unix user is `jovyan`).
+ * A process in a container is named by its container's user (`jovyan in its container`),
+ * never by the host's account of the same uid: the server's `user_shown`. */
 export function owner(process: IProcess): string {
   const hub = process.hub_user;
-  if (hub && hub !== process.user) {
-    return process.user ? `${hub} (Unix user ${process.user})` : hub;
+  const unix = process.user_shown || process.user;
+  if (hub && (hub !== process.user || process.user_source)) {
+    return unix ? `${hub} (Unix user ${unix})` : hub;
   }
-  return process.user || '';
+  return unix || '';
 }
 
 /** Where a process runs when it is in a container, in the status line's words (the server's
