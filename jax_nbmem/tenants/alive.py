@@ -15,8 +15,9 @@ one link at its name, opened ``O_NOFOLLOW | O_NONBLOCK`` (never blocking, never 
 anything else there, it holds ``jax_nbmem-alive-<key>.<16 random hex digits>.lock`` instead
 (:data:`FALLBACK_LOCK`: unpredictable, so nobody can take it first) and says why in its
 ``problems``. A reader counts only a lock owned by the beacon's owner (``owner``), and finds a
-kernel's fallback by one listing of the directory (:func:`fallback_locks`, at most
-:data:`MAX_FALLBACKS` a key). The agent's clean-up removes both (:mod:`jax_nbmem.agent.publish`).
+kernel's fallback by one listing of the directory (:func:`fallback_locks`; at most
+:data:`MAX_FALLBACKS` of the owner's files a key). The agent's clean-up removes both
+(:mod:`jax_nbmem.agent.publish`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import re
 import secrets
 import stat
 from collections.abc import Iterable, Sequence
+
+from jax_nbmem.tenants.beacon_files import MAX_FALLBACKS, names_by_key, owned_by
 
 __all__ = [
     "FALLBACK_LOCK",
@@ -44,8 +47,6 @@ _SUFFIX = ".lock"
 FALLBACK_LOCK = re.compile(
     r"jax_nbmem-alive-([1-9][0-9]{0,19}(?:-[1-9][0-9]{0,9})?)\.([0-9a-f]{16})\.lock"
 )
-MAX_FALLBACKS = 8  # per key: a squatter may make any number of look-alikes
-_MAX_NAMES = 100_000
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -108,19 +109,8 @@ def _key_of(path: str) -> str:
 
 
 def fallback_locks(directory: str) -> dict[str, list[str]]:
-    """The fallback lock names in ``directory`` by key (one listing; at most a few per key)."""
-    found: dict[str, list[str]] = {}
-    try:
-        names = os.listdir(directory)[:_MAX_NAMES]
-    except (OSError, ValueError):
-        return found
-    for name in names:
-        match = FALLBACK_LOCK.fullmatch(name)
-        if match:
-            listed = found.setdefault(match.group(1), [])
-            if len(listed) < MAX_FALLBACKS:
-                listed.append(name)
-    return found
+    """The fallback lock names in ``directory`` by key (one listing), whoever made them."""
+    return names_by_key(directory, FALLBACK_LOCK)
 
 
 def lock_alive(
@@ -133,8 +123,12 @@ def lock_alive(
     key's names from :func:`fallback_locks`, asked too. Never blocks, never raises; a lock file
     that is no regular file (or a symlink) is None.
     """
-    names = [f"{_PREFIX}{key}{_SUFFIX}", *fallbacks[:MAX_FALLBACKS]]
-    answers = [_alive_at(os.path.join(directory, name), owner) for name in names]
+    paths = [lock_path(directory, key)]
+    if owner is not None:  # the owner's only: a squatter's look-alikes never crowd them out
+        paths += owned_by(directory, list(fallbacks), owner)
+    else:
+        paths += [os.path.join(directory, name) for name in fallbacks[:MAX_FALLBACKS]]
+    answers = [_alive_at(path, owner) for path in paths]
     if True in answers:
         return True
     return False if False in answers else None

@@ -2,7 +2,8 @@
 
 Mallory makes, first, ``jax_nbmem-alive-<key>.lock`` for the key bob's kernel will have, in the
 sticky share directory: a file she holds locked for ever (bob's kernel would look alive after
-its end, and the agent would never clear what it left), a private file of hers (bob's kernel
+its end, and the agent would never clear what it left) with look-alikes of the fallback names
+besides, a private file of hers (bob's kernel
 could not open it), a FIFO (opening it could hang), a link to root's secrets, a folder. Bob's
 kernel takes none of them: it holds a lock of its own under an unpredictable name and says
 why. Readers (the agent's clean-up, the claims ``status`` reads from other PID namespaces)
@@ -70,6 +71,14 @@ class _Squat:
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            text=True, **as_mallory)  # fmt: skip
             assert self.holder.stdout.readline().strip() == "held"
+            # And look-alikes of the fallback names, more than a reader asks: never crowding
+            # out the owner's own.
+            key = os.path.basename(path).removeprefix("jax_nbmem-alive-").removesuffix(".lock")
+            alike = [f"{path[: -len('.lock')]}.{n:016x}.lock" for n in range(20)]
+            made = "; ".join(f"os.close(os.open({a!r}, os.O_CREAT | os.O_WRONLY, 0o644))"
+                             for a in alike)  # fmt: skip
+            subprocess.run(["python3", "-c", f"import os; {made}"], check=True, **as_mallory)
+            assert key and all(os.path.exists(a) for a in alike)
             return
         make = {
             "private": f"os.close(os.open({path!r}, os.O_CREAT | os.O_WRONLY, 0o600))",
