@@ -5,13 +5,16 @@ fails again at once while the process is out of descriptors. Retrying in that lo
 core and a log line each time (issue 52: 1.5 million lines in 30 s). :class:`AcceptPause`
 takes the listener out of the selector for a while instead (50 ms, doubling to 1 s while it
 keeps failing) and logs the failure once, then at most once every ``log_every_s`` with how
-many it left unsaid.
+many it left unsaid. :meth:`AcceptPause.accept` is the one accept of every listener loop (the
+agent's Unix and TCP sides, the exporter's HTTP front): a connection, or None with the failure
+already handled.
 """
 
 from __future__ import annotations
 
 import logging
 import selectors
+import socket
 import time
 from typing import Any
 
@@ -39,6 +42,24 @@ class AcceptPause:
         self._said_at = float("-inf")
         self._unsaid = 0
         self.failures = 0
+
+    def accept(
+        self, selector: selectors.BaseSelector, listener: socket.socket
+    ) -> tuple[socket.socket, Any] | None:
+        """One connection from ``listener``: (socket, its address), or None.
+
+        None when nothing waits, or when accepting failed (EMFILE and the like): then the
+        listener rests out of ``selector`` and the failure is said, at a bounded rate.
+        """
+        try:
+            accepted = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as error:
+            self.failed(selector, listener, error)
+            return None
+        self.accepted()
+        return accepted
 
     def failed(self, selector: selectors.BaseSelector, listener: Any, error: OSError) -> None:
         """``listener``'s accept raised ``error``: out of the selector for a while, said."""

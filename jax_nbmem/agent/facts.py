@@ -32,7 +32,7 @@ import stat
 from dataclasses import dataclass, field
 
 from jax_nbmem.agent.cgroups import Container
-from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.hostview import HostViewer, read_proc
 from jax_nbmem.agent.stores import podman_config_path
 
 __all__ = [
@@ -138,11 +138,7 @@ class Claimed:
 def parent_pid(pid: int, proc: str = "/proc") -> int | None:
     """The real parent of host PID ``pid`` (field 4 of ``/proc/PID/stat``), or None."""
     try:
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
-        try:
-            text = os.read(fd, _MAX_STAT_BYTES).decode("utf-8", "replace")
-        finally:
-            os.close(fd)
+        text = read_proc(f"{proc}/{pid}/stat", _MAX_STAT_BYTES)
     except OSError:
         return None
     fields = text.rpartition(")")[2].split()

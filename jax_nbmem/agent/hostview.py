@@ -42,6 +42,7 @@ __all__ = [
     "parse_nspids",
     "parse_start_ticks",
     "parse_uid",
+    "read_proc",
 ]
 
 # The initial PID namespace's inode (PROC_PID_INIT_INO, fixed since Linux 3.8).
@@ -147,11 +148,18 @@ def parse_uid(status_text: str) -> int | None:
     return None
 
 
-def _read(path: str) -> str:
-    # os.open/os.read: no file object to build (a steady refresh reads one stat file per PID).
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def read_proc(path: str, max_bytes: int = _MAX_PROC_BYTES) -> str:
+    """The first ``max_bytes`` of a ``/proc`` file, in one read; OSError when unreadable.
+
+    The one reader of ``/proc/PID/*`` for the agent's facts (stat, status, cgroup). os.open and
+    one os.read: no file object to build (a steady refresh reads one stat file per PID); the
+    kernel hands a file this small whole. ``O_NONBLOCK | O_NOFOLLOW``: a synthetic tree (or a
+    container's ``/proc`` a user made) cannot hang the reader with a FIFO or point it
+    elsewhere with a link.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     try:
-        return os.read(fd, _MAX_PROC_BYTES).decode("utf-8", "replace")
+        return os.read(fd, max_bytes).decode("utf-8", "replace")
     finally:
         os.close(fd)
 
@@ -182,7 +190,7 @@ class HostViewer:
     def start_ticks(self, pid: int) -> int | None:
         """The process's start in clock ticks since boot, or None when gone or unreadable."""
         try:
-            return parse_start_ticks(_read(f"{self.proc}/{pid}/stat"))
+            return parse_start_ticks(read_proc(f"{self.proc}/{pid}/stat"))
         except (OSError, ValueError):
             return None
 
@@ -238,12 +246,12 @@ class HostViewer:
         base = f"{self.proc}/{pid}"
         problems = []
         try:
-            status = _read(f"{base}/status")
+            status = read_proc(f"{base}/status")
         except (OSError, ValueError):
             return None  # gone between the two reads
         pid_ns, ns_reason = self._pid_ns(base)
         try:
-            container, cgroup = container_from_cgroup(_read(f"{base}/cgroup"))
+            container, cgroup = container_from_cgroup(read_proc(f"{base}/cgroup"))
         except (OSError, ValueError) as error:
             container, cgroup = None, ""
             problems.append(f"cgroup unreadable: {getattr(error, 'strerror', None) or error}")

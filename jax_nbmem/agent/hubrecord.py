@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 import psutil
 
 from jax_nbmem.agent.facts import FactError, ProvenProcess, prove_process
-from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.hostview import HostViewer, read_proc
 from jax_nbmem.text import printable
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
 
 SPAWN_WINDOW_S = 300.0
 _CLOCK_SLACK_S = 2.0  # /proc/stat's boot time is whole seconds
-_MAX_CGROUP_BYTES = 64 * 1024
 # A systemd unit name, as systemd-run accepts one (no "/", which would climb the tree).
 _UNIT = re.compile(r"[A-Za-z0-9:_.\\@-]{1,255}")
 
@@ -206,11 +205,7 @@ def systemd_cgroup(pid: int, proc: str = "/proc") -> str | None:
     None when unreadable or neither line is there.
     """
     try:
-        fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, _MAX_CGROUP_BYTES).decode("utf-8", "replace")
-        finally:
-            os.close(fd)
+        text = read_proc(f"{proc}/{pid}/cgroup")
     except OSError:
         return None
     lines = [line.split(":", 2) for line in text.splitlines()]

@@ -15,11 +15,12 @@ reader of no namespace (anyone who reads the share directory).
 
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
 directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.tenants.beacon_files`):
-only names of our own patterns, only regular files (never through a symlink), and
-only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
-or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old. And
-the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its lock granted
-to us) once they are well past their time.
+only names of our own patterns, only regular files (never through a symlink), and only when
+the kernel is dead for sure: its alive lock (at its own name or a fallback's:
+:mod:`~jax_nbmem.tenants.alive`), a file of the beacon's owner, is granted to us (its holder
+is gone), or, for a kernel keyed by host PID without a lock, that PID is gone and the file is
+old. And the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its
+lock granted to us) once they are well past their time.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from jax_nbmem.agent.visibility import (
     hidden_container,
     hidden_kernel,
 )
+from jax_nbmem.tenants.alive import FALLBACK_LOCK
 from jax_nbmem.tenants.beacon_files import FALLBACK
 from jax_nbmem.tenants.beacons import write_atomically
 
@@ -311,35 +313,67 @@ def clean_dead(
         names = os.listdir(share_dir)[:_MAX_NAMES]
     except OSError:
         return []
-    locks, beacons, claims = {}, {}, []
+    locks: dict[str, list[str]] = {}
+    beacons: dict[str, list[str]] = {}
+    claims = []
     for name in names:
         if _CLAIM.fullmatch(name):
             claims.append(name)
-        elif match := _LOCK.fullmatch(name):
-            locks[match.group(1)] = name
+        elif match := _LOCK.fullmatch(name) or FALLBACK_LOCK.fullmatch(name):
+            locks.setdefault(match.group(1), []).append(name)  # its own, and any fallback
         elif match := _BEACON.fullmatch(name) or FALLBACK.fullmatch(name):
             beacons.setdefault(match.group(1), []).append(name)  # its own, and any fallback
     removed = []
-    for key, name in locks.items():
-        if key not in keep and _lock_granted_then_remove(
-            share_dir, name, removed, beacons.get(key)
-        ):
-            beacons.pop(key, None)
+    locked: dict[str, set[int]] = {}  # key -> the UIDs with a lock of it
+    for key, lock_names in locks.items():
+        if key not in keep:
+            locked[key] = _clear_dead_key(share_dir, lock_names, beacons.get(key, []), removed)
     for key, names in beacons.items():
-        if key in keep or key in locks or "-" in key:
+        if key in keep or "-" in key:
             continue  # a namespaced kernel without a lock: nothing on the host says it died
         for name in names:
             path = os.path.join(share_dir, name)
             info = _regular(path)
             if (
                 info is not None
+                and info.st_uid not in locked.get(key, ())  # its owner's lock said, above
                 and not pid_alive(int(key))
                 and now - info.st_mtime > _NO_LOCK_GRACE_S
             ):
                 _unlink(path, removed)
     for name in claims:
-        _lock_granted_then_remove(share_dir, name, removed, None, older_than=now - _CLAIM_GRACE_S)
+        _lock_granted_then_remove(share_dir, name, removed, older_than=now - _CLAIM_GRACE_S)
     return removed
+
+
+def _clear_dead_key(directory: str, locks: list[str], beacons: list[str], removed: list[str]):
+    """Remove a key's free locks and what of its beacons they free; the UIDs with a lock of it.
+
+    Only a lock of the beacon's owner speaks for it (another user's at its name is a
+    squatter's, issue 45): a beacon goes when a lock of its owner was granted to us and none of
+    its owner's is held. The free locks are held exclusively until then: a kernel starting
+    with this key meanwhile cannot take them.
+    """
+    held: set[int] = set()
+    free: dict[str, tuple[int, os.stat_result]] = {}
+    try:
+        for name in locks:
+            found = _free_lock(os.path.join(directory, name))
+            if found is not None and found[0] is None:
+                held.add(found[1].st_uid)
+            elif found is not None:
+                free[name] = (found[0], found[1])
+        freed = {info.st_uid for _, info in free.values()} - held
+        for beacon in beacons:
+            info = _regular(os.path.join(directory, beacon))
+            if info is not None and info.st_uid in freed:
+                _unlink(os.path.join(directory, beacon), removed)
+        for name in free:
+            _unlink(os.path.join(directory, name), removed)
+    finally:
+        for fd, _ in free.values():
+            os.close(fd)
+    return held | {info.st_uid for _, info in free.values()}
 
 
 def _regular(path: str) -> os.stat_result | None:
@@ -358,40 +392,51 @@ def _unlink(path: str, removed: list[str]) -> None:
         pass
 
 
-def _lock_granted_then_remove(
-    directory: str,
-    name: str,
-    removed: list[str],
-    beacons: list[str] | None,
-    older_than: float | None = None,
-) -> bool:
-    """If the lock at ``name`` has no holder, remove it and its beacons; whether it did.
+def _free_lock(path: str, older_than: float | None = None):
+    """Whether the lock file at ``path`` is free: taken exclusively, or refused, or no lock.
 
-    ``older_than``: only a file last changed before then.
+    (descriptor, fstat) when granted to us (held until the caller closes it); (None, fstat)
+    when refused (its holder lives); None when it is no lock to judge (a link, no regular file,
+    gone, replaced meanwhile, or changed since ``older_than``).
     """
-    path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # a symlink (ELOOP), gone, unreadable
-        return False
+        return None
     try:
         held = os.fstat(fd)
         if not stat.S_ISREG(held.st_mode):
-            return False
+            return None
         if older_than is not None and held.st_mtime >= older_than:
-            return False
+            return None
         try:
             # Exclusive: while we hold it, a kernel starting with this key cannot take it.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return False  # refused: its kernel is alive
+            return None, held  # refused: its kernel is alive
         named = _regular(path)
         if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-            return False  # replaced meanwhile: a new kernel's
-        for beacon in beacons or ():
-            if _regular(os.path.join(directory, beacon)) is not None:
-                _unlink(os.path.join(directory, beacon), removed)
-        _unlink(path, removed)
-        return True
+            return None  # replaced meanwhile: a new kernel's
+        fd, kept = -1, fd
+        return kept, held
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _lock_granted_then_remove(
+    directory: str, name: str, removed: list[str], older_than: float | None = None
+) -> bool:
+    """If the lock at ``name`` has no holder, remove it; whether it did.
+
+    ``older_than``: only a file last changed before then.
+    """
+    path = os.path.join(directory, name)
+    found = _free_lock(path, older_than)
+    if found is None or found[0] is None:
+        return False
+    try:
+        _unlink(path, removed)
+    finally:
+        os.close(found[0])
+    return True

@@ -274,14 +274,10 @@ class AgentServer(TcpSide, Judging):
 
     def _accept(self) -> None:
         for _ in range(64):  # what is waiting now, bounded
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
+            accepted = self.accept_pause.accept(self._selector, self._listener)
+            if accepted is None:
                 return
-            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
-                self.accept_pause.failed(self._selector, self._listener, error)
-                return
-            self.accept_pause.accepted()
+            sock, _ = accepted
             sock.setblocking(False)
             try:
                 pid, uid, _gid = _PEERCRED.unpack(

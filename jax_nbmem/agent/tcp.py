@@ -80,14 +80,10 @@ class TcpSide:
 
     def _accept_tcp(self) -> None:
         for _ in range(64):
-            try:
-                sock, far = self._tcp_listener.accept()
-            except (BlockingIOError, InterruptedError):
+            accepted = self.accept_pause.accept(self._selector, self._tcp_listener)
+            if accepted is None:
                 return
-            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
-                self.accept_pause.failed(self._selector, self._tcp_listener, error)
-                return
-            self.accept_pause.accepted()
+            sock, far = accepted
             sock.setblocking(False)
             try:
                 near = sock.getsockname()

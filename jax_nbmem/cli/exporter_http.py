@@ -167,14 +167,10 @@ class HttpFront:
         # retry); each new connection is read at once, and a scraper's whole request is never
         # the one cut (see _make_room).
         for _ in range(max(64, self.limits.max_connections)):
-            try:
-                sock, address = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
+            accepted = self.pause.accept(self._selector, self._listener)
+            if accepted is None:
                 return
-            except OSError as error:  # EMFILE and the like: rest the listener, said (bounded)
-                self.pause.failed(self._selector, self._listener, error)
-                return
-            self.pause.accepted()
+            sock, address = accepted
             if len(self._open) >= self.limits.max_connections and not self._make_room():
                 sock.close()  # every slot holds a whole request being answered
                 self.cut += 1

@@ -42,6 +42,7 @@ __all__ = [
     "SCOPES_TEXT",
     "SERVER_TOKEN_S",
     "Hub",
+    "MAX_SERVERS",
     "HubError",
     "OwnServer",
     "hub_from_environment",
@@ -55,6 +56,7 @@ SCOPES = ("read:servers", "tokens")
 SCOPES_TEXT = "the scopes read:servers and tokens"
 REQUEST_S = 10.0  # one whole exchange, answer included
 SERVER_TOKEN_S = 120  # a one-server token's life, should its revocation not get through
+MAX_SERVERS = 32  # of one hub user's, asked for a kernel (JupyterHub's named_server_limit)
 
 
 class HubError(RuntimeError):
@@ -83,8 +85,8 @@ class Hub:
     url: str
     api_url: str
     token: str = field(repr=False)
-    # Each server address server_url() gave, and whose it is: only those are asked.
-    _named: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # Each server address servers() gave, whose it is and its name: only those are asked.
+    _named: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def request(self, method: str, url: str, what: str, body: object = None) -> object:
         """One request with the hub token, to the hub's API only; the decoded JSON answer."""
@@ -92,28 +94,52 @@ class Hub:
             raise HubError(f"{what}: {url} is not the hub's API ({self.api_url}); not sent")
         return _request(method, url, self.token, what, body)
 
-    def server_url(self, user: str) -> str:
-        """The address of ``user``'s default server through the hub's proxy."""
+    def servers(self, user: str) -> dict[str, str]:
+        """The addresses of ``user``'s running servers through the hub's proxy, by name.
+
+        ``""`` is the default server; a named one (``c.JupyterHub.allow_named_servers``) is
+        at the path the hub records for it (``/user/NAME/SERVER/``). At most
+        :data:`MAX_SERVERS`, the default first; HubError when none runs.
+        """
         quoted = urllib.parse.quote(user, safe="")
         model = self.request("GET", f"{self.api_url}/users/{quoted}", f"hub user {user}")
-        server = ((model or {}).get("servers") or {}).get("") if isinstance(model, dict) else None
-        if not server or not server.get("url"):
+        servers = (model or {}).get("servers") if isinstance(model, dict) else None
+        found: dict[str, str] = {}
+        for name in sorted(servers if isinstance(servers, dict) else (), key=_default_first):
+            server = servers[name]
+            if len(found) >= MAX_SERVERS or not isinstance(server, dict):
+                continue
+            if not server.get("url") or server.get("stopped") is True:
+                continue
+            path = str(server["url"])
+            if not path.startswith("/") or path.startswith("//"):
+                raise HubError(f"the hub records hub user {user}'s server at {path!r}, not a path")
+            url = self.url.rstrip("/") + path
+            self._named[url] = (user, str(name))
+            found[str(name)] = url
+        if not found:
             raise HubError(f"hub user {user} has no running server")
-        path = str(server["url"])
-        if not path.startswith("/") or path.startswith("//"):
-            raise HubError(f"the hub records hub user {user}'s server at {path!r}, not a path")
-        url = self.url.rstrip("/") + path
-        self._named[url] = user
-        return url
+        return found
+
+    def server_url(self, user: str, server: str = "") -> str:
+        """The address of ``user``'s server ``server`` (default: the default server)."""
+        found = self.servers(user)
+        if server not in found:
+            which = f"server {server!r}" if server else "default server"
+            raise HubError(f"hub user {user} has no running {which}")
+        return found[server]
 
     @contextlib.contextmanager
-    def server_token(self, user: str) -> Iterator[str]:
-        """A token the hub issues for ``user``'s default server alone, revoked afterwards."""
+    def server_token(self, user: str, server: str = "") -> Iterator[str]:
+        """A token the hub issues for ``user``'s server ``server`` alone, revoked afterwards.
+
+        ``server``: its name, ``""`` for the default server.
+        """
         quoted = urllib.parse.quote(user, safe="")
         issued = self.request(
             "POST", f"{self.api_url}/users/{quoted}/tokens",
             f"a token for hub user {user}'s server",
-            {"scopes": [f"access:servers!server={user}/"], "expires_in": SERVER_TOKEN_S,
+            {"scopes": [f"access:servers!server={user}/{server}"], "expires_in": SERVER_TOKEN_S,
              "note": "jax-nbmem: one kernel's shutdown (revoked once used)"},
         )  # fmt: skip
         if not isinstance(issued, dict) or not isinstance(issued.get("token"), str):
@@ -132,26 +158,29 @@ class Hub:
                     )  # fmt: skip
 
     def shutdown_kernel(self, server_url: str, kernel_id: str, user: str | None = None) -> None:
-        """Shut one kernel down through ``server_url`` (a :meth:`server_url` of ``user``).
+        """Shut one kernel down through ``server_url`` (an address :meth:`servers` gave).
 
         With a token for that server alone (:meth:`server_token`); ``user`` defaults to
-        whose :meth:`server_url` gave that address.
+        whose :meth:`servers` gave that address.
         """
-        with self.server_token(self._whose(server_url, user)) as token:
+        with self.server_token(*self._whose(server_url, user)) as token:
             _shutdown_kernel(server_url, kernel_id, token)
 
     def kernel_ids(self, server_url: str, user: str | None = None) -> set[str]:
         """The ids of the kernels the server at ``server_url`` lists (as in shutdown_kernel)."""
-        with self.server_token(self._whose(server_url, user)) as token:
+        with self.server_token(*self._whose(server_url, user)) as token:
             return _kernel_ids(server_url, token)
 
-    def _whose(self, server_url: str, user: str | None) -> str:
+    def _whose(self, server_url: str, user: str | None) -> tuple[str, str]:
+        """(hub user, server name) of an address; a ``user`` given names the default server."""
         if not _same_origin(server_url, self.url):
             raise HubError(f"{server_url} is not behind the hub's proxy ({self.url}); not asked")
-        user = user or self._named.get(server_url)
-        if not user:
+        named = self._named.get(server_url)
+        if user and (named is None or named[0] != user):
+            return user, ""
+        if not named:
             raise HubError(f"{server_url} is no server the hub named; not asked")
-        return user
+        return named
 
 
 @dataclass(frozen=True)
@@ -174,6 +203,10 @@ class OwnServer:
     def kernel_ids(self) -> set[str]:
         """The ids of this server's kernels (``api/kernels``)."""
         return _kernel_ids(self.url, self.token)
+
+
+def _default_first(name: object) -> tuple[bool, str]:
+    return (name != "", str(name))
 
 
 def _same_origin(url: str, base: str) -> bool:

@@ -14,7 +14,8 @@ its claims (its beacon, ``$JUPYTERHUB_USER``, ``$JPY_PARENT_PID``, its command l
   pod's annotation or a rootful runtime's record of a container); none proven: the hub is
   not asked; on a plain host, the hub's record of the user's server matched to host facts
   where it shows one (:mod:`jax_nbmem.cli.hubowner`: hubs whose Unix names differ);
-- the server: through the hub, that user's server as the hub records it; without a hub, the
+- the server: through the hub, that user's server as the hub records it (of a user's default
+  and named servers, the one whose own list has the kernel); without a hub, the
   kernel's real ancestor that is a Jupyter server
   (:func:`~jax_nbmem.agent.authority.parent_server`);
 - the kernel id: its claim, used only with that server, and only once that server's own
@@ -216,7 +217,7 @@ def _through_hub(kernel: Kernel, hub: Hub, mine: bool, you: str) -> Plan:
     _known_id(kernel)
     name = kernel.proven_owner.name
     try:
-        url = hub.server_url(name)
+        urls = hub.servers(name)
     except HubError as error:
         if mine:
             raise StopError(f"{error}; nothing done.") from None
@@ -229,8 +230,32 @@ def _through_hub(kernel: Kernel, hub: Hub, mine: bool, you: str) -> Plan:
             f"PID {kernel.pid} is a kernel of {kernel.owner}, not yours ({you}), and "
             f"{answer}: {error}; nothing done."
         ) from None
-    return Plan(
-        "server", url, "hub", kernel.process, _listed(kernel, url, lambda: hub.kernel_ids(url))
+    if len(urls) == 1:
+        (url,) = urls.values()
+        return Plan("server", url, "hub", kernel.process,
+                    _listed(kernel, url, lambda: hub.kernel_ids(url)))  # fmt: skip
+    url, kernel_id = _listed_by_one(kernel, list(urls.values()), hub.kernel_ids)
+    return Plan("server", url, "hub", kernel.process, kernel_id)
+
+
+def _listed_by_one(kernel: Kernel, urls: list[str], kernel_ids) -> tuple[str, ProvenKernelId]:
+    """The one of a hub user's servers (default and named) whose own list has the kernel.
+
+    Each is the proven owner's as the hub records it, so the one that lists the kernel's id
+    is its server; a server that cannot be asked is said only where no other lists it.
+    """
+    kernel_id = _known_id(kernel)
+    faults = []
+    for url in urls:
+        try:
+            if kernel_id in kernel_ids(url):
+                return url, ProvenKernelId(kernel_id, url)
+        except HubError as error:
+            faults.append(str(error))
+    said = f" ({'; '.join(faults)})" if faults else ""
+    raise StopError(
+        f"{kernel.label()}: kernel {kernel_id} is not on the list of any of the servers of "
+        f"its hub user ({', '.join(urls)}){said}, so none is asked; nothing done."
     )
 
 

@@ -41,7 +41,15 @@ OWN_NAME = "this kernel"
 IN_IPYTHON = "ipython"
 AT_SHELL = "shell"
 
-__all__ = ["AT_SHELL", "IN_IPYTHON", "OWN_NAME", "MemoryWarning", "oom_diagnosis", "warnings_for"]
+__all__ = [
+    "AT_SHELL",
+    "IN_IPYTHON",
+    "OWN_NAME",
+    "MemoryWarning",
+    "oom_diagnosis",
+    "pending_pool_warnings",
+    "warnings_for",
+]
 
 
 @dataclass(frozen=True)
@@ -112,12 +120,30 @@ def warnings_for(
     found += _blocking(tenants, by_index, own_needs_bytes, own_name, read_at)
     found += _self_preallocation(tenants, own_jax_in_use, own_reserved, own_name, by_index)
     if not own_backend_started and own_requested_fraction:
-        caps = own_caps or {}
-        over = _exceeds_cap(by_index.values(), caps, own_requested_fraction, own_name)
-        views = [capped_reading(gpu, caps.get(gpu.index)) for gpu in by_index.values()
-                 if gpu.index not in {w.gpu for w in over}]  # fmt: skip
-        found += over + _will_fail(tenants, views, own_requested_fraction, own_name)
+        found += pending_pool_warnings(
+            tenants, by_index.values(), own_requested_fraction, own_caps, own_name
+        )
     return found
+
+
+def pending_pool_warnings(
+    tenants: Iterable[Tenant],
+    gpus: Iterable[GpuMemory],
+    fraction: float,
+    caps: Mapping[int, MemoryCap] | None = None,
+    own_name: str = OWN_NAME,
+) -> list[MemoryWarning]:
+    """What the pool this kernel's JAX will take at its start (``fraction`` of each GPU) meets.
+
+    On each of ``gpus`` (those its JAX will use: ``jax_cuda_visible_devices`` may narrow this
+    kernel's GPUs): ``prealloc-exceeds-cap`` under an MPS or HAMi cap (``caps``, by NVML
+    index), else ``prealloc-will-fail`` where less is free than the pool asks.
+    """
+    caps, gpus = caps or {}, list(gpus)
+    over = _exceeds_cap(gpus, caps, fraction, own_name)
+    views = [capped_reading(gpu, caps.get(gpu.index)) for gpu in gpus
+             if gpu.index not in {w.gpu for w in over}]  # fmt: skip
+    return over + _will_fail(list(tenants), views, fraction, own_name)
 
 
 # This kernel's arrays using under a quarter of what it reserved makes its reserve mostly idle.

@@ -31,6 +31,8 @@ __all__ = [
     "fallback_name",
     "fallback_path",
     "fallbacks",
+    "names_by_key",
+    "owned_by",
     "owner_of",
     "read_small_file",
     "taken_by_another",
@@ -71,25 +73,46 @@ def fallbacks(directory: str, owners: dict[str, int | None]) -> dict[str, list[s
     Only regular files of the key's process's owner (``owners[key]``); one listing.
     """
     found: dict[str, list[str]] = {}
+    for key, names in names_by_key(directory, FALLBACK).items():
+        if owners.get(key) is not None:
+            found[key] = owned_by(directory, names, owners[key])
+    return found
+
+
+def names_by_key(directory: str, pattern: re.Pattern[str]) -> dict[str, list[str]]:
+    """The names in ``directory`` that ``pattern`` matches whole, by its first group (a key).
+
+    One listing, of at most so many names; {} when the directory cannot be listed.
+    """
+    found: dict[str, list[str]] = {}
     try:
         names = os.listdir(directory)[:_MAX_NAMES]
     except (OSError, ValueError):
         return found
     for name in names:
-        match = FALLBACK.fullmatch(name)
-        if not match or owners.get(match.group(1)) is None:
-            continue
-        listed = found.setdefault(match.group(1), [])
+        match = pattern.fullmatch(name)
+        if match:
+            found.setdefault(match.group(1), []).append(name)
+    return found
+
+
+def owned_by(directory: str, names: list[str], owner: int | None) -> list[str]:
+    """The paths of ``names`` that are regular files of ``owner``: at most MAX_FALLBACKS.
+
+    A squatter's look-alikes are hers: never the owner's, so they never crowd out the owner's.
+    """
+    paths = []
+    for name in names:
         path = os.path.join(directory, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        # A squatter's look-alikes are hers: never the kernel's owner's, so never counted.
-        if stat.S_ISREG(info.st_mode) and info.st_uid == owners[match.group(1)]:
-            if len(listed) < MAX_FALLBACKS:
-                listed.append(path)
-    return found
+        if stat.S_ISREG(info.st_mode) and info.st_uid == owner:
+            paths.append(path)
+            if len(paths) >= MAX_FALLBACKS:
+                break
+    return paths
 
 
 def owner_of(pid: int) -> int | None:

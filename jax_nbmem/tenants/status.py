@@ -19,12 +19,19 @@ from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.agent.client_tcp import network_configured, network_notice
 from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
+from jax_nbmem.allocator.extras import cuda_visible_devices
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
-from jax_nbmem.tenants.advice import AT_SHELL, IN_IPYTHON, OWN_NAME, warnings_for
+from jax_nbmem.tenants.advice import (
+    AT_SHELL,
+    IN_IPYTHON,
+    OWN_NAME,
+    pending_pool_warnings,
+    warnings_for,
+)
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.containers import from_container
@@ -177,15 +184,9 @@ def collect(
         for t in tenants
     ]
     ours = set(look.visible.indices)
-    warnings = warnings_for(
-        [t for t in tenants if t.gpu in ours],
-        [g for g in look.gpus if g.index in ours],
-        **_own_allocator_facts(environ, in_kernel, backend_started),
-        own_name=own_name,
-        agent=resolution,
-        read_at=read_at,
-        own_caps=caps,
-    )
+    facts = _own_allocator_facts(environ, in_kernel, backend_started)
+    warnings = _warnings([t for t in tenants if t.gpu in ours], look, facts, caps,
+                         own_name=own_name, agent=resolution, read_at=read_at)  # fmt: skip
     notes += _agent_notes(resolution, shared, environ)
     host_pid = _own_host_pid(tenants, resolution, identity) if in_container else nvml_own
     report = StatusReport(
@@ -349,6 +350,36 @@ def _own_allocator_facts(
         "own_jax_in_use": in_use,
         "own_reserved": reserved,
     }
+
+
+def _warnings(tenants, look: _GpuLook, facts: dict, caps, **said) -> list:
+    """The warnings of this kernel's GPUs (``tenants``: the rows on them).
+
+    Those of the pool its JAX will take at its start speak only of the GPUs that JAX will use
+    (``jax_cuda_visible_devices`` may narrow them).
+    """
+    ours = set(look.visible.indices)
+    facts = dict(facts)
+    fraction = facts.pop("own_requested_fraction")
+    warnings = warnings_for(tenants, [g for g in look.gpus if g.index in ours], **facts,
+                            own_caps=caps, **said)  # fmt: skip
+    if fraction:  # only before this kernel's JAX starts
+        pooled = _pool_gpus(look.visible.indices)
+        gpus = [g for g in look.gpus if g.index in pooled]
+        warnings += pending_pool_warnings(tenants, gpus, fraction, caps, said["own_name"])
+    return warnings
+
+
+def _pool_gpus(visible: tuple[int, ...]) -> set[int]:
+    """The NVML indices where this kernel's JAX will make its pool (``visible``: CUDA's order).
+
+    The GPUs CUDA lets it see, narrowed by ``jax_cuda_visible_devices`` (CUDA device ids,
+    counted among those) when the user set it.
+    """
+    chosen = cuda_visible_devices()
+    if chosen is None:
+        return set(visible)
+    return {visible[ordinal] for ordinal in chosen if 0 <= ordinal < len(visible)}
 
 
 def _gpu_entry(gpu, ours: set[int], caps, list_problems: dict[int, str]) -> dict[str, Any]:

@@ -141,6 +141,7 @@ c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
 c.JupyterHub.pid_file = "{folder}/jupyterhub.pid"
 c.JupyterHub.cleanup_servers = True
 c.JupyterHub.authenticator_class = "dummy"
+c.JupyterHub.allow_named_servers = True  # a kernel of a named server is stopped through it
 c.DummyAuthenticator.password = {PASSWORD!r}
 c.Authenticator.allowed_users = {set(users)!r}
 from jupyterhub.auth import Authenticator as _Authenticator

@@ -38,9 +38,10 @@ START_JAX = "%load_ext jax_nbmem\nimport jax.numpy as jnp\njnp.ones(1).block_unt
 class Kernel:
     """A kernel of one of the hub's users, started through the proxy, driven over ZMQ."""
 
-    def __init__(self, hub: Hub, user: HubUser, notebook: str) -> None:
+    def __init__(self, hub: Hub, user: HubUser, notebook: str, server: str = "") -> None:
+        """``server``: the name of one of the user's named servers ("" the default)."""
         status, session = hub.server(
-            user, "POST", "api/sessions",
+            user, "POST", f"{server}/api/sessions" if server else "api/sessions",
             {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}},
         )  # fmt: skip
         assert status == 201, (status, session)

@@ -97,3 +97,37 @@ def test_a_pause_doubles_to_its_most_and_comes_back(caplog):
     pause.accepted()
     pause.failed(selector, listener, OSError(24, "Too many open files"))
     assert pause.wait_s(1.0) <= 0.01
+
+
+class _OutOfFiles(_Listener):
+    def accept(self):
+        raise OSError(24, "Too many open files\x1b[2J")  # a terminal escape in what is said
+
+
+def test_accept_hands_over_a_connection_or_none_and_rests_a_failing_listener(caplog):
+    pause = AcceptPause(logging.getLogger("jax_nbmem.test"), "agent", first_s=0.01, most_s=0.04)
+    selector = _Selector()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        listener.setblocking(False)
+        selector.register(listener, 1, "tcp")
+        assert pause.accept(selector, listener) is None  # nothing waits: still listening
+        assert selector.keys[listener] == "tcp" and pause.failures == 0
+        failing = _OutOfFiles()
+        selector.register(failing, 1, "unix")
+        with caplog.at_level(logging.WARNING, "jax_nbmem.test"):
+            assert pause.accept(selector, failing) is None
+        assert failing not in selector.keys and pause.failures == 1
+        said = caplog.records[0].getMessage()
+        assert "accept failed" in said and "Too many open files" in said and "\x1b" not in said
+        with socket.create_connection(listener.getsockname()):
+            accepted = pause.accept(selector, listener)
+            assert accepted is not None
+            sock, address = accepted
+            sock.close()
+            assert address[0] == "127.0.0.1"
+        time.sleep(0.02)
+        pause.resume(selector)
+        pause.accept(selector, failing)  # the connection before made the rest short again
+        assert pause.wait_s(1.0) <= 0.01

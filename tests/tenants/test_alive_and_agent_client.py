@@ -12,7 +12,7 @@ import threading
 
 from jax_nbmem.agent import client as agent_client
 from jax_nbmem.agent.client import AgentClient
-from jax_nbmem.tenants.alive import AliveLock, lock_alive, lock_path
+from jax_nbmem.tenants.alive import AliveLock, fallback_locks, lock_alive, lock_path
 from jax_nbmem.tenants.identity import beacon_key, own_identity, start_ticks
 
 
@@ -58,25 +58,38 @@ def test_what_is_no_lock_file_tells_nothing(tmp_path):
     os.symlink("/etc/passwd", lock_path(str(tmp_path), "link"))
     assert lock_alive(str(tmp_path), "fifo") is None
     assert lock_alive(str(tmp_path), "link") is None
-    held = AliveLock([str(tmp_path)], "fifo")
-    held.hold()
-    assert (
-        held.held == [] and "not a regular file" in held.problems[lock_path(str(tmp_path), "fifo")]
-    )
+    for key, why in (("fifo", "not a regular file"), ("link", "symbolic links")):
+        held = AliveLock([str(tmp_path)], key)
+        held.hold()  # a name no lock's: the kernel holds an unpredictable one of its own
+        (path,) = held.held
+        assert os.path.basename(path).startswith(f"jax_nbmem-alive-{key}.") and held.paths == [path]
+        said = held.problems[lock_path(str(tmp_path), key)]
+        assert why in said and "held as" in said
+        held.hold()  # held: nothing more made
+        assert held.held == [path] and len(os.listdir(tmp_path)) == 3
+        held.release()
+        assert not os.path.exists(path) and os.path.lexists(lock_path(str(tmp_path), key))
 
 
-def test_a_lock_file_left_by_another_user_is_locked_all_the_same(tmp_path, other_user):
+def test_a_lock_file_left_by_another_user_is_not_taken_for_ours(tmp_path, other_user):
     _, uid, gid = other_user
-    path = lock_path(str(tmp_path), "k")
+    path = lock_path(str(tmp_path), "77")
     with open(path, "w"):
         pass
     os.chown(path, uid, gid)
     os.chmod(path, 0o644)
-    lock = AliveLock([str(tmp_path)], "k")
+    lock = AliveLock([str(tmp_path)], "77")
     lock.hold()
-    assert lock.held == [path] and lock_alive(str(tmp_path), "k") is True
+    (held,) = lock.held
+    assert held != path and f"owned by uid {uid}" in lock.problems[path]
+    assert lock_alive(str(tmp_path), "77", owner=os.geteuid()) is None  # only hers at its name
+    assert lock_alive(str(tmp_path), "77", owner=uid) is False  # hers, and nobody holds it
+    fallbacks = fallback_locks(str(tmp_path))["77"]
+    assert fallbacks == [os.path.basename(held)]
+    assert lock_alive(str(tmp_path), "77", owner=os.geteuid(), fallbacks=fallbacks) is True
     lock.release()
     lock.release()  # a second release is a no-op
+    assert not os.path.exists(held) and os.path.exists(path)  # hers is not ours to remove
 
 
 class Agent:

@@ -25,6 +25,7 @@ from jax_nbmem.agent.hubrecord import (
     systemd_cgroup,
     unit_holds,
 )
+from tests.jupyterlab import REPO_ROOT
 
 
 def _model(**servers) -> dict:
@@ -132,3 +133,32 @@ def test_a_pid_record_is_an_ancestor_started_within_the_hubs_start():
     finally:
         child.kill()
         child.wait()
+
+
+_READ_PLANTED = """
+import sys
+from jax_nbmem.agent.facts import parent_pid
+from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.agent.hubrecord import systemd_cgroup
+proc = sys.argv[1]
+print(systemd_cgroup(4242, proc), parent_pid(4242, proc), HostViewer(proc).start_ticks(4242))
+print(systemd_cgroup(4343, proc), parent_pid(4343, proc))
+"""
+
+
+def test_the_proc_readers_share_one_that_never_waits_on_a_fifo_nor_follows_a_link(tmp_path):
+    """The cgroup, stat and status readers are one (``read_proc``): a FIFO or a link planted in
+    a tree read as ``/proc`` (a container's, a test's) is nothing, never a hang or elsewhere."""
+    (tmp_path / "4242").mkdir()
+    for name in ("cgroup", "stat", "status"):
+        os.mkfifo(tmp_path / "4242" / name)
+    (tmp_path / "4343").mkdir()
+    for name, text in (("cgroup", "0::/system.slice/jupyter-alice.service\n"),
+                       ("stat", "4343 (python) S 77 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99\n")):
+        (tmp_path / f"elsewhere-{name}").write_text(text)
+        (tmp_path / "4343" / name).symlink_to(tmp_path / f"elsewhere-{name}")
+    done = subprocess.run([sys.executable, "-c", _READ_PLANTED, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.splitlines() == ["None None None", "None None"]

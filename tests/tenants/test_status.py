@@ -237,3 +237,34 @@ def test_a_real_user_other_than_root_is_told_not_raised(sim_state, other_user, s
         assert split["used_bytes"] is None and "cannot be read without root" in split["problem"]
         assert big["ours"] and big["used_bytes"] == 30 * GIB
         assert "GPU 0 is in MIG mode: MIG instances other than yours" in done.stdout
+
+
+POOL_GPUS_CODE = """\
+import json, sys
+import jax
+if sys.argv[1] != "all":  # JAX's own option, set in a cell before JAX starts
+    jax.config.update("jax_cuda_visible_devices", sys.argv[1])
+from jax_nbmem.gpu import jaxstats
+from jax_nbmem.tenants.status import collect
+assert not jaxstats.backend_initialized()
+print(json.dumps(collect(in_kernel=True)["warnings"]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("chosen", "warned"), [("all", [0, 1]), ("1", [1]), ("0", [0])], ids=["all", "1", "0"]
+)
+def test_the_pool_to_come_is_warned_of_only_where_jax_cuda_visible_devices_lets_jax(
+    sim_state, simgpu_env, sleeper, chosen, warned
+):
+    """Issue 47's gap: JAX's ``jax_cuda_visible_devices`` (as well as CUDA_VISIBLE_DEVICES)
+    narrows the GPUs where a kernel whose JAX has not started will make its pool."""
+    for index in (0, 1):  # 75% of 80 GiB will not fit in the 20 GiB left on either
+        sim_state.gpu(index, total=80 * GIB).process(index, sleeper, 60 * GIB)
+    sim_state.write()
+    env = {**simgpu_env, "JAX_PLATFORMS": ""}
+    done = subprocess.run([sys.executable, "-c", POOL_GPUS_CODE, chosen],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    warnings = json.loads(done.stdout.splitlines()[-1])
+    assert [w["gpu"] for w in warnings if w["kind"] == "prealloc-will-fail"] == warned, warnings
