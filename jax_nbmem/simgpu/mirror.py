@@ -51,8 +51,9 @@ On a real GPU, NVML sees an allocation the moment it is made; the thread looks o
 kernel the mirror also looks when each cell has run: from IPython's ``post_execute`` event,
 which IPython fires before ``post_run_cell``, where jax_nbmem reads the cell's end, whatever
 order the two were registered in. That look counts the live arrays (about 1 µs each: 10 ms a
-cell with 10,000 of them, here) and writes the state file only when their bytes changed (as a
-real allocation is on the cell's path too); it runs only in a kernel the demo's startup file
+cell with 10,000 of them, here), brings JAX's counters (:meth:`Mirror.gpu_counters`) up to them
+and writes the state file only when their bytes changed and no preallocated pool hides them (as
+a real allocation is on the cell's path too); it runs only in a kernel the demo's startup file
 started: nothing else runs it (the overhead benchmark checks that its kernels do not).
 """
 
@@ -231,6 +232,14 @@ def _live_bytes_by_device() -> dict[int, int]:
     return live_bytes_by_device()
 
 
+def _spread(live: dict[int, int], places: list[Place]) -> dict[Place, int]:
+    """The live bytes on each GPU: JAX's device ``k`` stands for ``places[k % len(places)]``."""
+    live_on = dict.fromkeys(places, 0)
+    for device, nbytes in live.items():
+        live_on[places[device % len(places)]] += nbytes
+    return live_on
+
+
 class Mirror:
     """The thread that keeps this process's entry in the state file (see the module)."""
 
@@ -250,6 +259,8 @@ class Mirror:
         self._said: str | None = None  # the state file's problem, said once
         self._looked_at: dict[int, int] | None = None  # live bytes by JAX device at a cell's end
         self._counters: dict[str, dict[str, int | None]] = {}  # see gpu_counters
+        self._jax_places: list[Place] = []  # the GPUs JAX holds memory on, JAX's device 0 first
+        self._uuids: list[str | None] = []  # theirs
         self._lock = threading.Lock()  # the thread and the cells' hook take turns
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
@@ -269,18 +280,21 @@ class Mirror:
     def after_cell(self) -> None:
         """A cell has run: publish what it changed now, as NVML would see it. Never raises.
 
-        Cheap when nothing changed: a preallocated pool, once written, never changes, and
-        otherwise the file is read and written only when the live arrays' bytes did.
+        Cheap when nothing changed: the file is read and written only when the live arrays'
+        bytes did, and never once the pools are preallocated (they never change); JAX's
+        counters (:meth:`gpu_counters`: the live arrays, their high-water mark) follow the
+        arrays either way, so that a cell's end reads them as of that end.
         """
         try:
-            if self._pools and self.written is not None and set(self._pools) == set(self.written):
-                return
             if not _backend_started():  # counting JAX's arrays would start it
                 return
             live = _live_bytes_by_device()
             if live == self._looked_at and self.written is not None:
                 return
-            self.step(live)
+            if self._pools and self.written is not None and set(self._pools) == set(self.written):
+                self._note_live(live)
+            else:
+                self.step(live)
             if self.written is not None:
                 self._looked_at = live
         except Exception:  # a demo aid: it must never disturb a cell
@@ -366,13 +380,27 @@ class Mirror:
         cuda = cuda_places(state, os.environ)
         return cuda, jax_places(cuda)
 
+    def _note_live(self, live: dict[int, int]) -> None:
+        """Bring JAX's counters up to *live* (bytes by JAX device) without a look at the file."""
+        with self._lock:
+            places, counters = self._jax_places, dict(self._counters)
+            if not places:
+                return
+            live_on = _spread(live, places)
+            for place, uuid in zip(places, self._uuids, strict=True):
+                high_water = self._high_water[place] = max(self._high_water.get(place, 0),
+                                                           live_on[place])  # fmt: skip
+                if uuid in counters:
+                    counters[uuid] = {**counters[uuid], "bytes_in_use": live_on[place],
+                                      "peak_bytes_in_use": high_water}  # fmt: skip
+            self._counters = counters
+
     def _hold(self, state: SimState, live: dict[int, int]) -> None:
         cuda, places = self._places(state)
         if not places or self.mode is None:
             return
-        live_on = dict.fromkeys(places, 0)
-        for device, nbytes in live.items():
-            live_on[places[device % len(places)]] += nbytes
+        live_on = _spread(live, places)
+        self._jax_places, self._uuids = places, [state.uuid_of(*place) for place in places]
         wanted: dict[Place, int] = {}
         counters: dict[str, dict[str, int | None]] = {}
         for place in places:
