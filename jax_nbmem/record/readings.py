@@ -114,12 +114,11 @@ class SamplerSource:
             if quick is jaxstats.device_stats:
                 quick = jaxstats.gpu_stats_now
             object.__setattr__(self, "quick_device_stats", quick)
-        if self.device_stats is jaxstats.device_stats and mirror_loaded():
-            # The demo's simulated GPU: its mirror's counters stand for JAX's (see .simulated).
-            object.__setattr__(self, "device_stats", with_simulated(self.device_stats))
-            if self.quick_device_stats is jaxstats.gpu_stats_now:
-                quick = with_simulated(jaxstats.gpu_stats_now)
-                object.__setattr__(self, "quick_device_stats", quick)
+        if self.quick_device_stats is jaxstats.gpu_stats_now and mirror_loaded():
+            # The demo's simulated GPU: at the cells' boundaries its mirror's counters stand
+            # for JAX's (see .simulated); the samples between keep JAX's own (none on the CPU).
+            quick = with_simulated(jaxstats.gpu_stats_now)
+            object.__setattr__(self, "quick_device_stats", quick)
 
     def own_pid(self) -> int | None:
         """The PID NVML lists this process by now; None while it is unknown."""

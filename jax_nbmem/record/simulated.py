@@ -2,12 +2,14 @@
 
 In the demo (``--simulated-gpu``) a kernel's JAX runs on the CPU, whose devices keep no
 counters, and the simulated GPU's mirror (:mod:`jax_nbmem.simgpu.mirror`, started by the demo's
-IPython startup file) holds what JAX's allocator would on each GPU. Its counters stand for
-JAX's, as the kernel's beacon already takes them: ``bytes_in_use`` is the live arrays on that
-GPU at the mirror's last look (each cell's end, and every 0.25 s), ``peak_bytes_in_use`` their
-high-water mark at those looks. So a cell's "JAX peak" there is the live arrays at the cells'
-boundaries (and the looks between), never what a real pool reaches with a computation's
-temporaries: the table says so (:data:`jax_nbmem.record.table.SIMULATED_PEAK_NOTE`).
+IPython startup file) holds what JAX's allocator would on each GPU. At the cells' boundaries
+(the quick readings a cell's record is made of) its counters stand for JAX's, as the kernel's
+beacon already takes them: ``bytes_in_use`` is the live arrays on that GPU at the mirror's last
+look (each cell's end, and every 0.25 s), ``peak_bytes_in_use`` their high-water mark at those
+looks. So a cell's "JAX peak" there is the live arrays at the cells' boundaries (and the looks
+between), never what a real pool reaches with a computation's temporaries: the table says so
+(:data:`jax_nbmem.record.table.SIMULATED_PEAK_NOTE`). The samples between (the panel's lines)
+keep JAX's own counters, which the CPU does not have.
 
 The mirror's module is looked up in ``sys.modules``, never imported: outside the demo this
 adds nothing but a lookup.
