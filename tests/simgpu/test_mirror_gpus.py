@@ -12,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from jax_nbmem.simgpu import GIB, SimState
 from jax_nbmem.simgpu.mirror import CONTEXT_BYTES, pool_bytes, started_mode
+from jax_nbmem.simgpu.registrar import Registrar
 from tests.kernels import execute
 from tests.simgpu.test_mirror import demo_kernel, held_by, shell_env
 
@@ -162,3 +164,42 @@ def test_cuda_stops_at_an_entry_it_cannot_use(tmp_path, mirror_module, monkeypat
         mirror_module.Mirror(path).step()
         listed = {p.gpu for p in SimState.read(path).processes() if p.pid == os.getpid()}
         assert listed == gpus, setting
+
+
+IN_A_NAMESPACE = """\
+import json, os, sys
+import jax.numpy as jnp
+from jax_nbmem.simgpu.mirror import Mirror
+jnp.ones(4).block_until_ready()
+mirror = Mirror(os.environ["JAX_NBMEM_SIMGPU_STATE"])
+mirror.step()
+print(json.dumps({"own": os.getpid(), "host": mirror.pid}), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_in_a_pid_namespace_every_gpu_lists_the_host_pid(node_env):
+    """A kernel in a container: its pools on all 8 GPUs, under its host PID, gone when it ends."""
+    state = eight_gpus(node_env["JAX_NBMEM_SIMGPU_STATE"])
+    server = Registrar(state.path, log=lambda text: None).listen()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+               sys.executable, "-c", IN_A_NAMESPACE]  # fmt: skip
+    env = {**node_env, "PYTHONPATH": ":".join(sys.path)}
+    try:
+        with subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        ) as process:
+            said = json.loads(process.stdout.readline() or "null")
+            assert said and said["own"] != said["host"], said  # PID 1 or so in there
+            assert mine(node_env, said["host"]) == {i: POOL for i in range(8)}
+            assert mine(node_env, said["own"]) == {}
+            process.communicate(timeout=60)  # its stdin closes: it ends
+        held_by(state.path, said["host"], lambda held: held is None)  # the registrar's doing
+        assert not any(nvml_processes(node_env).values())
+    finally:
+        server.stop()
+        thread.join(10)
+        server.close()
