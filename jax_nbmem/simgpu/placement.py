@@ -62,7 +62,11 @@ def cuda_places(state: Any, environ: Mapping[str, str] | os._Environ) -> list[Pl
 
 
 def _jax_cuda_visible_devices() -> tuple[int, ...] | None:
-    """``jax_cuda_visible_devices`` as the user's JAX holds it; None: all (or no JAX)."""
+    """``jax_cuda_visible_devices`` as the user's JAX holds it; None: all (or no JAX).
+
+    :func:`jax_nbmem.allocator.extras.cuda_visible_devices` reads it so for the extension; the
+    simulated GPU imports nothing of the package, so it is read again here.
+    """
     bridge = sys.modules.get("jax._src.xla_bridge")
     try:
         value = bridge.CUDA_VISIBLE_DEVICES.value  # type: ignore[union-attr]
