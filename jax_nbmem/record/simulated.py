@@ -23,16 +23,20 @@ from typing import Any
 
 from jax_nbmem.gpu.jaxstats import GPU_PLATFORMS, DeviceStats
 
-__all__ = ["SIMULATED_KIND", "mirror_loaded", "simulated_stats", "with_simulated"]
+__all__ = ["SIMULATED_KIND", "mirror_running", "simulated_stats", "with_simulated"]
 
 # The ``kind`` of a device that stands for JAX on the simulated GPU.
 SIMULATED_KIND = "simulated (the mirror's live arrays)"
 _MIRROR = "jax_nbmem.simgpu.mirror"
 
 
-def mirror_loaded() -> bool:
-    """Whether this process runs the simulated GPU's mirror's module (the demo's kernels)."""
-    return _MIRROR in sys.modules
+def mirror_running() -> bool:
+    """Whether this process runs the simulated GPU's mirror (the demo's kernels do)."""
+    mirror = sys.modules.get(_MIRROR)
+    try:
+        return mirror is not None and bool(mirror.running())
+    except Exception:  # a demo aid: never a reason for a reading to fail
+        return False
 
 
 def simulated_stats() -> list[DeviceStats]:

@@ -84,6 +84,7 @@ __all__ = [
     "memory_cap",
     "pool_bytes",
     "preallocates",
+    "running",
     "start_from_environment",
     "started_mode",
 ]
@@ -486,6 +487,11 @@ def _running_shell() -> Any:
     ipython = sys.modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)
     return get_ipython() if callable(get_ipython) else None
+
+
+def running() -> bool:
+    """Whether this process's mirror runs (:func:`start_from_environment` started it)."""
+    return _started is not None
 
 
 def gpu_counters() -> dict[str, dict[str, int | None]]:
