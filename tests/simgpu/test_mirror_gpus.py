@@ -21,6 +21,7 @@ from jax_nbmem.simgpu.mirror import CONTEXT_BYTES, pool_bytes, started_mode
 from jax_nbmem.simgpu.registrar import Registrar
 from tests.kernels import execute
 from tests.simgpu.test_mirror import demo_kernel, held_by, shell_env
+from tests.simgpu.test_registrar import needs_namespaces
 
 MIB = 1024**2
 POOL = CONTEXT_BYTES + int(0.75 * 80 * GIB)  # what JAX's default takes of an 80 GiB GPU
@@ -178,6 +179,7 @@ sys.stdin.read()
 """
 
 
+@needs_namespaces
 @pytest.mark.timeout(180)
 def test_in_a_pid_namespace_every_gpu_lists_the_host_pid(node_env):
     """A kernel in a container: its pools on all 8 GPUs, under its host PID, gone when it ends."""
