@@ -20,6 +20,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from jax_nbmem.allocator.modes import ModeError, mode_forms
+from jax_nbmem.notebook import cli_magic
+from jax_nbmem.notebook.cli_magic import CliMagics
 from jax_nbmem.notebook.help_texts import help_texts
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
@@ -32,7 +34,7 @@ __all__ = ["JaxNbMemMagics", "load", "unload"]
 
 log = logging.getLogger("jax_nbmem")
 
-_loaded: dict[int, tuple[JaxNbMemMagics, dict]] = {}
+_loaded: dict[int, tuple[JaxNbMemMagics, dict, CliMagics]] = {}
 
 # Which %jaxmem commands take which option.
 _JAXMEM_OPTIONS = {
@@ -484,6 +486,7 @@ def load(shell) -> None:
     for name, text in help_texts(in_kernel).items():
         getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
+    cli = cli_magic.register(shell)  # %jaxnbmem, and !jax-nbmem lines without IPython's fork
 
     # The two callbacks run around every cell: the session writes them out in one function
     # each, their guard included, and they read the count from traitlets' table of values.
@@ -491,7 +494,7 @@ def load(shell) -> None:
     callbacks = {"pre_run_cell": pre_run_cell, "post_run_cell": post_run_cell}
     for event, callback in callbacks.items():
         shell.events.register(event, callback)
-    _loaded[id(shell)] = (magics, callbacks)
+    _loaded[id(shell)] = (magics, callbacks, cli)
     session.apply_startup_mode()
     session.start()
 
@@ -501,7 +504,8 @@ def unload(shell) -> None:
     entry = _loaded.pop(id(shell), None)
     if entry is None:
         return
-    magics, callbacks = entry
+    magics, callbacks, cli = entry
+    cli_magic.unregister(shell, cli)
     for event, callback in callbacks.items():
         try:
             shell.events.unregister(event, callback)

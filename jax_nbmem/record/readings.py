@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.record.history import GpuSample
+from jax_nbmem.record.simulated import mirror_running, with_simulated
 
 __all__ = [
     "ProcessSplit",
@@ -112,6 +113,11 @@ class SamplerSource:
             quick = self.device_stats
             if quick is jaxstats.device_stats:
                 quick = jaxstats.gpu_stats_now
+            object.__setattr__(self, "quick_device_stats", quick)
+        if self.quick_device_stats is jaxstats.gpu_stats_now and mirror_running():
+            # The demo's simulated GPU: at the cells' boundaries its mirror's counters stand
+            # for JAX's (see .simulated); the samples between keep JAX's own (none on the CPU).
+            quick = with_simulated(jaxstats.gpu_stats_now)
             object.__setattr__(self, "quick_device_stats", quick)
 
     def own_pid(self) -> int | None:

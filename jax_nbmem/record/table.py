@@ -40,15 +40,23 @@ SIMULATED_NOTE = (
     "reach it: its peak is the live arrays' at the boundaries, not what a real GPU's pool "
     "would reach."
 )
+# Its "JAX peak" (the mirror's counters, see jax_nbmem.record.simulated), said as what it is.
+SIMULATED_PEAK_HEADER = "JAX peak*"
+SIMULATED_PEAK_NOTE = (
+    "* JAX peak on the simulated GPU: live arrays at the boundaries (each cell's end and the "
+    "mirror's looks every 0.25 s), not XLA's peak."
+)
 
 
 def format_table(records: Iterable[CellRecord], *, simulated: bool = False) -> str:
     """Render records as a text table for ``%jaxmem cells``; unknown values show as "—".
 
     Shows this process's GPU memory when any record saw a GPU, else host memory (RSS). The
-    "JAX peak" column only where some record has JAX's figure (JAX on a GPU): a column
-    nothing can fill is left out. ``simulated``: the GPU is jax_nbmem's simulated one, whose
-    peaks are said to be what they are (:data:`SIMULATED_NOTE`).
+    "JAX peak" column only where some record has JAX's figure (JAX on a GPU, or the
+    simulated GPU's mirror): a column nothing can fill is left out. ``simulated``: the GPU is
+    jax_nbmem's simulated one, whose peaks are said to be what they are
+    (:data:`SIMULATED_NOTE`; its JAX peak is the live arrays at the boundaries,
+    :data:`SIMULATED_PEAK_NOTE`, never marked "≥").
     """
     rows_in = list(records)
     if not rows_in:
@@ -56,8 +64,9 @@ def format_table(records: Iterable[CellRecord], *, simulated: bool = False) -> s
     on_gpu = any(r.gpu_count > 0 for r in rows_in)
     jax_peaks = on_gpu and any(r.jax_in_use_peak is not None for r in rows_in)
     if on_gpu:
+        peak_header = SIMULATED_PEAK_HEADER if simulated else "JAX peak"
         header = ["#", "cell", "duration", "status", "GPU before", "GPU peak", "GPU after",
-                  "retained", *(["JAX peak"] if jax_peaks else []), "free min"]  # fmt: skip
+                  "retained", *([peak_header] if jax_peaks else []), "free min"]  # fmt: skip
     else:
         header = ["#", "cell", "duration", "status", "RSS before", "RSS peak", "RSS after",
                   "retained", "live arrays"]  # fmt: skip
@@ -74,7 +83,7 @@ def format_table(records: Iterable[CellRecord], *, simulated: bool = False) -> s
         ]
         if on_gpu:
             jax_peak = format_bytes(r.jax_in_use_peak)
-            if r.jax_in_use_peak is not None and not r.peak_exact:
+            if r.jax_in_use_peak is not None and not r.peak_exact and not simulated:
                 jax_peak = "≥" + jax_peak
             row += [format_bytes(r.gpu_self_before), format_bytes(r.gpu_self_peak),
                     format_bytes(r.gpu_self_after), format_bytes_delta(r.gpu_self_retained),
@@ -96,10 +105,12 @@ def format_table(records: Iterable[CellRecord], *, simulated: bool = False) -> s
 
     lines = [render(header), "  ".join("-" * w for w in widths), *map(render, rows)]
     if on_gpu:
-        at_least = "; ≥ = JAX peak at least this" if jax_peaks else ""
+        at_least = "; ≥ = JAX peak at least this" if jax_peaks and not simulated else ""
         lines.append(f"GPU = this process per NVML; peaks are sampled{at_least}.")
         if simulated:
             lines.append(SIMULATED_NOTE)
+            if jax_peaks:
+                lines.append(SIMULATED_PEAK_NOTE)
     else:
         lines.append("No GPU seen: host memory of this process (RSS) instead of GPU memory.")
     if any(r.span_start is not None for r in rows_in):

@@ -3,32 +3,38 @@
 In the demo (``scripts/quickstart.sh --simulated-gpu``) the kernel's JAX runs on the CPU, so
 the simulated GPU would never see it. The mirror, a daemon thread in the kernel, closes that
 gap: once JAX's backend has started (it never starts it), it writes this process's entry in
-the state file as the real allocator would make it under the mode JAX started with:
+the state file as the real allocator would make it under the mode JAX started with, on every
+GPU JAX would start a client on (every GPU ``CUDA_VISIBLE_DEVICES`` lets through, narrowed by
+JAX's ``jax_cuda_visible_devices``; see :mod:`.placement`), each GPU by its own figures:
 
 * preallocation (JAX's default, ``fraction F``, ``bfc``/``cuda_async`` with preallocation):
-  the whole pool, ``F`` × the GPU's total, from the first operation on; when that much is not
-  free, 0.9 times as much, again and again until it fits, as XLA's allocator retries;
+  the whole pool, ``F`` × the GPU's total, on each of those GPUs from the first operation on;
+  when that much is not free on a GPU, 0.9 times as much there, again and again until it
+  fits, as XLA's allocator retries;
 * ``off`` (and ``vmm``): the pool grows with the arrays and keeps what they freed (the
-  allocator returns freed blocks to its pool, not to the GPU): the high-water mark;
-* ``platform``: exactly what the arrays hold now.
+  allocator returns freed blocks to its pool, not to the GPU): the high-water mark of the
+  arrays on that GPU;
+* ``platform``: exactly what the arrays on that GPU hold now.
 
-On a MIG instance (``CUDA_VISIBLE_DEVICES`` names its ``MIG-`` UUID first, as CUDA would use
-it) the entry is on that instance, and the fraction is of the instance's memory, as JAX's is.
+The arrays are counted where they live: JAX's CPU device ``k`` stands for its ``k``-th GPU
+(see :mod:`.placement`). On a MIG instance (``CUDA_VISIBLE_DEVICES`` names its ``MIG-`` UUID,
+as CUDA would use it) the entry is on that instance, and the fraction is of the instance's
+memory, as JAX's is.
 
-Under a GPU sharing cap on CUDA device 0 (the mirror's GPU) the entry is what the cap lets
-through, modelled as the sharing system enforces it, not as jax_nbmem reads it (so a test can
-tell the two apart), and kept minimal:
+Under a GPU sharing cap on a CUDA device the entry there is what the cap lets through,
+modelled as the sharing system enforces it, not as jax_nbmem reads it (so a test can tell the
+two apart), and kept minimal:
 
-* MPS (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, its ``0=<n>M`` or ``0=<n>G`` entry): CUDA's total
-  stays the card's, allocations past the cap fail, so the pool, ``F`` x the card, shrinks in
-  its 0.9x steps until it fits under the cap;
-* HAMi (``CUDA_DEVICE_MEMORY_LIMIT_0``, else ``CUDA_DEVICE_MEMORY_LIMIT``, read as HAMi-core
+* MPS (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, its ``N=<n>M`` or ``N=<n>G`` entry for CUDA
+  device ``N``): CUDA's total stays the card's, allocations past the cap fail, so the pool,
+  ``F`` x the card, shrinks in its 0.9x steps until it fits under the cap;
+* HAMi (``CUDA_DEVICE_MEMORY_LIMIT_N``, else ``CUDA_DEVICE_MEMORY_LIMIT``, read as HAMi-core
   reads them: a number ``strtoul`` accepts, then ``k``/``m``/``g``; 0 is none): CUDA's total
   is the cap, so the pool is ``F`` x the cap.
 
-Plus a CUDA context's worth for the process (counted under the cap), and what other frameworks
-in the process hold on device 0 (PyTorch, CuPy, TensorFlow; see :func:`beside_jax_bytes`), as a
-real driver counts a kernel's bytes whoever allocated them. The figures are labelled
+Plus a CUDA context's worth on each of those GPUs (counted under the cap), and what other
+frameworks in the process hold there (PyTorch, CuPy, TensorFlow; see :func:`beside_jax_bytes`),
+as a real driver counts a kernel's bytes whoever allocated them. The figures are labelled
 simulated wherever they show (the GPU's name says so). The entry lasts as long as the process
 (``ends=exit`` in the state file), as a real driver forgets a process that exited, however it
 ended.
@@ -45,8 +51,9 @@ On a real GPU, NVML sees an allocation the moment it is made; the thread looks o
 kernel the mirror also looks when each cell has run: from IPython's ``post_execute`` event,
 which IPython fires before ``post_run_cell``, where jax_nbmem reads the cell's end, whatever
 order the two were registered in. That look counts the live arrays (about 1 µs each: 10 ms a
-cell with 10,000 of them, here) and writes the state file only when their bytes changed (as a
-real allocation is on the cell's path too); it runs only in a kernel the demo's startup file
+cell with 10,000 of them, here), brings JAX's counters (:meth:`Mirror.gpu_counters`) up to them
+and writes the state file only when their bytes changed and no preallocated pool hides them (as
+a real allocation is on the cell's path too); it runs only in a kernel the demo's startup file
 started: nothing else runs it (the overhead benchmark checks that its kernels do not).
 """
 
@@ -64,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from jax_nbmem.simgpu.liveness import process_start
+from jax_nbmem.simgpu.placement import Place, cuda_places, jax_places, live_bytes_by_device
 from jax_nbmem.simgpu.registration import RegistrarError, Registration, register, socket_path
 from jax_nbmem.simgpu.simulator import STATE_ENV_VAR, SimState, StateError
 
@@ -76,6 +84,7 @@ __all__ = [
     "memory_cap",
     "pool_bytes",
     "preallocates",
+    "running",
     "start_from_environment",
     "started_mode",
 ]
@@ -167,16 +176,19 @@ def _hami_limit(text: str) -> int:
     return int(digits, base) * scale
 
 
-def memory_cap(environ: dict[str, str] | os._Environ) -> tuple[str, int] | None:
-    """The cap MPS or HAMi enforces on CUDA device 0: ``("mps" | "hami", bytes)``, or None."""
+def memory_cap(environ: dict[str, str] | os._Environ, ordinal: int = 0) -> tuple[str, int] | None:
+    """The cap MPS or HAMi enforces on CUDA device *ordinal*: ``("mps" | "hami", bytes)``.
+
+    None where neither caps it.
+    """
     caps = []
     for entry in environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").split(","):
-        ordinal, _, limit = entry.strip().partition("=")
+        named, _, limit = entry.strip().partition("=")
         unit = {"M": 1024**2, "G": 1024**3}.get(limit.upper().removesuffix("B")[-1:])
         digits = limit.upper().removesuffix("B")[:-1]
-        if ordinal == "0" and unit and digits.isdigit() and int(digits):
+        if named == str(ordinal) and unit and digits.isdigit() and int(digits):
             caps.append(("mps", int(digits) * unit))
-    hami = _hami_limit(environ.get("CUDA_DEVICE_MEMORY_LIMIT_0", "")) or _hami_limit(
+    hami = _hami_limit(environ.get(f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}", "")) or _hami_limit(
         environ.get("CUDA_DEVICE_MEMORY_LIMIT", "")
     )
     if hami:
@@ -184,8 +196,8 @@ def memory_cap(environ: dict[str, str] | os._Environ) -> tuple[str, int] | None:
     return min(caps, key=lambda cap: cap[1]) if caps else None
 
 
-def beside_jax_bytes() -> int:
-    """What other frameworks in this process hold on CUDA device 0, beside JAX's pool.
+def beside_jax_bytes(ordinal: int = 0) -> int:
+    """What other frameworks in this process hold on CUDA device *ordinal*, beside JAX's pool.
 
     A kernel that also runs PyTorch, CuPy or TensorFlow holds their memory too, and a real
     driver counts it in the process's bytes. Their counters are read by jax_nbmem's own
@@ -202,8 +214,8 @@ def beside_jax_bytes() -> int:
     total = 0
     for framework in found:
         if framework.started:
-            held = framework.held.get(0)
-            total += held if held is not None else (framework.in_use.get(0) or 0)
+            held = framework.held.get(ordinal)
+            total += held if held is not None else (framework.in_use.get(ordinal) or 0)
     return total
 
 
@@ -217,19 +229,24 @@ def _backend_started() -> bool:
     return bool(getattr(bridge, "_backends", None))
 
 
-def _live_array_bytes() -> int:
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return 0
-    return sum(int(getattr(array, "nbytes", 0)) for array in jax.live_arrays())
+def _live_bytes_by_device() -> dict[int, int]:
+    return live_bytes_by_device()
+
+
+def _spread(live: dict[int, int], places: list[Place]) -> dict[Place, int]:
+    """The live bytes on each GPU: JAX's device ``k`` stands for ``places[k % len(places)]``."""
+    live_on = dict.fromkeys(places, 0)
+    for device, nbytes in live.items():
+        live_on[places[device % len(places)]] += nbytes
+    return live_on
 
 
 class Mirror:
     """The thread that keeps this process's entry in the state file (see the module)."""
 
-    def __init__(self, state_path: str | os.PathLike[str], gpu: int = 0) -> None:
+    def __init__(self, state_path: str | os.PathLike[str], gpu: int | None = None) -> None:
         self.state_path = Path(state_path)
-        self.gpu = gpu
+        self.gpu = gpu  # None: every GPU JAX sees (see .placement); a number: that GPU alone
         self.pid = os.getpid()  # the PID the GPU lists: the host's, once registered
         self.pidns: int | None = None  # the namespace of self.pid, once registered
         self.started_at = process_start()  # when self.pid started: its lines' start= (see liveness)
@@ -237,12 +254,14 @@ class Mirror:
         self._next_registration = 0.0
         self._old: tuple[int, int | None] | None = None  # lines written under another PID
         self.mode: StartedMode | None = None
-        self.written: int | None = None
-        self._high_water = 0
-        self._pool: int | None = None  # a preallocated pool's size, fixed when it was taken
+        self.written: dict[Place, int] | None = None  # what each GPU lists for this process
+        self._high_water: dict[Place, int] = {}
+        self._pools: dict[Place, int] = {}  # preallocated pools' sizes, fixed when taken
         self._said: str | None = None  # the state file's problem, said once
-        self._looked_at: int | None = None  # live bytes at the last cell's end
+        self._looked_at: dict[int, int] | None = None  # live bytes by JAX device at a cell's end
         self._counters: dict[str, dict[str, int | None]] = {}  # see gpu_counters
+        self._jax_places: list[Place] = []  # the GPUs JAX holds memory on, JAX's device 0 first
+        self._uuids: list[str | None] = []  # theirs
         self._lock = threading.Lock()  # the thread and the cells' hook take turns
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jax_nbmem-simgpu", daemon=True)
@@ -262,18 +281,21 @@ class Mirror:
     def after_cell(self) -> None:
         """A cell has run: publish what it changed now, as NVML would see it. Never raises.
 
-        Cheap when nothing changed: a preallocated pool, once written, never changes, and
-        otherwise the file is read and written only when the live arrays' bytes did.
+        Cheap when nothing changed: the file is read and written only when the live arrays'
+        bytes did, and never once the pools are preallocated (they never change); JAX's
+        counters (:meth:`gpu_counters`: the live arrays, their high-water mark) follow the
+        arrays either way, so that a cell's end reads them as of that end.
         """
         try:
-            if self._pool is not None and self.written is not None:
-                return
             if not _backend_started():  # counting JAX's arrays would start it
                 return
-            live = _live_array_bytes()
+            live = _live_bytes_by_device()
             if live == self._looked_at and self.written is not None:
                 return
-            self.step(live)
+            if self._pools and self.written is not None and set(self._pools) == set(self.written):
+                self._note_live(live)
+            else:
+                self.step(live)
             if self.written is not None:
                 self._looked_at = live
         except Exception:  # a demo aid: it must never disturb a cell
@@ -328,13 +350,13 @@ class Mirror:
             self._said = problem
             print(f"jax_nbmem simulated GPU: the mirror waits: {problem}", file=sys.stderr)
 
-    def step(self, live: int | None = None) -> None:
+    def step(self, live: dict[int, int] | None = None) -> None:
         """One look: write the entry if what the process would hold changed.
 
-        *live*: the live arrays' bytes, when the caller has just counted them. Under the state
-        file's lock (:meth:`SimState.update`), so that the mirrors of several kernels, and the
-        tenant, never lose each other's lines. A state file with a problem (edited by hand) is
-        said once on stderr and left as it is until it is good again.
+        *live*: the live arrays' bytes by JAX device, when the caller has just counted them.
+        Under the state file's lock (:meth:`SimState.update`), so that the mirrors of several
+        kernels, and the tenant, never lose each other's lines. A state file with a problem
+        (edited by hand) is said once on stderr and left as it is until it is good again.
         """
         if not _backend_started():
             return
@@ -343,8 +365,7 @@ class Mirror:
                 return
             if self.mode is None:
                 self.mode = started_mode(os.environ)  # as JAX read them, give or take a moment
-            live = _live_array_bytes() if live is None else live
-            self._high_water = max(self._high_water, live)
+            live = _live_bytes_by_device() if live is None else live
             try:
                 with SimState.update(self.state_path) as state:
                     self._hold(state, live)
@@ -353,53 +374,92 @@ class Mirror:
                 return
             self._said = None
 
-    def _place(self, state: SimState) -> tuple[int, int | None] | None:
-        """The GPU (and MIG instance) this process's CUDA would use; None: no such instance."""
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        if first.startswith("MIG-"):
-            return state.mig_instance(first)
-        return self.gpu, None
+    def _places(self, state: SimState) -> tuple[list[Place], list[Place]]:
+        """The devices this process's CUDA sees, and those of them JAX holds a pool on."""
+        if self.gpu is not None:
+            return [(self.gpu, None)], [(self.gpu, None)]
+        cuda = cuda_places(state, os.environ)
+        return cuda, jax_places(cuda)
 
-    def _hold(self, state: SimState, live: int) -> None:
-        place = self._place(state)
-        if place is None or self.mode is None:
+    def _note_live(self, live: dict[int, int]) -> None:
+        """Bring JAX's counters up to *live* (bytes by JAX device) without a look at the file."""
+        with self._lock:
+            places, counters = self._jax_places, dict(self._counters)
+            if not places:
+                return
+            live_on = _spread(live, places)
+            for place, uuid in zip(places, self._uuids, strict=True):
+                high_water = self._high_water[place] = max(self._high_water.get(place, 0),
+                                                           live_on[place])  # fmt: skip
+                if uuid in counters:
+                    counters[uuid] = {**counters[uuid], "bytes_in_use": live_on[place],
+                                      "peak_bytes_in_use": high_water}  # fmt: skip
+            self._counters = counters
+
+    def _hold(self, state: SimState, live: dict[int, int]) -> None:
+        cuda, places = self._places(state)
+        if not places or self.mode is None:
             return
-        gpu, mig = place
-        total = state.total_bytes(gpu, mig)
-        if total is None:
+        live_on = _spread(live, places)
+        self._jax_places, self._uuids = places, [state.uuid_of(*place) for place in places]
+        wanted: dict[Place, int] = {}
+        counters: dict[str, dict[str, int | None]] = {}
+        for place in places:
+            held = self._held_on(state, place, cuda.index(place), live_on[place])
+            if held is None:
+                continue
+            wanted[place], jax_held = held
+            uuid = state.uuid_of(*place)
+            if uuid is not None:
+                pool = max(0, jax_held - CONTEXT_BYTES)
+                counters[uuid] = {
+                    "bytes_in_use": live_on[place], "pool_bytes": pool,
+                    "bytes_limit": pool if place in self._pools else None,
+                    "peak_bytes_in_use": self._high_water[place],
+                }  # fmt: skip
+        if not wanted:
             return
-        free = state.free_bytes(gpu, leaving_out=self.pid, mig=mig)
-        cap = memory_cap(os.environ) if mig is None else None
-        if cap is not None:  # see the module's docstring
-            free = cap[1] if free is None else min(free, cap[1])
-            total = min(total, cap[1]) if cap[0] == "hami" else total
-        beside = beside_jax_bytes()
-        free = None if free is None else max(0, free - beside)
-        if preallocates(self.mode):
-            if self._pool is None:  # taken once, at the first allocation, and kept
-                self._pool = held_bytes(self.mode, total, live, self._high_water, free)
-            jax_held = self._pool
-        else:
-            jax_held = held_bytes(self.mode, total, live, self._high_water, free)
-        held = jax_held + beside
         if self._old is not None:
             state.remove_process(*self._old)
             self._old = None
-        if held != self.written or state.process_bytes(self.pid) != held:
+        listed = {(p.gpu, p.mig): p.used for p in state.processes() if p.pid == self.pid}
+        if wanted != self.written or listed != wanted:
             state.remove_process(self.pid)
-            state.process(
-                gpu, self.pid, held, ends_with_process=True, mig=mig, pidns=self.pidns,
-                start=self.started_at,
-            )  # fmt: skip
-            self.written = held
-        uuid = state.uuid_of(gpu, mig)
-        if uuid is not None:
-            pool = max(0, jax_held - CONTEXT_BYTES)
-            self._counters = {uuid: {
-                "bytes_in_use": live, "pool_bytes": pool,
-                "bytes_limit": pool if self._pool is not None else None,
-                "peak_bytes_in_use": self._high_water,
-            }}  # fmt: skip
+            for (gpu, mig), held_here in wanted.items():
+                state.process(
+                    gpu, self.pid, held_here, ends_with_process=True, mig=mig, pidns=self.pidns,
+                    start=self.started_at,
+                )  # fmt: skip
+            self.written = wanted
+        self._counters = counters
+
+    def _held_on(
+        self, state: SimState, place: Place, ordinal: int, live: int
+    ) -> tuple[int, int] | None:
+        """(what the process holds on *place*, JAX's part of it); None: no such device.
+
+        *ordinal*: the device's CUDA number (MPS's and HAMi's caps and the other frameworks'
+        counters go by it); *live*: JAX's live arrays there.
+        """
+        gpu, mig = place
+        total = state.total_bytes(gpu, mig)
+        if total is None or self.mode is None:
+            return None
+        free = state.free_bytes(gpu, leaving_out=self.pid, mig=mig)
+        cap = memory_cap(os.environ, ordinal) if mig is None else None
+        if cap is not None:  # see the module's docstring
+            free = cap[1] if free is None else min(free, cap[1])
+            total = min(total, cap[1]) if cap[0] == "hami" else total
+        beside = beside_jax_bytes(ordinal)
+        free = None if free is None else max(0, free - beside)
+        high_water = self._high_water[place] = max(self._high_water.get(place, 0), live)
+        if preallocates(self.mode):
+            if place not in self._pools:  # taken once, at the first allocation, and kept
+                self._pools[place] = held_bytes(self.mode, total, live, high_water, free)
+            jax_held = self._pools[place]
+        else:
+            jax_held = held_bytes(self.mode, total, live, high_water, free)
+        return jax_held + beside, jax_held
 
     def gpu_counters(self) -> dict[str, dict[str, int | None]]:
         """JAX's counters on the simulated GPU, by its UUID, as a kernel on a real GPU reports them.
@@ -427,6 +487,11 @@ def _running_shell() -> Any:
     ipython = sys.modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)
     return get_ipython() if callable(get_ipython) else None
+
+
+def running() -> bool:
+    """Whether this process's mirror runs (:func:`start_from_environment` started it)."""
+    return _started is not None
 
 
 def gpu_counters() -> dict[str, dict[str, int | None]]:

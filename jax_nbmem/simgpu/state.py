@@ -301,6 +301,26 @@ class SimState:
         line = self._migs.get((gpu, mig)) if mig is not None else self._gpus.get(gpu)
         return line.uuid if line is not None else None
 
+    def gpu_indices(self) -> list[int]:
+        """The whole GPUs' indices, in order: what numbers in ``CUDA_VISIBLE_DEVICES`` count."""
+        return sorted(self._gpus)
+
+    def devices(self) -> list[tuple[int, int | None, str]]:
+        """Every device a CUDA process could see, as ``(gpu, mig, uuid)``, GPU 0's first.
+
+        A whole GPU is ``(index, None, uuid)``; a GPU in MIG mode runs nothing itself and
+        stands for its instances, each ``(index, instance, uuid)``.
+        """
+        found: list[tuple[int, int | None, str]] = []
+        for index in sorted(self._gpus):
+            line = self._gpus[index]
+            if not line.mig:
+                found.append((index, None, line.uuid))
+                continue
+            instances = sorted(place for place in self._migs if place[0] == index)
+            found.extend((index, mig, self._migs[(index, mig)].uuid) for _, mig in instances)
+        return found
+
     def mig_instance(self, uuid: str) -> tuple[int, int] | None:
         """The (GPU, GPU instance) of the one MIG instance whose UUID starts with ``uuid``."""
         found = [place for place, mig in self._migs.items() if mig.uuid.startswith(uuid)]

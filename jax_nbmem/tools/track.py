@@ -18,6 +18,7 @@ from typing import Any
 
 from jax_nbmem.record.combine import block_jax_peak, difference, extreme, gpu_total, peak_total
 from jax_nbmem.record.sampler import QuickReading, Sampler, SamplerSource
+from jax_nbmem.record.simulated import SIMULATED_KIND
 from jax_nbmem.units import format_bytes, format_bytes_delta, format_duration
 
 __all__ = ["Tracker"]
@@ -289,7 +290,11 @@ def _devices(run: _Run) -> list[tuple[str, int | None, Any]]:
         order += [g.index for g in sample.gpus if g.index not in order]
     order += [g.index for g in getattr(run.peaks, "gpus", ()) if g.index not in order]
     reading = run.quick_after or run.quick_before
-    jax = list(reading.jax) if reading is not None else []
+    # The simulated GPU's stand-ins for JAX's counters (the mirror's live arrays) are for the
+    # cells' table, which says what they are; track() names its peak's source "jax_...": it
+    # keeps the simulated GPU's own figures (NVML's), as for a JAX without counters.
+    seen = reading.jax if reading is not None else ()
+    jax = [d for d in seen if getattr(d, "kind", None) != SIMULATED_KIND]
     devices = [(f"gpu:{index}", index, jax[k] if k < len(jax) else None)
                for k, index in enumerate(order)]  # fmt: skip
     devices += [(f"jax:{getattr(d, 'id', k)}", None, d) for k, d in enumerate(jax[len(order) :])]

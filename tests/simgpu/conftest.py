@@ -11,7 +11,7 @@ def mirror_module(monkeypatch):
     from jax_nbmem.simgpu import mirror as module
 
     monkeypatch.setattr(module, "_backend_started", lambda: True)
-    monkeypatch.setattr(module, "_live_array_bytes", lambda: 0)
+    monkeypatch.setattr(module, "_live_bytes_by_device", dict)
     for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                  "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)

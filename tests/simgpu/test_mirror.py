@@ -226,7 +226,7 @@ def test_the_look_after_a_cell_writes_what_changed_and_nothing_else(
     SimState(path).gpu(0, total=80 * GIB).write()
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     live = {"bytes": 64 * MIB}
-    monkeypatch.setattr(mirror_module, "_live_array_bytes", lambda: live["bytes"])
+    monkeypatch.setattr(mirror_module, "_live_bytes_by_device", lambda: {0: live["bytes"]})
     monkeypatch.setattr(mirror_module, "_backend_started", lambda: False)
     mirror = mirror_module.Mirror(path)
     mirror.after_cell()  # JAX has not started: nothing to count (counting would start it)
@@ -244,7 +244,7 @@ def test_the_look_after_a_cell_writes_what_changed_and_nothing_else(
     def broken():
         raise RuntimeError("a JAX that changed")
 
-    monkeypatch.setattr(mirror_module, "_live_array_bytes", broken)
+    monkeypatch.setattr(mirror_module, "_live_bytes_by_device", broken)
     mirror.after_cell()  # a hook never raises into the user's cell
 
 
