@@ -267,7 +267,7 @@ def _configured_commands() -> list[tuple[str, list[str]]]:
                 isinstance(e, ast.Constant) and e.value == "jax_nbmem.cli" for e in node.elts
             ):
                 words = [e.value if isinstance(e, ast.Constant) else "X" for e in node.elts]
-                found.append((page, words[words.index("jax_nbmem.cli") + 1 :]))
+                found.append((page, _stand_ins(words[words.index("jax_nbmem.cli") + 1 :])))
     units = [(page, text) for page, text in _fenced("ini")]
     units.append(("deploy/jax-nbmem-exporter.service",
                   (REPO_ROOT / "deploy" / "jax-nbmem-exporter.service").read_text()))  # fmt: skip
@@ -280,6 +280,17 @@ def _configured_commands() -> list[tuple[str, list[str]]]:
     (args,) = re.findall(r'^JAX_NBMEM_EXPORTER_ARGS="(.*)"$', env, re.M)
     found.append(("deploy/jax-nbmem-exporter.env", ["exporter", *shlex.split(args)]))
     return found
+
+
+# A variable in a config's command stands as a value of the kind its option checks.
+_STAND_INS = {"--hub-url": "http://127.0.0.1:8000"}
+
+
+def _stand_ins(words: list[str]) -> list[str]:
+    return [
+        _STAND_INS.get(words[i - 1], word) if word == "X" and i else word
+        for i, word in enumerate(words)
+    ]
 
 
 def test_the_configs_and_units_give_jax_nbmem_command_lines_its_parser_accepts():
