@@ -59,7 +59,7 @@ def kubernetes_report(gpus: int, per_gpu: int, seed: int) -> dict:
 def serve_node(seed: int, gpus: int, per_gpu: int) -> None:
     """Run a real exporter whose every look is the simulated node (a subprocess's main)."""
     from jax_nbmem.cli.exporter import Exporter, ExporterSettings
-    from jax_nbmem.tenants.metrics import Snapshot
+    from jax_nbmem.metrics.metrics import Snapshot
 
     report = kubernetes_report(gpus, per_gpu, seed)
     socket.gethostname = lambda: f"node-{seed}"  # each node its Hostname, as on a cluster

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from jax_nbmem.allocator.jaxlib import effective
+from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.simgpu import GIB, SimState
 from jax_nbmem.simgpu.mirror import CONTEXT_BYTES
-from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.tools.fit import ProgramNeeds, read_rooms
 from jax_nbmem.tools.fit_report import format_fit, judge

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jax_nbmem.tenants.exposition import ScrapeCache, exposition, go_float
-from jax_nbmem.tenants.metrics import Snapshot, metric_families, prometheus_collector
+from jax_nbmem.metrics.exposition import ScrapeCache, exposition, go_float
+from jax_nbmem.metrics.metrics import Snapshot, metric_families, prometheus_collector
 from tests.tenants.test_metrics import NOW, report
 
 prometheus_client = pytest.importorskip("prometheus_client")

@@ -9,7 +9,7 @@ import pytest
 from jax_nbmem.agent.hostproof import HostProof, host_proof, read_resolution
 from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.publish import build_resolution, write_resolution
-from jax_nbmem.tenants.metrics import Snapshot, metric_families
+from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from tests.tenants.test_hostview import DOCKER_ID, fake_process
 
 

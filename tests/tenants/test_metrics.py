@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from jax_nbmem.tenants.metrics import (
+from jax_nbmem.metrics.metrics import (
     FAMILIES,
     GPU_LABELS,
     KERNEL_LABELS,

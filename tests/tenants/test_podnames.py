@@ -16,7 +16,7 @@ from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.kubepods import KubeAPI, PodDirectory
 from jax_nbmem.agent.publish import HIDDEN_REASON, PodVisibility, ResolutionWriter
 from jax_nbmem.cli.exporter import Exporter, ExporterSettings
-from jax_nbmem.tenants.metrics import Snapshot, metric_families
+from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import _process_line
 from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.tenants.test_hostview import fake_process

@@ -24,11 +24,11 @@ from pathlib import Path
 import psutil
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
-from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import collect, format_status
 
 TOTAL = 80 * GIB

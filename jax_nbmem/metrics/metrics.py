@@ -31,7 +31,7 @@ from typing import Any
 
 from jax_nbmem.gpu.nvml_errors import GLOBAL_ERRORS
 from jax_nbmem.gpu.nvml_session import PYNVML_MISSING
-from jax_nbmem.tenants.metric_labels import (
+from jax_nbmem.metrics.metric_labels import (
     bounded_name,
     container_labels,
     gpu_identity,

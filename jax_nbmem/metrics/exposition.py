@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from functools import cache
 
-from jax_nbmem.tenants.metrics import FAMILIES, Family, Snapshot, is_fresh, metric_families
+from jax_nbmem.metrics.metrics import FAMILIES, Family, Snapshot, is_fresh, metric_families
 
 __all__ = ["ScrapeCache", "exposition", "go_float"]
 
