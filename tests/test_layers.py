@@ -25,7 +25,7 @@ UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
 # documentation's pages are, for any part's messages.
 # rootfiles: how root opens what a user may reach, one set of rules for every part root runs.
 SHARED = {"units", "text", "_version", "guide", "rootfiles"}
-CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "metrics", "tools"}
+CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "node", "metrics", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
 MAY_IMPORT = {
@@ -37,9 +37,10 @@ MAY_IMPORT = {
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
-    "tenants": {"gpu", "allocator", "agent"} | SHARED,
+    "tenants": {"gpu", "allocator", "agent", "node"} | SHARED,
+    "node": {"gpu", "agent"} | SHARED,
     # The node agent: the host's side of who is on the GPU, and the kernels' client of it.
-    "agent": {"gpu", "allocator", "tenants"} | SHARED,
+    "agent": {"gpu", "allocator", "tenants", "node"} | SHARED,
     "tools": {"gpu", "allocator", "record"} | SHARED,
     # The metric families, their labels and the exposition: built from a report a face hands in.
     "metrics": {"gpu"} | SHARED,

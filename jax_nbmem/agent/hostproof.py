@@ -33,7 +33,7 @@ from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
 from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
-from jax_nbmem.tenants.beacons import Beacon
+from jax_nbmem.node.beacons import Beacon
 
 __all__ = [
     "ENV_AGENT_USER",

@@ -14,7 +14,7 @@ kernel of that namespace reads (over the agent's TCP connection); the file is wr
 reader of no namespace (anyone who reads the share directory).
 
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
-directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.tenants.beacon_files`):
+directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.node.beacon_files`):
 only names of our own patterns, only regular files (never through a symlink), and
 only when the kernel is dead for sure: its alive lock is granted to us (its holder is gone),
 or, for a kernel keyed by host PID without a lock, that PID is gone and the file is old. And
@@ -46,8 +46,8 @@ from jax_nbmem.agent.visibility import (
     hidden_container,
     hidden_kernel,
 )
-from jax_nbmem.tenants.beacon_files import FALLBACK
-from jax_nbmem.tenants.beacons import write_atomically
+from jax_nbmem.node.beacon_files import FALLBACK
+from jax_nbmem.node.beacons import write_atomically
 
 __all__ = [
     "FULL_RESOLUTION_NAME",

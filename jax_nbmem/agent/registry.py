@@ -24,8 +24,8 @@ from typing import Any
 
 from jax_nbmem.agent.binding import PROCESS_ENDED
 from jax_nbmem.agent.hostview import HostView, HostViewer, beacon_key, boot_id
-from jax_nbmem.tenants import beacons as _beacons
-from jax_nbmem.tenants.beacons import Beacon
+from jax_nbmem.node import beacons as _beacons
+from jax_nbmem.node.beacons import Beacon
 
 __all__ = [
     "AGENT_DIR",

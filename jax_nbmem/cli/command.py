@@ -93,7 +93,7 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 
 def _share_dir(given: str | None) -> str | None:
     """The share directory a host command reads: given, $JAX_NBMEM_SHARE_DIR, or the default."""
-    from jax_nbmem.tenants.sharedir import find_share_dir
+    from jax_nbmem.node.sharedir import find_share_dir
 
     return find_share_dir(given).path
 
@@ -159,9 +159,9 @@ def _cull(args: argparse.Namespace) -> int:
     from jax_nbmem.cli.culler import Culler
     from jax_nbmem.cli.hubapi import HubError, hub_from_environment
     from jax_nbmem.cli.stop import admin_log_path
-    from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
+    from jax_nbmem.node.beacons import ENV_SHARE_DIR
+    from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR
     from jax_nbmem.tenants.culling import CullPolicy
-    from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 
     share_dir = _share_dir(args.share_dir)
     if not share_dir or not os.path.isdir(share_dir):

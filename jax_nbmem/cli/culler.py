@@ -50,8 +50,8 @@ from jax_nbmem.agent.hostproof import HostProof, host_proof
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop import Kernel, StopError, find, stop
+from jax_nbmem.node.beacons import read_beacons
 from jax_nbmem.rootfiles import append_line
-from jax_nbmem.tenants.beacons import read_beacons
 from jax_nbmem.tenants.culling import (
     CULL_REASONS,
     CULLED_HELP,

@@ -26,8 +26,8 @@ from traitlets import Dict, Float, Unicode
 
 from jax_nbmem.allocator.control import ENV_ALLOCATOR, ENV_MODE_REASON
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables, parse_mode
+from jax_nbmem.node.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.auto import Policy, PolicyError, decide
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.text import printable
 
 __all__ = ["JaxNbMemProvisioner"]

@@ -47,9 +47,9 @@ from jax_nbmem.agent.facts import disagreements as _disagreements
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop_target import Kernel, StopError, find
+from jax_nbmem.node.servers import _terminate, current_user
 from jax_nbmem.rootfiles import append_line
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
-from jax_nbmem.tenants.servers import _terminate, current_user
 from jax_nbmem.units import format_bytes
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 The facts come from the session's memory (the allocator control, the ledger, the sampler's
 latest sample, the status watch's last report); gathering them reads no file and asks neither
-NVML nor JAX. :class:`~jax_nbmem.tenants.beacons.BeaconWriter` writes them at most once a
+NVML nor JAX. :class:`~jax_nbmem.node.beacons.BeaconWriter` writes them at most once a
 second, off every cell's path.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.agent.client import socket_path
+from jax_nbmem.node.agent_client import socket_path
+from jax_nbmem.node.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
+from jax_nbmem.node.identity import own_identity
+from jax_nbmem.node.servers import current_user
 from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
-from jax_nbmem.tenants.identity import own_identity
-from jax_nbmem.tenants.servers import current_user
 
 __all__ = ["beacon_facts", "beacon_writer", "own_beacon", "share_dir"]
 
@@ -50,7 +50,7 @@ def _constant_facts() -> dict[str, Any]:
         "jaxlib": version("jaxlib"),
         "jax_nbmem": version("jax_nbmem"),
         # Its PID namespace, PID there, start ticks, boot and host name: claims the node
-        # agent can prove, and what tells containers apart (jax_nbmem.tenants.identity).
+        # agent can prove, and what tells containers apart (jax_nbmem.node.identity).
         "identity": own_identity(),
     }
 

@@ -10,9 +10,9 @@ from traitlets import Enum, Float, Unicode
 from traitlets.config import Configurable
 
 from jax_nbmem.metrics.metrics import Snapshot, prometheus_collector
+from jax_nbmem.node.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.server.handlers import routes
 from jax_nbmem.server.monitor import ServerMonitor
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.tenants.publishers import remove_claim, write_claim
 from jax_nbmem.text import printable
 

@@ -89,7 +89,7 @@ def warnings_for(
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
     ``read_at``: where the warnings are read (:data:`IN_IPYTHON`, :data:`AT_SHELL`).
     ``agent``: the node
-    agent's :class:`~jax_nbmem.tenants.resolution.Resolution`; a stale one is an
+    agent's :class:`~jax_nbmem.node.resolution.Resolution`; a stale one is an
     ``agent-stale`` warning (which then stands for ``pid-namespace``).
     ``own_caps``: the MPS or HAMi cap on this kernel's GPUs, by NVML index; a mode that will
     not fit under one is ``prealloc-exceeds-cap`` there (else it is judged against what CUDA

@@ -21,10 +21,10 @@ import psutil
 from jax_nbmem.allocator.extras import EXTRA_VARIABLES
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
 from jax_nbmem.gpu import own_process
-from jax_nbmem.tenants.beacons import Beacon, read_beacons
-from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
+from jax_nbmem.node.beacons import Beacon, read_beacons
+from jax_nbmem.node.identity import in_initial_namespace, own_identity
+from jax_nbmem.node.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.tenants.owners import hub_user_of
-from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def inspect_process(
 ) -> ProcessInfo:
     """Find out what ``pid`` is; never raises.
 
-    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.tenants.servers.ServerKernel`
+    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.node.servers.ServerKernel`
     (anything with ``.get``; with ``.for_pid`` too, a PID its server names as a kernel is that
     kernel whatever its command line says); a server's notebook path wins over
     ``JPY_SESSION_NAME``, which keeps the name the notebook had when its kernel started.
@@ -431,7 +431,7 @@ def attribute(
     is judged by what it says of itself: its mode in effect, its pool, its idleness.
 
     ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
-    → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
+    → :class:`~jax_nbmem.node.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
     the running Jupyter servers, once, if a kernel is found. When NVML's PIDs evidently come
     from another PID namespace (see :func:`_foreign_namespace`), every tenant is "unknown" with
     a reason starting with ``PID_NAMESPACE_REASON`` rather than attributed to the wrong process.

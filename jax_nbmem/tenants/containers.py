@@ -2,7 +2,7 @@
 
 A kernel in a PID namespace of its own (a container) sees NVML list *host* PIDs, which name
 no process here, or the wrong one. So a host PID is never looked up here directly. With the
-node agent's fresh resolution (:mod:`jax_nbmem.tenants.resolution`) each host PID is known:
+node agent's fresh resolution (:mod:`jax_nbmem.node.resolution`) each host PID is known:
 
 - a process in this kernel's own namespace is inspected here under its PID here
   (``pid_in_container``), this kernel's own row included (matched on namespace, PID and
@@ -25,11 +25,11 @@ from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu import own_process
+from jax_nbmem.node.beacons import Beacon
+from jax_nbmem.node.identity import same_namespace, start_ticks
+from jax_nbmem.node.neighbours import read_claims
+from jax_nbmem.node.resolution import Resolution, ResolvedProcess
 from jax_nbmem.tenants import attribution as _a
-from jax_nbmem.tenants.beacons import Beacon
-from jax_nbmem.tenants.identity import same_namespace, start_ticks
-from jax_nbmem.tenants.neighbours import read_claims
-from jax_nbmem.tenants.resolution import Resolution, ResolvedProcess
 
 __all__ = ["attribute_in_container", "from_container"]
 
@@ -50,7 +50,7 @@ def attribute_in_container(
 
     ``local_beacons(pids)`` reads the beacons of PIDs in this namespace; ``own`` is this
     kernel's account of itself (its session); ``claims`` the live beacons of kernels in other
-    namespaces (:func:`jax_nbmem.tenants.neighbours.read_claims`).
+    namespaces (:func:`jax_nbmem.node.neighbours.read_claims`).
     """
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
     uuids = {gpu.index: gpu.uuid for gpu in gpus}

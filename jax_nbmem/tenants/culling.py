@@ -38,7 +38,7 @@ from typing import Any
 from jax_nbmem.agent.facts import ProvenOwner
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import report_label
-from jax_nbmem.tenants.beacons import write_atomically
+from jax_nbmem.node.beacons import write_atomically
 from jax_nbmem.tenants.owners import owner_text
 from jax_nbmem.units import format_bytes, format_duration
 

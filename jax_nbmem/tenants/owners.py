@@ -45,7 +45,7 @@ def is_someone_else(user: str | None, hub_user: str | None) -> bool:
     """
     # Imported here: the kernel's extension loads this module for its help texts, and the
     # servers module (psutil, jupyter_core) is not needed to load it (issue 38).
-    from jax_nbmem.tenants.servers import current_user
+    from jax_nbmem.node.servers import current_user
 
     if user and user != current_user():
         return True

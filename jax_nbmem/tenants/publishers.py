@@ -41,8 +41,8 @@ from collections.abc import Iterable
 
 import psutil
 
-from jax_nbmem.tenants.beacons import _START_SLACK_S
-from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
+from jax_nbmem.node.beacons import _START_SLACK_S
+from jax_nbmem.node.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
 

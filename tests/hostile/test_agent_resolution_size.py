@@ -10,7 +10,7 @@ whose JSON breaks off, uses its head and every whole entry before the fault and 
 import json
 
 from jax_nbmem.agent.registry import MAX_KERNEL_BYTES
-from jax_nbmem.tenants.resolution import MAX_BYTES, load_resolution
+from jax_nbmem.node.resolution import MAX_BYTES, load_resolution
 from tests.hostile.agents import reachable_share, serving
 from tests.tenants.namespaces import client_args, contained
 from tests.tenants.test_containers import kernel_beacon, neighbour_entry, write_resolution

@@ -6,14 +6,14 @@ import logging
 import pytest
 
 from jax_nbmem.agent import client_tcp as agent_client_tcp
-from jax_nbmem.agent.client_tcp import (
+from jax_nbmem.agent.server import AgentServer, Registry
+from jax_nbmem.node.agent_client_tcp import (
     TcpAgentClient,
     agent_address,
     network_client,
     network_resolution,
     parsed_network_resolution,
 )
-from jax_nbmem.agent.server import AgentServer, Registry
 from tests.tenants.agent_client import beacon, claims
 from tests.waiting import wait_for
 

@@ -10,10 +10,10 @@ import subprocess
 import sys
 import threading
 
-from jax_nbmem.agent import client as agent_client
-from jax_nbmem.agent.client import AgentClient
-from jax_nbmem.tenants.alive import AliveLock, lock_alive, lock_path
-from jax_nbmem.tenants.identity import beacon_key, own_identity, start_ticks
+from jax_nbmem.node import agent_client
+from jax_nbmem.node.agent_client import AgentClient
+from jax_nbmem.node.alive import AliveLock, lock_alive, lock_path
+from jax_nbmem.node.identity import beacon_key, own_identity, start_ticks
 
 
 def test_identity_is_read_once_and_names_the_beacon_by_namespace():
@@ -38,7 +38,7 @@ def test_start_ticks_of_a_command_name_with_spaces_and_parentheses(tmp_path):
 def test_a_lock_tells_alive_until_its_holder_dies(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
         f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\n"
-        "from jax_nbmem.tenants.alive import AliveLock\n"
+        "from jax_nbmem.node.alive import AliveLock\n"
         f"AliveLock([{str(tmp_path)!r}], 'k').hold(); print('held', flush=True); time.sleep(60)"
     )], stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:

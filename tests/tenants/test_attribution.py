@@ -21,9 +21,9 @@ import pytest
 
 from jax_nbmem.gpu.mig import MigInstance
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.servers import SessionIndex
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute, inspect_process
-from jax_nbmem.tenants.servers import SessionIndex
 from jax_nbmem.units import format_bytes, format_gib
 from tests.kernels import execute, running_kernel
 

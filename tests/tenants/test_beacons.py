@@ -23,11 +23,11 @@ import pytest
 
 from jax_nbmem import simgpu
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node import beacons as beacons_module
+from jax_nbmem.node.beacons import SCHEMA, BeaconWriter, read_beacons
 from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants import beacons as beacons_module
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.attribution import ProcessInfo, attribute
-from jax_nbmem.tenants.beacons import SCHEMA, BeaconWriter, read_beacons
 from jax_nbmem.tenants.status import format_status
 from tests.kernels import execute, running_kernel
 from tests.waiting import wait_for
@@ -360,7 +360,7 @@ _AS_OTHER_USER = textwrap.dedent(
     import json, os, sys, time
     import psutil
     from jax_nbmem.tenants import status
-    from jax_nbmem.tenants.beacons import SCHEMA
+    from jax_nbmem.node.beacons import SCHEMA
     uid, gid, share, forge = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     status.collect(share_dir=share or None)  # every lazy import done while root's files open
     os.setgroups([]); os.setgid(gid); os.setuid(uid)

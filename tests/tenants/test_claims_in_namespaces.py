@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jax_nbmem.tenants.claims import ClaimBook, claim_book
+from jax_nbmem.node.claims import ClaimBook, claim_book
 from tests.tenants.namespaces import contained, need_namespaces
 
 GiB = 1 << 30
@@ -27,7 +27,7 @@ _KERNEL = """
 import json, os, sys, time
 from jax_nbmem.allocator.modes import AllocatorMode
 from jax_nbmem.tenants.auto import Policy, decide
-from jax_nbmem.tenants.identity import beacon_key
+from jax_nbmem.node.identity import beacon_key
 share, go = sys.argv[1], sys.argv[2]
 print(json.dumps({"key": beacon_key(), "pid": os.getpid()}), flush=True)
 while not os.path.exists(go):
@@ -147,8 +147,8 @@ def test_on_the_host_a_plain_claim_keeps_today_s_checks(tmp_path):
 def test_another_namespace_s_claim_is_matched_to_nvml_only_as_the_agent_or_its_beacon_says(
     tmp_path, monkeypatch
 ):
-    from jax_nbmem.tenants import claims
-    from jax_nbmem.tenants.resolution import Resolution, ResolvedProcess
+    from jax_nbmem.node import claims
+    from jax_nbmem.node.resolution import Resolution, ResolvedProcess
     from tests.tenants.agent_client import beacon
 
     dev = os.stat("/proc/self/ns/pid").st_dev

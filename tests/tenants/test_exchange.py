@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from jax_nbmem.agent.listeners import listeners_of, proven_address
-from jax_nbmem.tenants.exchange import exchange
-from jax_nbmem.tenants.servers import JupyterServer, find_servers, read_runtime_file
+from jax_nbmem.node.exchange import exchange
+from jax_nbmem.node.servers import JupyterServer, find_servers, read_runtime_file
 
 
 @pytest.fixture

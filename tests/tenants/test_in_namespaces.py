@@ -22,8 +22,8 @@ import time
 import psutil
 import pytest
 
-from jax_nbmem.tenants.alive import lock_alive
-from jax_nbmem.tenants.identity import start_ticks
+from jax_nbmem.node.alive import lock_alive
+from jax_nbmem.node.identity import start_ticks
 from tests.ipython_session import clean_environ
 from tests.waiting import wait_for
 
@@ -182,7 +182,7 @@ def test_a_foreign_beacon_is_a_claim_and_sigkill_frees_its_lock(node):
     alice = node("alice-box", JUPYTERHUB_USER="alice", JPY_SESSION_NAME="/home/jovyan/hog.ipynb")
     bob = node("bob-box", JUPYTERHUB_USER="bob")
     wait_for("alice's beacon", lambda: beacon_path(node.share, alice).exists())
-    claims = "from jax_nbmem.tenants.neighbours import read_claims; print(sorted(c.hub_user for c in read_claims()))"  # noqa: E501
+    claims = "from jax_nbmem.node.neighbours import read_claims; print(sorted(c.hub_user for c in read_claims()))"  # noqa: E501
     assert bob.run(claims).strip() == "['alice']"
     key = f"{alice.ns[1]}-1"
     os.kill(alice.host_pid, signal.SIGKILL)  # the container dies without a word
@@ -385,8 +385,8 @@ def test_kernels_send_their_beacons_to_the_agent_which_sees_their_host_pids(node
 
 def test_a_namespace_without_proc_claims_what_it_can_and_still_writes_its_beacon(tmp_path):
     code = (
-        "import json, os; from jax_nbmem.tenants.identity import own_identity, beacon_key\n"
-        "from jax_nbmem.tenants.beacons import BeaconWriter\n"
+        "import json, os; from jax_nbmem.node.identity import own_identity, beacon_key\n"
+        "from jax_nbmem.node.beacons import BeaconWriter\n"
         f"w = BeaconWriter(lambda: {{'schema': 1, 'pid': os.getpid(), 'started_at': 1.0}}, {str(tmp_path)!r})\n"  # noqa: E501
         "print(json.dumps([own_identity(), beacon_key(), w.write_now(), w.alive.held != []]))"
     )

@@ -322,7 +322,7 @@ def test_two_pods_over_tcp_name_each_other_and_root_sees_both_proven(node):
 @pytest.fixture
 def heard_nothing(monkeypatch):
     """This process as a fresh kernel: no resolution received, no exchange failed yet."""
-    from jax_nbmem.agent import client_tcp as agent_client_tcp
+    from jax_nbmem.node import agent_client_tcp
 
     monkeypatch.setattr(agent_client_tcp, "_latest", [None, "", 0])
     monkeypatch.setattr(agent_client_tcp, "_parsed", [0, None])
@@ -330,7 +330,7 @@ def heard_nothing(monkeypatch):
 
 
 def test_without_a_resolution_a_pod_is_told_why_before_and_after_trying(heard_nothing):
-    from jax_nbmem.tenants.resolution import load_resolution
+    from jax_nbmem.node.resolution import load_resolution
 
     def reason(environ):
         found = load_resolution(None, environ=environ)
@@ -344,8 +344,8 @@ def test_without_a_resolution_a_pod_is_told_why_before_and_after_trying(heard_no
 
 
 def test_an_agent_that_accepts_and_never_answers_is_said_silent(heard_nothing):
-    from jax_nbmem.agent.client_tcp import TcpAgentClient
-    from jax_nbmem.tenants.resolution import load_resolution
+    from jax_nbmem.node.agent_client_tcp import TcpAgentClient
+    from jax_nbmem.node.resolution import load_resolution
     from tests.tenants.agent_client import beacon, claims
 
     with socket.socket() as silent:  # its backlog completes the handshake; nobody reads

@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from jax_nbmem.agent import client_tcp as agent_client_tcp
-from jax_nbmem.agent.client_tcp import TcpAgentClient, network_notice
 from jax_nbmem.agent.server import AgentServer, Registry
+from jax_nbmem.node import agent_client_tcp
+from jax_nbmem.node.agent_client_tcp import TcpAgentClient, network_notice
 from jax_nbmem.tenants.culling import Notice, read_notice, relayed_notice, write_notice
 from tests.tenants.agent_client import beacon, claims
 

@@ -113,7 +113,7 @@ def _pending_beacon(tmp_path, pid: int, **changes):
 
     import psutil
 
-    from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
+    from jax_nbmem.node.beacons import SCHEMA, read_beacons
 
     facts = {
         "schema": SCHEMA, "pid": pid, "started_at": psutil.Process(pid).create_time(),
@@ -174,7 +174,7 @@ def test_a_kernel_whose_beacon_is_a_second_behind_its_jax_start_is_seen_prealloc
     import subprocess
     import sys
 
-    from jax_nbmem.tenants.beacons import read_beacons
+    from jax_nbmem.node.beacons import read_beacons
     from tests.kernels import execute, running_kernel
     from tests.waiting import wait_for
 

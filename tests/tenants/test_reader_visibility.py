@@ -16,8 +16,8 @@ from jax_nbmem.agent.publish import (
 )
 from jax_nbmem.agent.registry import Registration
 from jax_nbmem.cli.exporter import Exporter, ExporterSettings
-from jax_nbmem.tenants.beacons import SCHEMA
-from jax_nbmem.tenants.resolution import load_resolution
+from jax_nbmem.node.beacons import SCHEMA
+from jax_nbmem.node.resolution import load_resolution
 from tests.tenants import test_podnames as podnames
 from tests.tenants.test_podnames import ML_CID, REPORT, viewer_for
 

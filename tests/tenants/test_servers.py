@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.servers import SessionIndex, find_servers, kernel_sessions, shutdown_kernel
 from jax_nbmem.tenants.attribution import attribute
-from jax_nbmem.tenants.servers import SessionIndex, find_servers, kernel_sessions, shutdown_kernel
 from tests.ipython_session import clean_environ
 from tests.kernels import running_kernel
 from tests.waiting import wait_for

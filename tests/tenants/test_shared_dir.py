@@ -25,10 +25,10 @@ import psutil
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.metrics.metrics import Snapshot, metric_families
+from jax_nbmem.node.beacons import SCHEMA, read_beacons
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import attribute
-from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
 from jax_nbmem.tenants.status import collect, format_status
 
 TOTAL = 80 * GIB
@@ -397,7 +397,7 @@ def test_5000_junk_files_in_the_shared_dir_are_never_opened_nor_listed_by_a_stat
 
 
 def test_junk_and_forged_claims_neither_hang_nor_crash_nor_sway_auto(tmp_path, other_user):
-    from jax_nbmem.tenants.claims import claim_book
+    from jax_nbmem.node.claims import claim_book
 
     own = os.getpid()
     started = psutil.Process(own).create_time()

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from jax_nbmem.tenants.sharedir import (
+from jax_nbmem.node.sharedir import (
     DEFAULT_SHARE_DIR,
     ShareDir,
     agent_not_consulted,

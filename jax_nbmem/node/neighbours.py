@@ -3,7 +3,7 @@
 A kernel in another container writes ``jax_nbmem-beacon-<ns inode>-<pid>.json`` into the
 shared directory. Its PID means nothing here and every container's user may be ``jovyan``, so
 nothing in it can be checked: it is a *claim*. Whether its writer still runs is told by its
-alive lock (:mod:`jax_nbmem.tenants.alive`), which works across namespaces. Claims may feed an
+alive lock (:mod:`jax_nbmem.node.alive`), which works across namespaces. Claims may feed an
 attribution marked ``inferred``; never a cull, a stop or a button.
 """
 
@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from jax_nbmem.tenants.alive import lock_alive
-from jax_nbmem.tenants.beacons import (
+from jax_nbmem.node.alive import lock_alive
+from jax_nbmem.node.beacons import (
     _PREFIX,
     _SUFFIX,
     MAX_PIDS,
@@ -23,7 +23,7 @@ from jax_nbmem.tenants.beacons import (
     listed_keys,
     parse_beacon_file,
 )
-from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity
+from jax_nbmem.node.identity import INIT_PID_NS_INO, beacon_key, own_identity
 
 __all__ = ["alive_by_lock", "read_beacon_by_key", "read_claims"]
 

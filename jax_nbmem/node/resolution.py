@@ -32,14 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jax_nbmem.agent.cgroups import SHOWN_KEYS as _SHOWN
-from jax_nbmem.agent.client import AGENT_DIR
-from jax_nbmem.agent.client_tcp import (
+from jax_nbmem.node.agent_client import AGENT_DIR
+from jax_nbmem.node.agent_client_tcp import (
     network_absence,
     network_problem,
     parsed_network_resolution,
 )
-from jax_nbmem.tenants.beacons import Beacon, _count, _number, _text, beacon_from, read_small_file
-from jax_nbmem.tenants.identity import own_identity, same_namespace
+from jax_nbmem.node.beacons import Beacon, _count, _number, _text, beacon_from, read_small_file
+from jax_nbmem.node.identity import own_identity, same_namespace
 
 __all__ = [
     "ENV_AGENT_USER",
@@ -186,7 +186,7 @@ def load_resolution(
     """Read and check the agent's resolution in ``share_dir``; never raises.
 
     Without a share directory (a pod on Kubernetes), the resolution the node agent last sent
-    over the network (:mod:`~jax_nbmem.agent.client_tcp`), if any; absent, or stale,
+    over the network (:mod:`~jax_nbmem.node.agent_client_tcp`), if any; absent, or stale,
     with the reason the agent was not heard (no address, unreachable, silent).
     """
     if not share_dir:

@@ -32,8 +32,8 @@ from datetime import datetime
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jax_nbmem.tenants.beacons import read_small_file
-from jax_nbmem.tenants.exchange import exchange
+from jax_nbmem.node.beacons import read_small_file
+from jax_nbmem.node.exchange import exchange
 
 __all__ = [
     "JupyterServer",

@@ -7,7 +7,7 @@ in the beacon directories: its GPUs' UUIDs and the bytes it will take, for at mo
 (``jax_nbmem-claims.lock``, ``flock``) that every kernel takes around "read the claims, read
 NVML, choose, write my claim". The next kernel then subtracts what others claimed.
 
-``KEY`` is the beacon's (:func:`~jax_nbmem.tenants.identity.beacon_key`: ``<pid>`` on the host,
+``KEY`` is the beacon's (:func:`~jax_nbmem.node.identity.beacon_key`: ``<pid>`` on the host,
 ``<ns inode>-<pid in ns>`` in a container, so that containers whose kernels share a PID never
 share a claim), or a launch's kernel id (a provisioner deciding before its kernel runs). The
 writer holds an exclusive ``flock`` on its claim file while the claim lasts (as a kernel holds
@@ -47,11 +47,11 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.node.alive import held_elsewhere
+from jax_nbmem.node.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
+from jax_nbmem.node.neighbours import read_beacon_by_key
+from jax_nbmem.node.resolution import Resolution, load_resolution
 from jax_nbmem.rootfiles import lock_file
-from jax_nbmem.tenants.alive import held_elsewhere
-from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
-from jax_nbmem.tenants.neighbours import read_beacon_by_key
-from jax_nbmem.tenants.resolution import Resolution, load_resolution
 
 __all__ = ["CLAIM_TTL_S", "Claim", "ClaimBook", "claim_book"]
 

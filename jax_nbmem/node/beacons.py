@@ -10,7 +10,7 @@ In a container (a PID namespace that is not the host's) the name is
 (:mod:`.identity`); a name another user took first is replaced by an unpredictable one that
 readers find too (:mod:`.beacon_files`). Beside it the writer holds an alive lock for the
 kernel's life (:mod:`.alive`), and sends each beacon to the node agent, where one listens
-(:mod:`jax_nbmem.agent.client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
+(:mod:`jax_nbmem.node.agent_client`). Beacons of other namespaces are claims (:mod:`.neighbours`).
 
 Where: the user's Jupyter runtime directory, so the user's own kernels, CLI and server see each
 other; on a shared node, also the directory an admin names (``c.JaxNbMem.share_dir`` or
@@ -44,12 +44,12 @@ from typing import Any
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jax_nbmem.agent.client import AgentClient
-from jax_nbmem.agent.client_tcp import network_client
 from jax_nbmem.gpu import own_process
-from jax_nbmem.tenants import beacon_files as _files
-from jax_nbmem.tenants.alive import AliveLock
-from jax_nbmem.tenants.identity import beacon_key, own_identity, same_namespace
+from jax_nbmem.node import beacon_files as _files
+from jax_nbmem.node.agent_client import AgentClient
+from jax_nbmem.node.agent_client_tcp import network_client
+from jax_nbmem.node.alive import AliveLock
+from jax_nbmem.node.identity import beacon_key, own_identity, same_namespace
 
 __all__ = [
     "ENV_SHARE_DIR",
@@ -109,7 +109,7 @@ class Beacon:
     path: str | None = None
     mode_reason: str | None = None  # why `auto` chose its mode
     hub_user: str | None = None  # its JupyterHub user name ($JUPYTERHUB_USER), if any
-    # What it claims of itself across PID namespaces (see jax_nbmem.tenants.identity): pid_ns,
+    # What it claims of itself across PID namespaces (see jax_nbmem.node.identity): pid_ns,
     # pid_in_ns, start_ticks, boot_id, hostname; None from a kernel that does not say.
     identity: Mapping[str, Any] | None = None
     # Its MPS or HAMi memory cap by GPU UUID, as the kernel reads its own environment.
@@ -179,7 +179,7 @@ class BeaconWriter:
             raise ValueError("a beacon needs at least one directory")
         self.path = self.paths[0]
         # Held for the kernel's life beside each copy: how anyone, in any container, tells
-        # that it still runs (jax_nbmem.tenants.alive).
+        # that it still runs (jax_nbmem.node.alive).
         self.alive = AliveLock(directories, self.key)
         # The node agent: over the share directory's socket, else at the network address the
         # environment names (a pod on Kubernetes), else none.
@@ -321,7 +321,7 @@ def read_beacons(
     Only beacons of processes in the reader's own PID namespace, whose PIDs it can check:
     those named ``jax_nbmem-beacon-<PID>.json`` in the host's namespace, and
     ``jax_nbmem-beacon-<ns inode>-<PID>.json`` (its own inode) in a container. Beacons from
-    other namespaces are claims, read by :func:`jax_nbmem.tenants.neighbours.read_claims`.
+    other namespaces are claims, read by :func:`jax_nbmem.node.neighbours.read_claims`.
 
     With ``pids`` (e.g. the processes NVML lists), only those PIDs' beacons are opened, by
     name: the directories are not even listed, so nothing anyone else leaves there costs a

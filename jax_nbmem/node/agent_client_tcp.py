@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from jax_nbmem.agent.client import _MAX_LINE, _TIMEOUT_S, RECONNECT_S, AgentClient
+from jax_nbmem.node.agent_client import _MAX_LINE, _TIMEOUT_S, RECONNECT_S, AgentClient
 from jax_nbmem.text import printable
 
 __all__ = [

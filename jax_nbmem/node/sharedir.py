@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
+from jax_nbmem.node.beacons import ENV_SHARE_DIR
 
 __all__ = ["DEFAULT_SHARE_DIR", "ShareDir", "agent_not_consulted", "find_share_dir"]
 

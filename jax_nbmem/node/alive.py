@@ -3,7 +3,7 @@
 A kernel in one container cannot test another container's PID (it is no PID here, or someone
 else's), but it can test a lock: every kernel holds an exclusive ``flock`` on
 ``jax_nbmem-alive-<key>.lock`` beside its beacon (``key`` as the beacon's, see
-:func:`jax_nbmem.tenants.identity.beacon_key`), and the kernel's end, even by SIGKILL, releases
+:func:`jax_nbmem.node.identity.beacon_key`), and the kernel's end, even by SIGKILL, releases
 it. :func:`lock_alive` asks without waiting: refused means alive, granted means its holder is
 gone. A lock proves liveness only: anyone could hold a lock of any name, so whatever it vouches
 for stays a claim.

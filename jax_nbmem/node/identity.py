@@ -6,7 +6,7 @@ and everyone on the host know it by its host PID. :func:`own_identity` is what t
 ``/proc/self/ns/pid``), its PID there, its start as clock ticks since boot (the same from any
 PID namespace, though not under a time namespace) with the boot's id, and its host name. They
 are claims, not proofs: only the node agent, which sees this process's socket peer from the
-host, can prove them (see :mod:`jax_nbmem.tenants.resolution`).
+host, can prove them (see :mod:`jax_nbmem.node.resolution`).
 
 Read once per process and cached: none of them changes while it runs (a fork starts anew).
 """
