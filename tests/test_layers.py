@@ -38,12 +38,12 @@ MAY_IMPORT = {
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
     "tenants": {"gpu", "allocator", "agent", "node"} | SHARED,
-    "node": {"gpu", "agent"} | SHARED,
+    "node": {"gpu"} | SHARED,
     # The node agent: the host's side of who is on the GPU, and the kernels' client of it.
-    "agent": {"gpu", "allocator", "tenants", "node"} | SHARED,
+    "agent": {"gpu", "node"} | SHARED,
     "tools": {"gpu", "allocator", "record"} | SHARED,
     # The metric families, their labels and the exposition: built from a report a face hands in.
-    "metrics": {"gpu"} | SHARED,
+    "metrics": {"gpu", "node"} | SHARED,
     # The simulated GPU stands alone, but for the rules by which root opens files.
     "simgpu": {"rootfiles"},
     **{face: set(CORE) for face in FACES},

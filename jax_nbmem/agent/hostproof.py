@@ -29,11 +29,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
 from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
 from jax_nbmem.node.beacons import Beacon
+from jax_nbmem.node.resolution import SHOWN_KEYS
 
 __all__ = [
     "ENV_AGENT_USER",
@@ -63,7 +63,7 @@ class ProvenKernel:
 
 
 def public_container(view: HostView | None) -> dict | None:
-    """A process entry's ``container`` (:data:`~.cgroups.SHOWN_KEYS`) or None."""
+    """A process entry's ``container`` (:data:`~jax_nbmem.node.resolution.SHOWN_KEYS`) or None."""
     if view is None or view.container is None:
         return None
     return {key: getattr(view.container, key) for key in SHOWN_KEYS}

@@ -65,11 +65,12 @@ from jax_nbmem.cli.exporter_settings import (  # the command's names, as before
     is_loopback,
     parse_listen,
 )
+from jax_nbmem.metrics.culled import culled_collector
 from jax_nbmem.metrics.exposition import ScrapeCache
 from jax_nbmem.metrics.metrics import Snapshot, is_fresh
 from jax_nbmem.node.beacons import ENV_SHARE_DIR, beacon_dirs
+from jax_nbmem.node.notices import CullCounts, read_counts
 from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR
-from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
 from jax_nbmem.tenants.publishers import published_pids
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.text import printable

@@ -152,7 +152,7 @@ def network_absence(environ: Mapping[str, str] | None = None) -> str:
 def network_notice() -> dict | None:
     """The culler's notice for this kernel, as the node agent last relayed it; None: none.
 
-    Checked by the reader (:func:`~.culling.relayed_notice`): meant for this kernel's key and
+    Checked by the reader (:func:`~.notices.relayed_notice`): meant for this kernel's key and
     host PID, of its start.
     """
     with _latest_lock:

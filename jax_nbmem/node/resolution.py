@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jax_nbmem.agent.cgroups import SHOWN_KEYS as _SHOWN
 from jax_nbmem.node.agent_client import AGENT_DIR
 from jax_nbmem.node.agent_client_tcp import (
     network_absence,
@@ -44,6 +43,7 @@ from jax_nbmem.node.identity import own_identity, same_namespace
 __all__ = [
     "ENV_AGENT_USER",
     "MAX_BYTES",
+    "SHOWN_KEYS",
     "Resolution",
     "ResolvedProcess",
     "agent_uid",
@@ -58,6 +58,8 @@ ENV_AGENT_USER = "JAX_NBMEM_AGENT_USER"
 SCHEMA = 1
 # 8 GPUs x 200 processes, each with a kernel's beacon (a few KiB): well under this.
 MAX_BYTES = 32 * 1024 * 1024
+# A process's container as public output shows it: the agent's container names, these keys.
+SHOWN_KEYS = ("name", "id", "pod", "namespace", "name_reason", "rootless_uid")
 _MIN_STALE_S = 10.0
 _RUNTIMES = ("docker", "containerd", "crio", "podman", "kubepods", "unknown")
 
@@ -92,14 +94,14 @@ class ResolvedProcess:
 
     @property
     def shown_container(self) -> dict | None:
-        """Its container as public output shows it (:data:`~.cgroups.SHOWN_KEYS`).
+        """Its container as public output shows it (:data:`SHOWN_KEYS`).
 
         ``name_reason`` says why a name is missing; ``rootless_uid`` marks a rootless
         container, whose name is that user's claim.
         """
         if not self.container:
             return None
-        return {key: self.container.get(key) for key in _SHOWN}
+        return {key: self.container.get(key) for key in SHOWN_KEYS}
 
 
 @dataclass(frozen=True)

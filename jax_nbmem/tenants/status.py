@@ -26,12 +26,12 @@ from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.node.agent_client_tcp import network_configured, network_notice
 from jax_nbmem.node.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.node.identity import beacon_key, in_initial_namespace, own_identity
+from jax_nbmem.node.notices import notice_warning, read_notice, relayed_notice
 from jax_nbmem.node.resolution import load_resolution
 from jax_nbmem.node.sharedir import agent_not_consulted
 from jax_nbmem.tenants.advice import AT_SHELL, IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.containers import from_container
-from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
 from jax_nbmem.tenants.own_memory import own_split
 from jax_nbmem.tenants.owners import is_someone_else, owner_text
 from jax_nbmem.text import printable, printable_lines

@@ -18,11 +18,10 @@ import time
 import psutil
 import pytest
 
-from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
 from jax_nbmem.node.alive import AliveLock
 from jax_nbmem.node.identity import own_identity, start_ticks
-from jax_nbmem.node.resolution import load_resolution
+from jax_nbmem.node.resolution import SHOWN_KEYS, load_resolution
 from jax_nbmem.node.servers import SessionIndex, shutdown_kernel
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute

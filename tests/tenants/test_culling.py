@@ -8,18 +8,17 @@ import time
 
 import pytest
 
-from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.culling import (
+from jax_nbmem.node.notices import (
     CullCounts,
-    CullPolicy,
     Notice,
-    candidates,
     notice_warning,
     read_counts,
     read_notice,
     write_counts,
     write_notice,
 )
+from jax_nbmem.simgpu import GIB
+from jax_nbmem.tenants.culling import CullPolicy, candidates
 
 TOTAL = 80 * GIB
 POOL = 60 * GIB + (300 << 20)
