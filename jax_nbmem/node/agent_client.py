@@ -8,7 +8,7 @@ answers ``{"ok": true, "pid": <host pid>}`` or ``{"ok": false, "reason": ...}``.
 registration lasts while the connection stays open.
 
 Only the beacon writer's thread uses this (never a cell's path). Each call waits at most
-``_TIMEOUT_S``; a broken connection is made again at most once every ``RECONNECT_S``; an absent
+``TIMEOUT_S``; a broken connection is made again at most once every ``RECONNECT_S``; an absent
 socket means no agent, silently; any other failure is logged once, never raised.
 """
 
@@ -24,14 +24,14 @@ from typing import Any
 
 from jax_nbmem.text import printable
 
-__all__ = ["AGENT_DIR", "AgentClient", "RECONNECT_S", "socket_path"]
+__all__ = ["AGENT_DIR", "MAX_LINE", "RECONNECT_S", "TIMEOUT_S", "AgentClient", "socket_path"]
 
 log = logging.getLogger("jax_nbmem")
 
 AGENT_DIR = "agent"
 RECONNECT_S = 5.0
-_MAX_LINE = 64 * 1024
-_TIMEOUT_S = 2.0
+MAX_LINE = 64 * 1024
+TIMEOUT_S = 2.0
 
 
 def socket_path(share_dir: str) -> str:
@@ -94,7 +94,7 @@ class AgentClient:
         if not os.path.exists(self.path):
             return False  # no agent on this node: nothing to say
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(_TIMEOUT_S)
+        sock.settimeout(TIMEOUT_S)
         try:
             sock.connect(self.path)
         except OSError as exc:
@@ -111,13 +111,13 @@ class AgentClient:
         except (TypeError, ValueError) as exc:
             self._once("encode", f"jax_nbmem: beacon not sent to the node agent: {exc}")
             return None
-        if len(line) > _MAX_LINE:
+        if len(line) > MAX_LINE:
             self._once("size", "jax_nbmem: beacon too large for the node agent; not sent")
             return None
         return line
 
     def _read_reply(self) -> None:
-        self._registered(self._answer(_MAX_LINE, _TIMEOUT_S))
+        self._registered(self._answer(MAX_LINE, TIMEOUT_S))
 
     def _answer(self, limit: int, timeout: float) -> bytes:
         """The agent's next answer line (without its newline); OSError when it breaks."""

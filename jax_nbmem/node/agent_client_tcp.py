@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from jax_nbmem.node.agent_client import _MAX_LINE, _TIMEOUT_S, RECONNECT_S, AgentClient
+from jax_nbmem.node.agent_client import MAX_LINE, RECONNECT_S, TIMEOUT_S, AgentClient
 from jax_nbmem.text import printable
 
 __all__ = [
@@ -265,7 +265,7 @@ class TcpAgentClient(AgentClient):
         try:
             if fresh or not resend:
                 self._sock.sendall(line)
-                self._registered(self._answer(_MAX_LINE, _TIMEOUT_S))
+                self._registered(self._answer(MAX_LINE, TIMEOUT_S))
             self._resolution_when_due()
         except OSError as error:
             self._once("send", f"jax_nbmem: the node agent's connection failed: {error}")
@@ -320,7 +320,7 @@ class TcpAgentClient(AgentClient):
             return False
         self._last_attempt = now
         try:
-            sock = socket.create_connection(self.address, timeout=_TIMEOUT_S)
+            sock = socket.create_connection(self.address, timeout=TIMEOUT_S)
         except OSError as error:
             why = f"cannot reach {self.source}: {error.strerror or error}"
             self._once("connect", f"jax_nbmem: {why}")

@@ -26,6 +26,8 @@ import stat
 import psutil
 
 __all__ = [
+    "BEACON_PREFIX",
+    "BEACON_SUFFIX",
     "FALLBACK",
     "MAX_FALLBACKS",
     "fallback_name",
@@ -36,7 +38,7 @@ __all__ = [
     "taken_by_another",
 ]
 
-_PREFIX, _SUFFIX = "jax_nbmem-beacon-", ".json"
+BEACON_PREFIX, BEACON_SUFFIX = "jax_nbmem-beacon-", ".json"
 # <key>.<suffix>: a key as a writer spells it (<pid> or <ns inode>-<pid>).
 FALLBACK = re.compile(
     r"jax_nbmem-beacon-([1-9][0-9]{0,19}(?:-[1-9][0-9]{0,9})?)\.([0-9a-f]{16})\.json"
@@ -48,7 +50,7 @@ _MAX_BYTES = 64 * 1024
 
 def fallback_name(key: str) -> str:
     """A new, unpredictable beacon name for ``key``."""
-    return f"{_PREFIX}{key}.{secrets.token_hex(8)}{_SUFFIX}"
+    return f"{BEACON_PREFIX}{key}.{secrets.token_hex(8)}{BEACON_SUFFIX}"
 
 
 def fallback_path(path: str, key: str) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import tempfile
 import threading
@@ -49,12 +48,15 @@ from jax_nbmem.node import beacon_files as _files
 from jax_nbmem.node.agent_client import AgentClient
 from jax_nbmem.node.agent_client_tcp import network_client
 from jax_nbmem.node.alive import AliveLock
+from jax_nbmem.node.beacon_files import BEACON_PREFIX, BEACON_SUFFIX
+from jax_nbmem.node.fields import strict_count, strict_number, strict_text
 from jax_nbmem.node.identity import beacon_key, own_identity, same_namespace
 
 __all__ = [
     "ENV_SHARE_DIR",
     "MAX_PIDS",
     "SCHEMA",
+    "START_SLACK_S",
     "Beacon",
     "BeaconWriter",
     "beacon_dirs",
@@ -70,10 +72,8 @@ log = logging.getLogger("jax_nbmem")
 
 SCHEMA = 1
 ENV_SHARE_DIR = "JAX_NBMEM_SHARE_DIR"
-_PREFIX = "jax_nbmem-beacon-"
-_SUFFIX = ".json"
 # A beacon's start time and the process's may differ by the rounding of /proc's clock ticks.
-_START_SLACK_S = 1.0
+START_SLACK_S = 1.0
 _MAX_KEY_CHARS = 256
 # More processes than any GPU node runs: what one look at the beacons reads at most.
 MAX_PIDS = 1024
@@ -173,7 +173,7 @@ class BeaconWriter:
         directories = list(dict.fromkeys(directories))
         # In the host's PID namespace `<pid>`, in a container `<ns inode>-<pid>` (identity).
         self.key = beacon_key() if key is None else key
-        name = f"{_PREFIX}{self.key}{_SUFFIX}"
+        name = f"{BEACON_PREFIX}{self.key}{BEACON_SUFFIX}"
         self.paths = [os.path.join(d, name) for d in directories]
         if not self.paths:
             raise ValueError("a beacon needs at least one directory")
@@ -341,7 +341,7 @@ def read_beacons(
         squatted: dict[str, int] = {}
         for pid in _listed_pids(directory, own) if wanted is None else wanted:
             key = beacon_key({**own, "pid_in_ns": pid})
-            path = os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}")
+            path = os.path.join(directory, f"{BEACON_PREFIX}{key}{BEACON_SUFFIX}")
             beacon = _read_one(path, pid, own)
             if beacon is None and os.path.lexists(path):  # its name taken: has it a fallback?
                 squatted[key] = _files.owner_of(pid)
@@ -383,9 +383,9 @@ def listed_keys(directory: str) -> list[tuple[str, int | None, int]]:
         return []
     keys = []
     for name in names:
-        if not (name.startswith(_PREFIX) and name.endswith(_SUFFIX)):
+        if not (name.startswith(BEACON_PREFIX) and name.endswith(BEACON_SUFFIX)):
             continue
-        key = name[len(_PREFIX) : -len(_SUFFIX)]
+        key = name[len(BEACON_PREFIX) : -len(BEACON_SUFFIX)]
         ino, dash, digits = key.rpartition("-")
         if not _is_pid(digits) or (dash and not _is_pid(ino, limit=2**64)):
             continue
@@ -486,49 +486,49 @@ def beacon_from(content: Any, where: str) -> Beacon | None:
 def _beacon_from(content: Any, path: str) -> Beacon | None:
     if not isinstance(content, dict) or content.get("schema") != SCHEMA:
         return None
-    pid, started_at = content.get("pid"), _number(content.get("started_at"))
+    pid, started_at = content.get("pid"), strict_number(content.get("started_at"))
     if not isinstance(pid, int) or isinstance(pid, bool) or started_at is None:
         return None
     gpus = content.get("gpus") or {}
     if not isinstance(gpus, dict):
         return None
     variables = content.get("variables") or {}
-    fraction = _number(content.get("pool_fraction"))
-    finished = _number(content.get("last_cell_finished_at"))
+    fraction = strict_number(content.get("pool_fraction"))
+    finished = strict_number(content.get("last_cell_finished_at"))
     if finished is not None and not 0 < finished <= time.time() + 60:
         finished = None  # before 1970 or in the future: no time it can know
     return Beacon(
         pid=pid,
         started_at=started_at,
-        user=_text(content.get("user")),
-        kernel_id=_text(content.get("kernel_id")),
-        notebook=_text(content.get("notebook")),
-        mode_requested=_text(content.get("mode_requested")),
-        mode_in_effect=_text(content.get("mode_in_effect")),
+        user=strict_text(content.get("user")),
+        kernel_id=strict_text(content.get("kernel_id")),
+        notebook=strict_text(content.get("notebook")),
+        mode_requested=strict_text(content.get("mode_requested")),
+        mode_in_effect=strict_text(content.get("mode_in_effect")),
         # A share of the GPU: a pool larger than the GPU is no pool anyone can model.
         pool_fraction=fraction if fraction is not None and 0 <= fraction <= 1 else None,
         gpus={
             uuid: {
-                key: _count(value)
+                key: strict_count(value)
                 for key, value in counters.items()
-                if _text(key, _MAX_KEY_CHARS) is not None
+                if strict_text(key, _MAX_KEY_CHARS) is not None
             }
             for uuid, counters in gpus.items()
-            if isinstance(counters, dict) and _text(uuid, _MAX_KEY_CHARS) is not None
+            if isinstance(counters, dict) and strict_text(uuid, _MAX_KEY_CHARS) is not None
         },
         cell_running=content.get("cell_running") is True,
         last_cell_finished_at=finished,
-        written_at=_number(content.get("written_at")) or 0.0,
-        jax=_text(content.get("jax")),
-        jaxlib=_text(content.get("jaxlib")),
-        jax_nbmem=_text(content.get("jax_nbmem")),
+        written_at=strict_number(content.get("written_at")) or 0.0,
+        jax=strict_text(content.get("jax")),
+        jaxlib=strict_text(content.get("jaxlib")),
+        jax_nbmem=strict_text(content.get("jax_nbmem")),
         variables={
             key: value
             for key, value in (variables.items() if isinstance(variables, dict) else ())
-            if _text(key, _MAX_KEY_CHARS) is not None and _text(value) is not None
+            if strict_text(key, _MAX_KEY_CHARS) is not None and strict_text(value) is not None
         },
-        mode_reason=_text(content.get("mode_reason")),
-        hub_user=_text(content.get("hub_user")),
+        mode_reason=strict_text(content.get("mode_reason")),
+        hub_user=strict_text(content.get("hub_user")),
         identity=_identity(content.get("identity")),
         memory_caps=_caps(content.get("memory_caps")),
         path=path,
@@ -540,14 +540,14 @@ def _identity(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     ns = value.get("pid_ns")
-    ns_ok = isinstance(ns, list) and len(ns) == 2 and all(_count(v) is not None for v in ns)
-    pid = _count(value.get("pid_in_ns"))
+    ns_ok = isinstance(ns, list) and len(ns) == 2 and all(strict_count(v) is not None for v in ns)
+    pid = strict_count(value.get("pid_in_ns"))
     return {
         "pid_ns": list(ns) if ns_ok else None,
         "pid_in_ns": pid if pid is not None and 0 < pid < 2**31 else None,
-        "start_ticks": _count(value.get("start_ticks")),
-        "boot_id": _text(value.get("boot_id"), 64),
-        "hostname": _text(value.get("hostname"), 255),
+        "start_ticks": strict_count(value.get("start_ticks")),
+        "boot_id": strict_text(value.get("boot_id"), 64),
+        "hostname": strict_text(value.get("hostname"), 255),
     }
 
 
@@ -555,36 +555,15 @@ def _vouched_for(beacon: Beacon, owner_uid: int) -> bool:
     """Whether the process is alive, is the one that wrote it, and belongs to the file's owner."""
     try:
         process = psutil.Process(beacon.pid)
-        if abs(process.create_time() - beacon.started_at) > _START_SLACK_S:
+        if abs(process.create_time() - beacon.started_at) > START_SLACK_S:
             return False  # the PID was recycled: another process now
         return process.uids().real == owner_uid
     except (psutil.Error, OverflowError, ValueError):
         return False
 
 
-def _text(value: Any, limit: int = 4096) -> str | None:
-    """``value`` if it is text of at most ``limit`` characters that can be printed as UTF-8.
-
-    A lone surrogate (a JSON escape such as D800 hex) parses, but printing it raises: not text.
-    """
-    if not isinstance(value, str) or len(value) > limit:
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return value
 
 
-def _number(value: Any) -> float | None:
-    """A finite number as a float (not a bool, not NaN or infinite, not beyond a float)."""
-    if not isinstance(value, float | int) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer of hundreds of digits
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _caps(value: Any) -> dict[str, int]:
@@ -593,14 +572,7 @@ def _caps(value: Any) -> dict[str, int]:
         return {}
     caps = {}
     for uuid, size in value.items():
-        size = _count(size)
-        if _text(uuid, _MAX_KEY_CHARS) is not None and size:
+        size = strict_count(size)
+        if strict_text(uuid, _MAX_KEY_CHARS) is not None and size:
             caps[uuid] = size
     return caps
-
-
-def _count(value: Any) -> int | None:
-    """A byte count: a non-negative integer that fits in 63 bits (what gauges and JAX hold)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
-        return value
-    return None

@@ -14,9 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jax_nbmem.node.alive import lock_alive
+from jax_nbmem.node.beacon_files import BEACON_PREFIX, BEACON_SUFFIX
 from jax_nbmem.node.beacons import (
-    _PREFIX,
-    _SUFFIX,
     MAX_PIDS,
     Beacon,
     beacon_dirs,
@@ -32,7 +31,7 @@ def read_beacon_by_key(dirs: Iterable[str], key: str) -> Beacon | None:
     """The newest well-formed beacon named by ``key`` in ``dirs`` (a claim: not checked)."""
     best = None
     for directory in dirs:
-        found = parse_beacon_file(os.path.join(directory, f"{_PREFIX}{key}{_SUFFIX}"))
+        found = parse_beacon_file(os.path.join(directory, f"{BEACON_PREFIX}{key}{BEACON_SUFFIX}"))
         if found is not None and (best is None or found[0].written_at > best.written_at):
             best = found[0]
     return best

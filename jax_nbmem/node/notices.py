@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jax_nbmem.node.beacons import write_atomically
+from jax_nbmem.node.fields import strict_number
 
 __all__ = [
     "CULL_REASONS",
@@ -189,13 +190,15 @@ def _checked(content: Any, pid: int, started_at: float | None, key: str | None) 
         return None
     try:
         notice = Notice(
-            pid=int(content["pid"]), started_at=_number(content.get("started_at")),
+            pid=int(content["pid"]), started_at=strict_number(content.get("started_at")),
             warned_at=float(content["warned_at"]), deadline=float(content["deadline"]),
             reason=str(content["reason"]), why=str(content["why"]),
             key=content.get("key") if isinstance(content.get("key"), str) else None,
         )  # fmt: skip
     except (ValueError, KeyError, TypeError, OverflowError):
         return None
+    if content.get("started_at") is not None and notice.started_at is None:
+        return None  # a start no process has (NaN, infinite, not a number): no notice
     if not _meant_for(notice, pid, key):
         return None
     if started_at is not None and notice.started_at is not None:
@@ -204,11 +207,6 @@ def _checked(content: Any, pid: int, started_at: float | None, key: str | None) 
     return notice
 
 
-def _number(value: Any) -> float | None:
-    """A notice's ``started_at``: a number, or None (absent or not a number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _meant_for(notice: Notice, pid: int, key: str | None) -> bool:

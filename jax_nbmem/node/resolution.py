@@ -37,7 +37,8 @@ from jax_nbmem.node.agent_client_tcp import (
     network_problem,
     parsed_network_resolution,
 )
-from jax_nbmem.node.beacons import Beacon, _count, _number, _text, beacon_from, read_small_file
+from jax_nbmem.node.beacons import Beacon, beacon_from, read_small_file
+from jax_nbmem.node.fields import strict_count, strict_number, strict_text
 from jax_nbmem.node.identity import own_identity, same_namespace
 
 __all__ = [
@@ -316,7 +317,8 @@ def _parse(data: bytes, path: str) -> Resolution:
         return _parse_head(data[:MAX_BYTES], path, cause)
     if not isinstance(content, dict) or content.get("schema") != SCHEMA:
         return Resolution("malformed", f"{path} is not a schema {SCHEMA} resolution; ignored", path)
-    written_at, interval = _number(content.get("written_at")), _number(content.get("interval_s"))
+    written_at = strict_number(content.get("written_at"))
+    interval = strict_number(content.get("interval_s"))
     if written_at is None or interval is None or interval < 0:
         return Resolution("malformed", f"{path} says no written_at or interval_s; ignored", path)
     processes: dict[int, ResolvedProcess] = {}
@@ -329,7 +331,10 @@ def _parse(data: bytes, path: str) -> Resolution:
         if resolved is not None:
             processes[resolved.pid] = resolved
     agent = content.get("agent")
-    agent = {k: v for k, v in agent.items() if _text(k, 64)} if isinstance(agent, dict) else None
+    if isinstance(agent, dict):
+        agent = {k: v for k, v in agent.items() if strict_text(k, 64)}
+    else:
+        agent = None
     return Resolution("fresh", None, path, written_at, interval, agent, processes)
 
 
@@ -360,44 +365,44 @@ def _parse_head(data: bytes, path: str, cause: str) -> Resolution:
 def _entry(entry: Any, path: str) -> ResolvedProcess | None:
     if not isinstance(entry, dict):
         return None
-    pid = _count(entry.get("pid"))
+    pid = strict_count(entry.get("pid"))
     if pid is None or not 0 < pid < 2**31:
         return None
-    inner = _count(entry.get("pid_in_container"))
+    inner = strict_count(entry.get("pid_in_container"))
     ns = entry.get("pid_ns")
-    ns_ok = isinstance(ns, list) and len(ns) == 2 and all(_count(v) is not None for v in ns)
+    ns_ok = isinstance(ns, list) and len(ns) == 2 and all(strict_count(v) is not None for v in ns)
     gpus = entry.get("gpus")
-    gpus = tuple(g for g in gpus if _text(g, 128)) if isinstance(gpus, list) else ()
+    gpus = tuple(g for g in gpus if strict_text(g, 128)) if isinstance(gpus, list) else ()
     kernel = entry.get("kernel")
     beacon = beacon_from(kernel, f"{path} (pid {pid})") if isinstance(kernel, dict) else None
     return ResolvedProcess(
         pid=pid,
         pid_in_container=inner if inner is not None and 0 < inner < 2**31 else None,
         pid_ns=(ns[0], ns[1]) if ns_ok else None,
-        start_ticks=_count(entry.get("start_ticks")),
+        start_ticks=strict_count(entry.get("start_ticks")),
         gpus=gpus,
         container=_container(entry.get("container")),
         kernel=beacon,
-        names_reason=_text(kernel.get("names_reason"), 256) if beacon is not None else None,
+        names_reason=strict_text(kernel.get("names_reason"), 256) if beacon is not None else None,
     )
 
 
 def _container(value: Any) -> dict | None:
     if not isinstance(value, dict):
         return None
-    container_id = _text(value.get("id"), 256)
+    container_id = strict_text(value.get("id"), 256)
     if not container_id:
         return None
     runtime = value.get("runtime")
     return {
         "id": container_id,
         "runtime": runtime if runtime in _RUNTIMES else "unknown",
-        "name": _text(value.get("name"), 256),
-        "pod_uid": _text(value.get("pod_uid"), 64),
-        "pod": _text(value.get("pod"), 256),
-        "namespace": _text(value.get("namespace"), 256),
-        "name_reason": _text(value.get("name_reason"), 1024),
-        "rootless_uid": _count(value.get("rootless_uid")),
+        "name": strict_text(value.get("name"), 256),
+        "pod_uid": strict_text(value.get("pod_uid"), 64),
+        "pod": strict_text(value.get("pod"), 256),
+        "namespace": strict_text(value.get("namespace"), 256),
+        "name_reason": strict_text(value.get("name_reason"), 1024),
+        "rootless_uid": strict_count(value.get("rootless_uid")),
     }
 
 

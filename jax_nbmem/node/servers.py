@@ -43,10 +43,11 @@ __all__ = [
     "current_user",
     "epoch_seconds",
     "find_servers",
-    "notebook_path",
     "kernel_sessions",
+    "notebook_path",
     "read_runtime_file",
     "shutdown_kernel",
+    "terminate",
 ]
 
 # The sampler may ask every second or so; a server's sessions change far less often than that.
@@ -459,9 +460,9 @@ def shutdown_kernel(
             return ShutdownResult(True, "server", f"Shut down {label} {via}.")
         except Exception as exc:  # fall back to signals, and say why
             failure = server.describe_error(exc)
-            result = _terminate(local, tenant.started_at, grace_s, label)
+            result = terminate(local, tenant.started_at, grace_s, label)
             return ShutdownResult(result.done, result.how, f"{failure}. {result.message}")
-    return _terminate(local, tenant.started_at, grace_s, label)
+    return terminate(local, tenant.started_at, grace_s, label)
 
 
 def _refusal(pid: int, tenant) -> str | None:
@@ -500,7 +501,8 @@ def _elsewhere(pid: int, tenant) -> str:
     )
 
 
-def _terminate(pid: int, started_at: float | None, grace_s: float, label: str) -> ShutdownResult:
+def terminate(pid: int, started_at: float | None, grace_s: float, label: str) -> ShutdownResult:
+    """SIGTERM ``pid`` (named ``label``), then SIGKILL after ``grace_s``; never a reused PID."""
     try:
         proc = psutil.Process(pid)
         # A PID reused by a newer process must not be killed in the old one's place.

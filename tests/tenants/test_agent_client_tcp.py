@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from jax_nbmem.agent import client_tcp as agent_client_tcp
 from jax_nbmem.agent.server import AgentServer, Registry
+from jax_nbmem.node import agent_client_tcp
 from jax_nbmem.node.agent_client_tcp import (
     TcpAgentClient,
     agent_address,
