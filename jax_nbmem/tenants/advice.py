@@ -19,13 +19,9 @@ from jax_nbmem.allocator.caps import (
 )
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
-from jax_nbmem.tenants.attribution import (
-    INFERRED_WITHOUT_AGENT,
-    PID_NAMESPACE_REASON,
-    Tenant,
-    pool_sizes,
-)
+from jax_nbmem.tenants.attribution import INFERRED_WITHOUT_AGENT, PID_NAMESPACE_REASON, Tenant
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text
+from jax_nbmem.tenants.verdicts import pool_sizes
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration, format_gib
 

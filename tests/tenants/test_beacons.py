@@ -27,8 +27,9 @@ from jax_nbmem.node import beacons as beacons_module
 from jax_nbmem.node.beacons import SCHEMA, BeaconWriter, read_beacons
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.advice import warnings_for
-from jax_nbmem.tenants.attribution import ProcessInfo, attribute
+from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.status import format_status
+from jax_nbmem.tenants.verdicts import ProcessInfo
 from tests.kernels import execute, running_kernel
 from tests.waiting import wait_for
 
