@@ -34,6 +34,7 @@ from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOL
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
 from jax_nbmem.node.beacons import Beacon
 from jax_nbmem.node.resolution import SHOWN_KEYS
+from jax_nbmem.node.sharedir import find_share_dir
 
 __all__ = [
     "ENV_AGENT_USER",
@@ -290,7 +291,7 @@ def host_proof(share_dir: str | None, viewer: HostViewer | None = None) -> HostP
     if viewer is None:
         _viewer = _viewer or HostViewer()
         viewer = _viewer
-    share_dir = share_dir or os.environ.get("JAX_NBMEM_SHARE_DIR") or None
+    share_dir = find_share_dir(share_dir, default=None).path
     if share_dir is None:
         return HostProof(viewer, {}, "no share directory: no node agent")
     content, reason = read_resolution(share_dir)

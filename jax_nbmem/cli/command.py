@@ -159,8 +159,7 @@ def _cull(args: argparse.Namespace) -> int:
     from jax_nbmem.cli.culler import Culler
     from jax_nbmem.cli.hubapi import HubError, hub_from_environment
     from jax_nbmem.cli.stop import admin_log_path
-    from jax_nbmem.node.beacons import ENV_SHARE_DIR
-    from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR
+    from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR, ENV_SHARE_DIR
     from jax_nbmem.tenants.culling import CullPolicy
 
     share_dir = _share_dir(args.share_dir)

@@ -51,9 +51,9 @@ from jax_nbmem.node.alive import AliveLock
 from jax_nbmem.node.beacon_files import BEACON_PREFIX, BEACON_SUFFIX
 from jax_nbmem.node.fields import strict_count, strict_number, strict_text
 from jax_nbmem.node.identity import beacon_key, own_identity, same_namespace
+from jax_nbmem.node.sharedir import find_share_dir
 
 __all__ = [
-    "ENV_SHARE_DIR",
     "MAX_PIDS",
     "SCHEMA",
     "START_SLACK_S",
@@ -71,7 +71,6 @@ __all__ = [
 log = logging.getLogger("jax_nbmem")
 
 SCHEMA = 1
-ENV_SHARE_DIR = "JAX_NBMEM_SHARE_DIR"
 # A beacon's start time and the process's may differ by the rounding of /proc's clock ticks.
 START_SLACK_S = 1.0
 _MAX_KEY_CHARS = 256
@@ -136,15 +135,15 @@ def beacon_dirs(
 ) -> list[str]:
     """Where beacons are: the user's Jupyter runtime directory, and the shared one if any.
 
-    ``share_dir`` (the setting) wins over ``$JAX_NBMEM_SHARE_DIR``.
+    ``share_dir`` is the one a face found (:func:`~.sharedir.find_share_dir`); None: the one
+    ``environ`` (default: this process's) names, if any.
     """
-    environ = os.environ if environ is None else environ
     dirs = []
     try:
         dirs.append(jupyter_runtime_dir())
     except Exception:  # a broken Jupyter install leaves the shared directory
         log.debug("jax_nbmem: no Jupyter runtime directory", exc_info=True)
-    shared = share_dir or environ.get(ENV_SHARE_DIR, "")
+    shared = find_share_dir(share_dir, environ, default=None).path
     if shared and shared not in dirs:
         dirs.append(shared)
     return dirs

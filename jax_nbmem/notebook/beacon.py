@@ -18,9 +18,10 @@ from typing import Any
 import psutil
 
 from jax_nbmem.node.agent_client import socket_path
-from jax_nbmem.node.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
+from jax_nbmem.node.beacons import SCHEMA, Beacon, BeaconWriter, beacon_dirs
 from jax_nbmem.node.identity import own_identity
 from jax_nbmem.node.servers import current_user
+from jax_nbmem.node.sharedir import find_share_dir
 from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
 
 __all__ = ["beacon_facts", "beacon_writer", "own_beacon", "share_dir"]
@@ -223,8 +224,13 @@ def own_beacon(session: Any) -> Beacon:
 
 
 def share_dir(session: Any) -> str:
-    """The shared beacon directory: ``$JAX_NBMEM_SHARE_DIR``, else ``c.JaxNbMem.share_dir``."""
-    return os.environ.get(ENV_SHARE_DIR, "") or getattr(session.settings, "share_dir", "")
+    """The shared beacon directory: ``$JAX_NBMEM_SHARE_DIR``, else ``c.JaxNbMem.share_dir``.
+
+    The one rule of every face (:func:`~jax_nbmem.node.sharedir.find_share_dir`); a kernel has
+    no default: unless told, its beacon stays in the user's Jupyter runtime directory.
+    """
+    setting = getattr(session.settings, "share_dir", "")
+    return find_share_dir(setting=setting, default=None).path or ""
 
 
 def beacon_writer(session: Any) -> BeaconWriter | None:

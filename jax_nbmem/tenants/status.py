@@ -24,11 +24,11 @@ from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
 from jax_nbmem.node.agent_client_tcp import network_configured, network_notice
-from jax_nbmem.node.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
+from jax_nbmem.node.beacons import beacon_dirs, read_beacons
 from jax_nbmem.node.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.node.notices import notice_warning, read_notice, relayed_notice
 from jax_nbmem.node.resolution import load_resolution
-from jax_nbmem.node.sharedir import agent_not_consulted
+from jax_nbmem.node.sharedir import agent_not_consulted, find_share_dir
 from jax_nbmem.tenants.advice import AT_SHELL, IN_IPYTHON, OWN_NAME, warnings_for
 from jax_nbmem.tenants.attribution import attribute
 from jax_nbmem.tenants.containers import from_container
@@ -144,7 +144,7 @@ def collect(
         p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms()
     )
     dirs = beacon_dirs(share_dir)
-    shared = share_dir or os.environ.get(ENV_SHARE_DIR) or None
+    shared = find_share_dir(share_dir, default=None).path
     resolution = load_resolution(shared, agent_user=agent_user, environ=environ)
     identity = own_identity()
     in_container = in_initial_namespace(identity) is False

@@ -1,9 +1,10 @@
-"""Where root's host commands find the share directory, and the node agent in it, unflagged.
+"""Where every face finds the share directory, and root's host commands the node agent in it.
 
-Order: ``--share-dir``, ``$JAX_NBMEM_SHARE_DIR``, ``/var/tmp/jax_nbmem`` where it is a real
-directory (docs/containers.md; deploy/jax-nbmem-exporter.tmpfiles). The commands run in a
-mount namespace of their own whose ``/var/tmp`` is a fresh tmpfs (root, as CI runs), so the
-documented folder is there or not whatever this machine has.
+One order in every face: ``--share-dir``, ``$JAX_NBMEM_SHARE_DIR``, the face's setting, the
+face's default (none for kernels and servers; for root's commands ``/var/tmp/jax_nbmem`` where
+it is a real directory: docs/containers.md; deploy/jax-nbmem-exporter.tmpfiles). The
+commands run in a mount namespace of their own whose ``/var/tmp`` is a fresh tmpfs (root, as
+CI runs), so the documented folder is there or not whatever this machine has.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +39,41 @@ def test_the_flag_then_the_variable_then_the_documented_folder(tmp_path):
     default.unlink()
     default.mkdir()
     assert find_share_dir(None, {}, str(default)) == ShareDir(str(default), "the default")
+
+
+def test_the_setting_comes_after_the_variable_and_before_the_default(tmp_path):
+    default = tmp_path / "jax_nbmem"
+    default.mkdir()
+    env = {"JAX_NBMEM_SHARE_DIR": "/from/env"}
+    found = find_share_dir("/given", env, str(default), setting="/setting")
+    assert found == ShareDir("/given", "--share-dir")
+    found = find_share_dir(None, env, str(default), setting="/setting")
+    assert found == ShareDir("/from/env", "$JAX_NBMEM_SHARE_DIR")
+    found = find_share_dir(None, {}, str(default), setting="/setting")
+    assert found == ShareDir("/setting", "the setting")
+    assert find_share_dir(None, {}, str(default), setting="").how == "the default"
+    assert find_share_dir(None, {}, None, setting="") == ShareDir(None, "none")
+
+
+def test_a_kernel_a_server_and_a_reader_take_the_same_order(monkeypatch):
+    from jax_nbmem.node.beacons import beacon_dirs
+    from jax_nbmem.notebook.beacon import share_dir
+    from jax_nbmem.server.extension import JaxNbMemServer, share_dir_of
+
+    kernel = SimpleNamespace(settings=SimpleNamespace(share_dir="/setting"))
+    server = JaxNbMemServer(share_dir="/setting")
+    monkeypatch.setenv("JAX_NBMEM_SHARE_DIR", "/from/env")
+    # The variable wins over the setting in both (the server's setting used to win).
+    assert share_dir(kernel) == share_dir_of(server) == "/from/env"
+    assert beacon_dirs(None)[-1] == "/from/env"
+    assert beacon_dirs("/found")[-1] == "/found"  # what a face found is taken as found
+    monkeypatch.delenv("JAX_NBMEM_SHARE_DIR")
+    assert share_dir(kernel) == share_dir_of(server) == "/setting"
+    # Neither: no default for a kernel or a server, whatever this machine's /var/tmp holds.
+    bare = SimpleNamespace(settings=SimpleNamespace(share_dir=""))
+    assert share_dir(bare) == ""
+    assert share_dir_of(JaxNbMemServer()) is None
+    assert "/setting" not in beacon_dirs(None)
 
 
 def test_the_note_says_what_is_lost_and_how_to_point_to_the_agent():
