@@ -13,7 +13,7 @@ written for the snapshot before. ``--against REV`` also times the writer of a gi
 ``jax_nbmem/metrics/metrics.py``, loaded beside this one), and ``--generic`` prometheus_client's
 own ``generate_latest`` over the same families (slow: a few rounds). The set-ups alternate round
 by round and medians are compared within the run, so a busy machine slows each alike. The
-snapshot is ``tests/tenants/test_exposition.py``'s ``node_report``: every figure its own, hub
+snapshot is ``tests/metrics/test_exposition.py``'s ``node_report``: every figure its own, hub
 kernel ids, nested notebook paths, a few labels to escape.
 """
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from jax_nbmem.metrics import metrics  # noqa: E402
 from jax_nbmem.metrics.exposition import ScrapeCache, exposition  # noqa: E402
-from tests.tenants.test_exposition import generic_text, node_report  # noqa: E402
+from tests.metrics.test_exposition import generic_text, node_report  # noqa: E402
 
 
 def module_at(rev: str) -> types.ModuleType:

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.kernel
 KERNEL = """
 import sys, time
 from jax_nbmem.node.agent_client_tcp import TcpAgentClient, agent_address
-from tests.tenants.agent_client import beacon, claims
+from tests.agent.agent_client import beacon, claims
 client = TcpAgentClient(agent_address(), resolution_every_s=0.0)
 content, now = beacon(claims()), time.time()
 content.update(mode_requested="preallocate", mode_in_effect="preallocate", pool_fraction=0.75,

@@ -7,7 +7,7 @@ A kernel's beacon says its mode; before, the ``mode`` label of
 
 from jax_nbmem.metrics.metric_labels import NAME_MAX_CHARS
 from jax_nbmem.metrics.metrics import Snapshot
-from tests.tenants.test_metrics import NOW, families, report, samples
+from tests.metrics.test_metrics import NOW, families, report, samples
 
 HOSTILE = "\x1b[2J\x07on\nfake_metric 1\r" + "y" * 4090
 

@@ -231,7 +231,7 @@ def test_the_panel_header_shows_the_cap(sim_state, simgpu_env):
 
 def test_a_beacons_caps_are_read_and_odd_ones_dropped(tmp_path):
     from jax_nbmem.node.beacons import read_beacons
-    from tests.tenants.test_beacons import UUID, _facts, _write_file
+    from tests.node.test_beacons import UUID, _facts, _write_file
 
     caps = {UUID: 20 * GIB, "GPU-odd": -1, "GPU-text": "20G", "GPU-zero": 0, "GPU-ok": GIB}
     path = tmp_path / f"jax_nbmem-beacon-{os.getpid()}.json"

@@ -9,7 +9,7 @@ import pytest
 
 from jax_nbmem.metrics.exposition import ScrapeCache, exposition, go_float
 from jax_nbmem.metrics.metrics import Snapshot, metric_families, prometheus_collector
-from tests.tenants.test_metrics import NOW, report
+from tests.metrics.test_metrics import NOW, report
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 from jax_nbmem.agent.cgroups import ContainerNames, container_from_cgroup, container_text
 from jax_nbmem.agent.hostproof import public_container
 from jax_nbmem.agent.hostview import HostViewer
-from tests.tenants.test_hostview import fake_process
+from tests.agent.test_hostview import fake_process
 from tests.waiting import wait_for
 
 BOB = "b0" * 32

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from tests.ipython_session import clean_environ
-from tests.tenants.test_in_namespaces import _DRIVER, _ON_THE_GPU, Container
+from tests.node.test_in_namespaces import _DRIVER, _ON_THE_GPU, Container
 from tests.waiting import wait_for
 
 pytestmark = [
@@ -346,7 +346,7 @@ def test_without_a_resolution_a_pod_is_told_why_before_and_after_trying(heard_no
 def test_an_agent_that_accepts_and_never_answers_is_said_silent(heard_nothing):
     from jax_nbmem.node.agent_client_tcp import TcpAgentClient
     from jax_nbmem.node.resolution import load_resolution
-    from tests.tenants.agent_client import beacon, claims
+    from tests.agent.agent_client import beacon, claims
 
     with socket.socket() as silent:  # its backlog completes the handshake; nobody reads
         silent.bind(("127.0.0.1", 0))

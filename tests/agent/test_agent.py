@@ -9,7 +9,7 @@ import pytest
 
 from jax_nbmem.agent.publish import clean_dead
 from jax_nbmem.agent.server import AgentDirError, AgentServer, Registry, prepare_agent_dir
-from tests.tenants.namespaces import client_args, contained, need_namespaces
+from tests.agent.namespaces import client_args, contained, need_namespaces
 from tests.waiting import wait_for
 
 

@@ -14,7 +14,7 @@ from jax_nbmem.node.agent_client_tcp import (
     network_resolution,
     parsed_network_resolution,
 )
-from tests.tenants.agent_client import beacon, claims
+from tests.agent.agent_client import beacon, claims
 from tests.waiting import wait_for
 
 

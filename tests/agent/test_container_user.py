@@ -11,7 +11,7 @@ from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.passwd import container_uid, read_in_root
 from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import _process_line
-from tests.tenants.test_hostview import DOCKER_ID, fake_process
+from tests.agent.test_hostview import DOCKER_ID, fake_process
 from tests.waiting import wait_for
 
 

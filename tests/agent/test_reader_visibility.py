@@ -18,8 +18,8 @@ from jax_nbmem.agent.registry import Registration
 from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.node.beacons import SCHEMA
 from jax_nbmem.node.resolution import load_resolution
-from tests.tenants import test_podnames as podnames
-from tests.tenants.test_podnames import ML_CID, REPORT, viewer_for
+from tests.agent import test_podnames as podnames
+from tests.agent.test_podnames import ML_CID, REPORT, viewer_for
 
 # Alice's pod in jhub and a training job's in ml, on a synthetic /proc (test_podnames').
 directory, proc = podnames.directory, podnames.proc

@@ -12,7 +12,7 @@ from jax_nbmem.agent.hostview import (
     parse_nspids,
     parse_start_ticks,
 )
-from tests.tenants.namespaces import contained
+from tests.agent.namespaces import contained
 
 DOCKER_ID = "3f" * 32
 OTHER_ID = "ab" * 32

@@ -10,7 +10,7 @@ import pytest
 
 from jax_nbmem.agent.cgroups import ContainerNames, container_from_cgroup
 from jax_nbmem.agent.kubepods import KubeAPI, KubeError, PodDirectory, pod_from
-from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
+from tests.agent.kubeapi import NODE, TOKEN, KubeStandIn, pod
 from tests.waiting import wait_for
 
 UID = "0f3b6c1e-5d2a-4c8e-9a71-2b4d6e8f0a13"

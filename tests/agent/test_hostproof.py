@@ -10,7 +10,7 @@ from jax_nbmem.agent.hostproof import HostProof, host_proof, read_resolution
 from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.publish import build_resolution, write_resolution
 from jax_nbmem.metrics.metrics import Snapshot, metric_families
-from tests.tenants.test_hostview import DOCKER_ID, fake_process
+from tests.agent.test_hostview import DOCKER_ID, fake_process
 
 
 def _kernel(pid_in_ns: int) -> dict:

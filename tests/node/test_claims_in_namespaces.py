@@ -16,7 +16,7 @@ import time
 import pytest
 
 from jax_nbmem.node.claims import ClaimBook, claim_book
-from tests.tenants.namespaces import contained, need_namespaces
+from tests.agent.namespaces import contained, need_namespaces
 
 GiB = 1 << 30
 TOTAL = 80 * GiB
@@ -149,7 +149,7 @@ def test_another_namespace_s_claim_is_matched_to_nvml_only_as_the_agent_or_its_b
 ):
     from jax_nbmem.node import claims
     from jax_nbmem.node.resolution import Resolution, ResolvedProcess
-    from tests.tenants.agent_client import beacon
+    from tests.agent.agent_client import beacon
 
     dev = os.stat("/proc/self/ns/pid").st_dev
     host = {"pid_ns": [dev, 0xEFFFFFFC], "pid_in_ns": os.getpid()}

@@ -17,7 +17,7 @@ from jax_nbmem.agent.server import AgentServer, Registry
 from jax_nbmem.node import agent_client_tcp
 from jax_nbmem.node.agent_client_tcp import TcpAgentClient, network_notice
 from jax_nbmem.node.notices import Notice, read_notice, relayed_notice, write_notice
-from tests.tenants.agent_client import beacon, claims
+from tests.agent.agent_client import beacon, claims
 
 RESOLUTION = json.dumps({"schema": 1, "processes": []})
 

@@ -85,7 +85,7 @@ def _quote(arg: str) -> str:
 
 
 def client_args(socket_path, patches="[{}]", share_dir="", *, kernel_id=None, folder=None):
-    """The command line of tests/tenants/agent_client.py.
+    """The command line of tests/agent/agent_client.py.
 
     ``kernel_id`` (and a ``folder`` to copy it to): it looks like a Jupyter kernel from the
     host (``.../ipykernel_launcher.py ... -f kernel-<id>.json``).

@@ -4,7 +4,7 @@
 
 It waits until the agent's address answers (the test gives its network namespace an address
 after it started), then sends one beacon line per entry of PATCHES with
-:class:`~jax_nbmem.node.agent_client_tcp.TcpAgentClient` (as tests/tenants/agent_client.py
+:class:`~jax_nbmem.node.agent_client_tcp.TcpAgentClient` (as tests/agent/agent_client.py
 makes them: each patch merged into its identity claims, ``{"pid": ...}`` and ``{"beacon":
 {...}}`` into the beacon) and prints ``{"ok", "pid", "reason"}`` for each; then it asks for
 the resolution and prints ``{"resolution": ...}`` (or its reason), then READY, and sleeps.

@@ -3,7 +3,7 @@
 Each "pod" is ``unshare --net --pid --fork --mount-proc``: its own loopback, and one end of a
 veth pair whose other end, in this host's namespace, carries the address the agent listens on
 (as a pod reaches its node's ``status.hostIP``). The kernel is the real TCP client
-(tests/tenants/agent_client_net.py). Root only, as CI runs it.
+(tests/agent/agent_client_net.py). Root only, as CI runs it.
 """
 
 import contextlib
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jax_nbmem.agent.server import AgentServer, Registry
-from tests.tenants.namespaces import Contained, need_namespaces
+from tests.agent.namespaces import Contained, need_namespaces
 from tests.waiting import wait_for
 
 CLIENT = Path(__file__).with_name("agent_client_net.py")

@@ -1,7 +1,7 @@
 """Pod names where a process is named: the resolution (by the reader's namespace), status, metrics.
 
-Processes are a synthetic /proc (tests/tenants/test_hostview.py's), in pods of the stand-in
-Kubernetes API (tests/tenants/kubeapi.py).
+Processes are a synthetic /proc (tests/agent/test_hostview.py's), in pods of the stand-in
+Kubernetes API (tests/agent/kubeapi.py).
 """
 
 import contextlib
@@ -18,8 +18,8 @@ from jax_nbmem.agent.publish import HIDDEN_REASON, PodVisibility, ResolutionWrit
 from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import _process_line
-from tests.tenants.kubeapi import NODE, TOKEN, KubeStandIn, pod
-from tests.tenants.test_hostview import fake_process
+from tests.agent.kubeapi import NODE, TOKEN, KubeStandIn, pod
+from tests.agent.test_hostview import fake_process
 
 ALICE_UID, ML_UID = "0f3b6c1e-5d2a-4c8e-9a71-2b4d6e8f0a13", "66666666-2222-3333-4444-555555555555"
 ALICE_CID, ML_CID = "a1" * 32, "c3" * 32
