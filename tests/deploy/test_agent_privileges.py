@@ -43,7 +43,7 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "jax-nbmem-exporter.service"
 DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
-CLIENTS = [REPO / "tests" / "tenants" / name for name in ("agent_client.py", "agent_client_net.py")]
+CLIENTS = [REPO / "tests" / "agent" / name for name in ("agent_client.py", "agent_client_net.py")]
 
 
 def unit_capabilities() -> list[str]:
