@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 
-from tests.tenants.agent_client import claims, patched
+from tests.agent.agent_client import claims, patched
 
 
 def _drop(user: str) -> None:

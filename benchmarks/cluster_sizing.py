@@ -4,7 +4,7 @@
                                         [--scrapes 8] [--interval 15] [--json PATH]
 
 Each node is a real ``jax-nbmem exporter`` process (its HTTP server, its snapshot thread, its
-scrape cache) serving the simulated node of benchmarks/scrape.py (tests/tenants/
+scrape cache) serving the simulated node of benchmarks/scrape.py (tests/metrics/
 test_exposition.py's ``node_report``: every figure its own, hub kernel ids, nested notebook
 paths) with each process in a z2jh pod of its own (container ``notebook``, pod
 ``jupyter-<hub user>-<pid>``, namespace ``jhub``: 1,600 pods), taken again at every refresh.
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 def kubernetes_report(gpus: int, per_gpu: int, seed: int) -> dict:
     """node_report's node (GPUs and kernel ids by ``seed``) with every process in a pod."""
-    from tests.tenants.test_exposition import node_report
+    from tests.metrics.test_exposition import node_report
 
     report = node_report(gpus, per_gpu, seed=seed)
     for process in report["processes"]:
@@ -59,7 +59,7 @@ def kubernetes_report(gpus: int, per_gpu: int, seed: int) -> dict:
 def serve_node(seed: int, gpus: int, per_gpu: int) -> None:
     """Run a real exporter whose every look is the simulated node (a subprocess's main)."""
     from jax_nbmem.cli.exporter import Exporter, ExporterSettings
-    from jax_nbmem.tenants.metrics import Snapshot
+    from jax_nbmem.metrics.metrics import Snapshot
 
     report = kubernetes_report(gpus, per_gpu, seed)
     socket.gethostname = lambda: f"node-{seed}"  # each node its Hostname, as on a cluster

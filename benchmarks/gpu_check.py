@@ -56,7 +56,7 @@ import gpu_check_cases  # noqa: E402  (beside this file: the source's cases, doc
 
 from jax_nbmem.allocator import jaxlib, modes  # noqa: E402
 from jax_nbmem.gpu import jaxstats, nvml, own_process, visible  # noqa: E402
-from jax_nbmem.tenants.attribution import (  # noqa: E402
+from jax_nbmem.tenants.verdicts import (  # noqa: E402
     PREALLOCATION_ABOVE_BYTES,
     PREALLOCATION_BELOW_BYTES,
 )

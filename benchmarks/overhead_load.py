@@ -40,7 +40,7 @@ SHELL = textwrap.dedent(
     print(json.dumps({
         "base_wall": base_wall, "base_cpu": base_cpu, "wall": wall, "cpu": cpu,
         "modules": len(new), "numpy": "numpy" in new, "jax": "jax" in sys.modules,
-        "servers": "jax_nbmem.tenants.servers" in new,
+        "servers": "jax_nbmem.node.servers" in new,
     }))
     """
 )

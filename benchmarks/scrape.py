@@ -10,10 +10,10 @@ next snapshot (``ScrapeCache``, kept text); a ``name[]=jax_nbmem_up`` scrape of 
 snapshot, and the exporter's steady state: each scrape a new snapshot (a refresh later: idle
 times grown, one process in ten with more memory) whose label sets and values mostly were
 written for the snapshot before. ``--against REV`` also times the writer of a git revision (its
-``jax_nbmem/tenants/metrics.py``, loaded beside this one), and ``--generic`` prometheus_client's
+``jax_nbmem/metrics/metrics.py``, loaded beside this one), and ``--generic`` prometheus_client's
 own ``generate_latest`` over the same families (slow: a few rounds). The set-ups alternate round
 by round and medians are compared within the run, so a busy machine slows each alike. The
-snapshot is ``tests/tenants/test_exposition.py``'s ``node_report``: every figure its own, hub
+snapshot is ``tests/metrics/test_exposition.py``'s ``node_report``: every figure its own, hub
 kernel ids, nested notebook paths, a few labels to escape.
 """
 
@@ -31,15 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jax_nbmem.tenants import metrics  # noqa: E402
-from jax_nbmem.tenants.exposition import ScrapeCache, exposition  # noqa: E402
-from tests.tenants.test_exposition import generic_text, node_report  # noqa: E402
+from jax_nbmem.metrics import metrics  # noqa: E402
+from jax_nbmem.metrics.exposition import ScrapeCache, exposition  # noqa: E402
+from tests.metrics.test_exposition import generic_text, node_report  # noqa: E402
 
 
 def module_at(rev: str) -> types.ModuleType:
-    """``jax_nbmem/tenants/metrics.py`` as it was at git revision ``rev``."""
+    """``jax_nbmem/metrics/metrics.py`` as it was at git revision ``rev``."""
     source = subprocess.run(
-        ["git", "show", f"{rev}:jax_nbmem/tenants/metrics.py"],
+        ["git", "show", f"{rev}:jax_nbmem/metrics/metrics.py"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     module = types.ModuleType(f"metrics_at_{rev}")

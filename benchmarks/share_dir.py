@@ -61,7 +61,7 @@ def write_junk(folder: Path, count: int) -> None:
 def beacon(pid: int) -> dict:
     import psutil
 
-    from jax_nbmem.tenants.beacons import SCHEMA
+    from jax_nbmem.node.beacons import SCHEMA
 
     return {
         "schema": SCHEMA,
@@ -98,8 +98,8 @@ def main() -> int:
     os.environ["JUPYTER_RUNTIME_DIR"] = str(folder / "runtime")  # nobody else's beacons
 
     from jax_nbmem.gpu import nvml
-    from jax_nbmem.tenants.beacons import read_beacons
-    from jax_nbmem.tenants.servers import SessionIndex
+    from jax_nbmem.node.beacons import read_beacons
+    from jax_nbmem.node.servers import SessionIndex
     from jax_nbmem.tenants.status import collect
 
     nvml._reset_for_tests(retry_first_s=0.0)

@@ -1,10 +1,12 @@
 """The layout's rules, checked on the source: which part of jax_nbmem may import which.
 
-The core (allocator, gpu, record, tenants, tools, and the shared `units` and `text`) imports
-no IPython, widgets or plotly and no face; only `gpu/nvml.py` imports pynvml; a face (notebook, cli,
-server) may import the core but not another face; `simgpu` stands alone; no module imports
-itself back through others. ruff's banned-api says most of this to whoever runs ruff (each
-face has a ruff.toml of its own); this test makes CI say all of it, lazy imports included.
+The core (allocator, gpu, record, node, agent, tenants, metrics, tools, and the shared `units`
+and `text`) imports no IPython, widgets or plotly and no face; only `gpu/nvml.py` imports
+pynvml; a face (notebook, cli, server) may import the core but not another face; `simgpu`
+stands alone; no two parts import each other, and no module imports itself back through
+others; no module is over 600 lines; no module takes another's private name (``_x``). ruff's
+banned-api says some of this to whoever runs ruff (each face has a ruff.toml of its own); this
+test makes CI say all of it, lazy imports included.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ UI = {"IPython", "ipywidgets", "plotly", "anywidget"}
 # documentation's pages are, for any part's messages.
 # rootfiles: how root opens what a user may reach, one set of rules for every part root runs.
 SHARED = {"units", "text", "_version", "guide", "rootfiles"}
-CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "tools"}
+CORE = SHARED | {"gpu", "allocator", "record", "tenants", "agent", "node", "metrics", "tools"}
 FACES = {"notebook", "cli", "server"}
 # What each part may import of jax_nbmem, besides its own modules.
 MAY_IMPORT = {
@@ -37,10 +39,16 @@ MAY_IMPORT = {
     "gpu": SHARED,
     "allocator": {"gpu"} | SHARED,
     "record": {"gpu"} | SHARED,
-    "tenants": {"gpu", "allocator", "agent"} | SHARED,
-    # The node agent: the host's side of who is on the GPU, and the kernels' client of it.
-    "agent": {"gpu", "allocator", "tenants"} | SHARED,
+    # The report: who is on the GPU, the warnings, the status, auto mode, the culler's policy.
+    "tenants": {"gpu", "allocator", "agent", "node"} | SHARED,
+    # The node's shared language: what every process on a node leaves the others in the share
+    # directory, read and written by the same code in a kernel, a server, the CLI and the agent.
+    "node": {"gpu"} | SHARED,
+    # The node agent, root's daemon: it speaks node/, never the report.
+    "agent": {"gpu", "node"} | SHARED,
     "tools": {"gpu", "allocator", "record"} | SHARED,
+    # The metric families, their labels and the exposition: built from a report a face hands in.
+    "metrics": {"gpu", "node"} | SHARED,
     # The simulated GPU stands alone, but for the rules by which root opens files.
     "simgpu": {"rootfiles"},
     **{face: set(CORE) for face in FACES},
@@ -52,6 +60,10 @@ MAY_USE_UI = {"notebook", "package"}
 # A web framework only in the server face (the exporter's HTTP server is the standard library's).
 WEB = {"tornado", "jupyter_server"}
 MAY_USE_WEB = {"server"}
+
+
+# Modules of 50 to 400 lines are the aim; one over this is two modules.
+MAX_LINES = 600
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -129,9 +141,51 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def private_names_taken(path: Path, known: set[str]) -> list[str]:
+    """Each private name (``_x``) the file at ``path`` takes from another jax_nbmem module.
+
+    ``from jax_nbmem.a import _x``, and ``m._x`` where ``m`` names a jax_nbmem module imported
+    there (``from jax_nbmem.p import a as m``, ``import jax_nbmem.a as m``). A private module
+    itself (``_version``) is no private name.
+    """
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    taken, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jax_nbmem"):
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if target in known:
+                    modules[alias.asname or alias.name] = target
+                elif private(alias.name):
+                    taken.append(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("jax_nbmem.") and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and private(node.attr)
+        ):
+            taken.append(f"{modules[node.value.id]}.{node.attr}")
+    return sorted(set(taken))
+
+
+def mutual_pairs(rules: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Each pair of parts that may import each other."""
+    return sorted((a, b) for a in rules for b in rules[a] if a < b and a in rules.get(b, ()))
+
+
 def violations(package: Path) -> list[str]:
     """Every break of the layer rules in the package at ``package``, one line each."""
     graph = import_graph(package)
+    known = set(graph)
     found = []
     for name, (path, outside, inside) in graph.items():
         part = part_of(name)
@@ -149,6 +203,11 @@ def violations(package: Path) -> list[str]:
             other = part_of(target)
             if other != part and other not in MAY_IMPORT[part]:
                 found.append(f"{where}: {part} may not import {target}")
+        for name_taken in private_names_taken(path, known):
+            found.append(f"{where}: takes the private name {name_taken} (make it public)")
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            found.append(f"{where}: {lines} lines, over {MAX_LINES} (split it)")
     cycle = cycle_in({name: inside for name, (_, _, inside) in graph.items()})
     if cycle:
         found.append("import cycle: " + " → ".join(cycle))
@@ -157,6 +216,11 @@ def violations(package: Path) -> list[str]:
 
 def test_the_package_keeps_its_layers():
     assert violations(PACKAGE) == []
+
+
+def test_no_two_parts_may_import_each_other():
+    assert mutual_pairs(MAY_IMPORT) == []
+    assert mutual_pairs({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [("a", "b")]
 
 
 def test_every_part_says_what_it_is_for():
@@ -195,6 +259,15 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
             "cli may not import jax_nbmem.notebook.panel",
         ),
         ({"gpu/nvml.py": "from jax_nbmem.record import ledger\n"}, "gpu may not import"),
+        (
+            {"tools/a.py": "from jax_nbmem.tools.b import _helper\n", "tools/b.py": ""},
+            "takes the private name jax_nbmem.tools.b._helper",
+        ),
+        (
+            {"tools/a.py": "from jax_nbmem.tools import b as _b\n_b._LIMIT\n", "tools/b.py": ""},
+            "takes the private name jax_nbmem.tools.b._LIMIT",
+        ),
+        ({"tools/big.py": "x = 1\n" * 601}, "601 lines, over 600"),
         ({"widgets/x.py": ""}, "part 'widgets' is not in the layout"),
         (
             {

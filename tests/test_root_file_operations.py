@@ -23,6 +23,8 @@ ROOT_RUNS: dict[str, frozenset[str] | None] = {
     "rootfiles.py": None,
     "agent": None,
     "tenants": None,
+    "node": None,
+    "metrics": None,
     "gpu": None,
     **{f"cli/{name}.py": None for name in (
         "exporter", "exporter_http", "exporter_settings", "webconfig", "command", "stop",

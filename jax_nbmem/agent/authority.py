@@ -28,7 +28,7 @@ from jax_nbmem.agent.facts import (
 )
 from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.listeners import proven_address
-from jax_nbmem.tenants.servers import JupyterServer, ServerError, read_runtime_file
+from jax_nbmem.node.servers import JupyterServer, ServerError, read_runtime_file
 
 __all__ = ["ancestors", "listed_by", "parent_server"]
 

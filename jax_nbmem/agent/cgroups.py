@@ -41,7 +41,6 @@ from typing import Any
 from jax_nbmem.agent.stores import PODMAN_ROOT, docker_name, podman_name, rootless_home
 
 __all__ = [
-    "SHOWN_KEYS",
     "Container",
     "ContainerNames",
     "container_from_cgroup",
@@ -50,7 +49,6 @@ __all__ = [
 ]
 
 # A process entry's ``container`` in public output (status JSON, the server's API).
-SHOWN_KEYS = ("name", "id", "pod", "namespace", "name_reason", "rootless_uid")
 
 _HEX = "[0-9a-f]{64}"
 # Each runtime's own cgroup for a container, one path component; the id is group 1.

@@ -97,7 +97,7 @@ class ProvenOwner:
 class ProvenServer:
     """A kernel's Jupyter server, found from host facts (see :func:`.authority.parent_server`).
 
-    ``server``: the runtime file's :class:`~jax_nbmem.tenants.servers.JupyterServer` (its token
+    ``server``: the runtime file's :class:`~jax_nbmem.node.servers.JupyterServer` (its token
     never shows); ``pid`` the server's host PID, a real ancestor of the kernel.
     """
 

@@ -29,11 +29,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.agent.hostview import INIT_PID_NS_INO, HostView, HostViewer, beacon_key
 from jax_nbmem.agent.publish import FULL_RESOLUTION_NAME, RESOLUTION_NAME, RESOLUTION_SCHEMA
 from jax_nbmem.agent.server import AGENT_DIR, Registration, beacon_from_content
-from jax_nbmem.tenants.beacons import Beacon
+from jax_nbmem.node.beacons import Beacon
+from jax_nbmem.node.resolution import SHOWN_KEYS
+from jax_nbmem.node.sharedir import find_share_dir
 
 __all__ = [
     "ENV_AGENT_USER",
@@ -65,7 +66,7 @@ class ProvenKernel:
 
 
 def public_container(view: HostView | None) -> dict | None:
-    """A process entry's ``container`` (:data:`~.cgroups.SHOWN_KEYS`) or None."""
+    """A process entry's ``container`` (:data:`~jax_nbmem.node.resolution.SHOWN_KEYS`) or None."""
     if view is None or view.container is None:
         return None
     return {key: getattr(view.container, key) for key in SHOWN_KEYS}
@@ -339,7 +340,7 @@ def host_proof(share_dir: str | None, viewer: HostViewer | None = None) -> HostP
     if viewer is None:
         _viewer = _viewer or HostViewer()
         viewer = _viewer
-    share_dir = share_dir or os.environ.get("JAX_NBMEM_SHARE_DIR") or None
+    share_dir = find_share_dir(share_dir, default=None).path
     if share_dir is None:
         return HostProof(viewer, {}, "no share directory: no node agent")
     content, reason = read_resolution(share_dir)

@@ -19,7 +19,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from jax_nbmem.tenants.servers import JupyterServer
+from jax_nbmem.node.servers import JupyterServer
 
 __all__ = ["Listeners", "listeners_of", "proven_address"]
 

@@ -14,10 +14,10 @@ kernel of that namespace reads (over the agent's TCP connection); the file is wr
 reader of no namespace (anyone who reads the share directory).
 
 :func:`clean_dead` removes the beacons and alive locks that dead kernels left in the share
-directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.tenants.beacon_files`):
+directory (a kernel's fallback beacon with its own: :mod:`~jax_nbmem.node.beacon_files`):
 only names of our own patterns, only regular files (never through a symlink), and only when
 the kernel is dead for sure: its alive lock (at its own name or a fallback's:
-:mod:`~jax_nbmem.tenants.alive`), a file of the beacon's owner, is granted to us (its holder
+:mod:`~jax_nbmem.node.alive`), a file of the beacon's owner, is granted to us (its holder
 is gone), or, for a kernel keyed by host PID without a lock, that PID is gone and the file is
 old. And the claims of ``%jaxalloc auto`` (:mod:`.claims`) whose writer let go of them (its
 lock granted to us) once they are well past their time.
@@ -47,9 +47,9 @@ from jax_nbmem.agent.visibility import (
     hidden_container,
     hidden_kernel,
 )
-from jax_nbmem.tenants.alive import FALLBACK_LOCK
-from jax_nbmem.tenants.beacon_files import FALLBACK
-from jax_nbmem.tenants.beacons import write_atomically
+from jax_nbmem.node.alive import FALLBACK_LOCK
+from jax_nbmem.node.beacon_files import FALLBACK
+from jax_nbmem.node.beacons import write_atomically
 
 __all__ = [
     "FULL_RESOLUTION_NAME",

@@ -24,14 +24,13 @@ from typing import Any
 
 from jax_nbmem.agent.binding import PROCESS_ENDED
 from jax_nbmem.agent.hostview import HostView, HostViewer, beacon_key, boot_id
-from jax_nbmem.tenants import beacons as _beacons
-from jax_nbmem.tenants.beacons import Beacon
+from jax_nbmem.node.beacons import Beacon, beacon_from
 
 __all__ = [
     "AGENT_DIR",
-    "PROCESS_ENDED",
     "KERNEL_KEYS",
     "MAX_KERNEL_BYTES",
+    "PROCESS_ENDED",
     "AgentDirError",
     "Registration",
     "Registry",
@@ -113,7 +112,7 @@ def beacon_from_content(content: Mapping[str, Any], host_pid: int) -> Beacon | N
     kernel's own, in its namespace) is replaced by the host PID it was proven for.
     """
     try:
-        beacon = _beacons._beacon_from(dict(content), None)
+        beacon = beacon_from(dict(content), "a kernel's registration")
     except Exception:  # any shape a caller sends: no beacon, never a crash
         return None
     return None if beacon is None else replace(beacon, pid=host_pid, path=None)

@@ -16,7 +16,7 @@ which a kernel in a pod cannot read) comes with either answer as ``"notice": {..
 a caller proven on this connection, only the notice of its own key (``<pid>``, or
 ``<ns_ino>-<pid_in_ns>`` as the host sees its PID namespace) and of its host PID, and only a
 notice the kernel would trust as a file (root's or the share directory owner's:
-:func:`~.culling.read_notice`). In a full answer it comes first (``{"notice": {...}, "ok":
+:func:`~.notices.read_notice`). In a full answer it comes first (``{"notice": {...}, "ok":
 true, ...}``), so the resolution after it is sent as encoded once for every caller.
 
 :class:`TcpSide` is a part of :class:`~.server.AgentServer` (its state is the server's).
@@ -36,7 +36,7 @@ from jax_nbmem.agent.binding import PROCESS_ENDED, bind_tcp
 from jax_nbmem.agent.connection import Connection
 from jax_nbmem.agent.netpeer import family_of
 from jax_nbmem.agent.registry import AgentDirError
-from jax_nbmem.tenants.culling import notice_content, read_notice
+from jax_nbmem.node.notices import notice_content, read_notice
 
 __all__ = ["LISTENER_TCP", "MAX_LINE_BYTES", "Connection", "TcpSide", "Verdict"]
 

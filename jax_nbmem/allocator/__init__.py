@@ -4,6 +4,6 @@
 source, never by importing it) and reads a set of variables as jaxlib will; `modes` parses the
 modes a user names and turns them into those variables; `control` applies them to this process
 and remembers what JAX's backend started with; `report` says all of that in words. May import
-`gpu.jaxstats` (to know whether the backend is up, without starting it) and `units`; no
+`gpu.jaxstats` (to know whether the backend is up, without starting it), `units` and `text`; no
 IPython, widgets or faces.
 """

@@ -94,7 +94,7 @@ def _kernel_remove(args: argparse.Namespace) -> int:
 
 def _share_dir(given: str | None) -> str | None:
     """The share directory a host command reads: given, $JAX_NBMEM_SHARE_DIR, or the default."""
-    from jax_nbmem.tenants.sharedir import find_share_dir
+    from jax_nbmem.node.sharedir import find_share_dir
 
     return find_share_dir(given).path
 

@@ -67,8 +67,7 @@ def run_cull(args: argparse.Namespace) -> int:
         return _fail(f"{error}; nothing runs")
     share_dir = _share_dir(args.share_dir)
     if not share_dir or not os.path.isdir(share_dir):
-        from jax_nbmem.tenants.beacons import ENV_SHARE_DIR
-        from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
+        from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR, ENV_SHARE_DIR
 
         return _fail(
             f"needs the shared beacon directory of every user's kernels (--share-dir or "
@@ -102,7 +101,7 @@ def run_cull(args: argparse.Namespace) -> int:
 
 
 def _share_dir(given: str | None) -> str | None:
-    from jax_nbmem.tenants.sharedir import find_share_dir
+    from jax_nbmem.node.sharedir import find_share_dir
 
     return find_share_dir(given).path
 

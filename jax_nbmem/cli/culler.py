@@ -53,22 +53,20 @@ from jax_nbmem.cli.cullround import RoundTally, why_no_longer
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop import Kernel, StopError, find, stop
-from jax_nbmem.rootfiles import append_line
-from jax_nbmem.tenants.beacons import read_beacons
-from jax_nbmem.tenants.culling import (
+from jax_nbmem.metrics.culled import CULLED_HELP
+from jax_nbmem.node.beacons import read_beacons
+from jax_nbmem.node.notices import (
     CULL_REASONS,
-    CULLED_HELP,
-    Candidate,
     CullCounts,
-    CullPolicy,
     Notice,
-    assess,
     read_counts,
     read_notice,
     remove_notice,
     write_counts,
     write_notice,
 )
+from jax_nbmem.rootfiles import append_line
+from jax_nbmem.tenants.culling import Candidate, CullPolicy, assess
 from jax_nbmem.text import printable_lines
 
 __all__ = ["Culler"]

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from jax_nbmem.tenants.culling import Candidate, NotCulled, Notice
+from jax_nbmem.node.notices import Notice
+from jax_nbmem.tenants.culling import Candidate, NotCulled
 from jax_nbmem.units import format_duration
 
 __all__ = ["RoundTally", "why_no_longer"]

@@ -65,12 +65,13 @@ from jax_nbmem.cli.exporter_settings import (  # the command's names, as before
     is_loopback,
     parse_listen,
 )
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.culling import CullCounts, culled_collector, read_counts
-from jax_nbmem.tenants.exposition import ScrapeCache
-from jax_nbmem.tenants.metrics import Snapshot, is_fresh
+from jax_nbmem.metrics.culled import culled_collector
+from jax_nbmem.metrics.exposition import ScrapeCache
+from jax_nbmem.metrics.metrics import Snapshot, is_fresh
+from jax_nbmem.node.beacons import beacon_dirs
+from jax_nbmem.node.notices import CullCounts, read_counts
+from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR, ENV_SHARE_DIR, find_share_dir
 from jax_nbmem.tenants.publishers import published_pids
-from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.text import printable
 
@@ -150,7 +151,8 @@ class Exporter:
             self._proven_said = (count, now)
 
     def _shared(self) -> str | None:
-        return self.settings.share_dir or os.environ.get(ENV_SHARE_DIR) or None
+        # The command found it already (flag, variable, default); built otherwise, the variable.
+        return find_share_dir(self.settings.share_dir, default=None).path
 
     def start_agent(self) -> None:
         """Start the node agent's socket if a share directory is there (see the module).
@@ -216,7 +218,7 @@ class Exporter:
                 self.snapshots += 1
             except Exception:
                 log.warning("jax-nbmem exporter: a snapshot failed", exc_info=True)
-            shared = self.settings.share_dir or os.environ.get(ENV_SHARE_DIR)
+            shared = self._shared()
             self._culled = read_counts([shared]) if shared else None
             self._looking_since = None
             self._stop.wait(max(0.0, self.settings.interval - (time.monotonic() - began)))
@@ -338,7 +340,7 @@ class Exporter:
 
     def _say_share_dir(self) -> None:
         """Log where beacons are read from: a missing shared directory is never silent."""
-        shared = self.settings.share_dir or os.environ.get(ENV_SHARE_DIR)
+        shared = self._shared()
         if not shared:
             log.warning(
                 "jax-nbmem exporter: no --share-dir (nor $%s, nor %s): other users' kernels are "

@@ -14,7 +14,7 @@ A hub user's own kernels need no such token: in their server, its terminals and 
 JupyterHub sets the server's own address and token (``$JUPYTERHUB_SERVICE_URL``,
 ``$JUPYTERHUB_API_TOKEN``), which may call that server only — an :class:`OwnServer`.
 
-Every request is one exchange (:func:`~jax_nbmem.tenants.exchange.exchange`): no redirect is
+Every request is one exchange (:func:`~jax_nbmem.node.exchange.exchange`): no redirect is
 followed (a credential goes only where it was addressed), and the whole of it — connecting,
 sending, every byte of the answer — ends within :data:`REQUEST_S` seconds, however slowly
 the other side answers. Every fault is a :class:`HubError` that says what went wrong and
@@ -33,7 +33,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from jax_nbmem.tenants.exchange import exchange
+from jax_nbmem.node.exchange import exchange
 
 __all__ = [
     "ENV_HUB_URL",

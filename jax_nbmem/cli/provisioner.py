@@ -26,8 +26,9 @@ from traitlets import Dict, Float, Unicode
 
 from jax_nbmem.allocator.control import ENV_ALLOCATOR, ENV_MODE_REASON
 from jax_nbmem.allocator.modes import AllocatorMode, ModeError, mode_variables, parse_mode
+from jax_nbmem.node.beacons import beacon_dirs
+from jax_nbmem.node.sharedir import find_share_dir
 from jax_nbmem.tenants.auto import Policy, PolicyError, decide
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
 from jax_nbmem.text import printable
 
 __all__ = ["JaxNbMemProvisioner"]
@@ -42,7 +43,7 @@ class JaxNbMemProvisioner(LocalProvisioner):
     auto_fraction = Float(None, allow_none=True, help="As c.JaxNbMem.auto_fraction.").tag(
         config=True
     )
-    share_dir = Unicode("", help="The shared beacon directory (else $JAX_NBMEM_SHARE_DIR).").tag(
+    share_dir = Unicode("", help="The shared beacon directory ($JAX_NBMEM_SHARE_DIR wins).").tag(
         config=True
     )
 
@@ -80,14 +81,14 @@ class JaxNbMemProvisioner(LocalProvisioner):
         except ModeError as exc:
             raise ValueError(f"the kernelspec's mode '{asked}': {exc}") from None
         policy = Policy.from_setting(self.policy)
-        share = self.share_dir or env.get(ENV_SHARE_DIR, "")
-        dirs = beacon_dirs(share or None, env)
+        share = find_share_dir(environ=env, default=None, setting=self.share_dir).path
+        dirs = beacon_dirs(share, env)
         options = {
             "policy": policy,
             "auto_fraction": self.auto_fraction,
             "claims_dir": dirs[-1] if dirs else None,
             "claim_key": str(self.kernel_id),
-            "status": lambda: collect(environ=env, share_dir=share or None),
+            "status": lambda: collect(environ=env, share_dir=share),
             # At launch the kernel has imported nothing yet: this server's modules are not its.
             "frameworks": (),
         }

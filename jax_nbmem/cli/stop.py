@@ -48,9 +48,9 @@ from jax_nbmem.agent.facts import disagreements as _disagreements
 from jax_nbmem.cli.hubapi import SCOPES_TEXT, Hub, HubError, OwnServer
 from jax_nbmem.cli.hubowner import prove_hub_user
 from jax_nbmem.cli.stop_target import Kernel, StopError, find
+from jax_nbmem.node.servers import current_user, terminate
 from jax_nbmem.rootfiles import append_line
 from jax_nbmem.tenants.owners import hub_user_of, may_stop_others
-from jax_nbmem.tenants.servers import _terminate, current_user
 from jax_nbmem.units import format_bytes
 
 __all__ = [
@@ -353,7 +353,7 @@ def _act(chosen: Plan, kernel: Kernel, hub: Hub | None, own_server: OwnServer | 
                 f"still running {_EXIT_WAIT_S:g} s later"
             )
         return ""
-    result = _terminate(kernel.pid, kernel.started_at, 5.0, kernel.label())
+    result = terminate(kernel.pid, kernel.started_at, 5.0, kernel.label())
     if not result.done:
         raise StopError(result.message)
     return result.message

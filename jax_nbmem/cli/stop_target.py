@@ -21,8 +21,8 @@ from jax_nbmem.agent.facts import Claimed, FactError, ProvenOwner, ProvenProcess
 from jax_nbmem.agent.facts import prove_process as _prove
 from jax_nbmem.agent.hostproof import HostProof, host_proof, public_container
 from jax_nbmem.agent.hostview import HostViewer
+from jax_nbmem.node.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.attribution import inspect_process
-from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.owners import hub_user_of, owner_text
 
 __all__ = ["Kernel", "StopError", "find"]

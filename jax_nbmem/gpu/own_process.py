@@ -3,7 +3,7 @@
 NVML lists processes by their PID in the host's PID namespace. A process there is listed as
 ``os.getpid()``. A process in a container (another PID namespace) is listed by a host PID it
 cannot read itself: only the node agent, which sees the process's socket peer from the host,
-can prove it (:attr:`jax_nbmem.agent.client.AgentClient.proven_pid`). Whoever holds that proof
+can prove it (:attr:`jax_nbmem.node.agent_client.AgentClient.proven_pid`). Whoever holds that proof
 (the kernel's beacon writer) hands it here with :func:`set_proven_pid`; until then this
 process's NVML PID is unknown (None), never its PID in the container and never 0.
 

@@ -2,7 +2,7 @@
 
 The facts come from the session's memory (the allocator control, the ledger, the sampler's
 latest sample, the status watch's last report); gathering them reads no file and asks neither
-NVML nor JAX. :class:`~jax_nbmem.tenants.beacons.BeaconWriter` writes them at most once a
+NVML nor JAX. :class:`~jax_nbmem.node.beacons.BeaconWriter` writes them at most once a
 second, off every cell's path.
 """
 
@@ -17,11 +17,12 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.agent.client import socket_path
+from jax_nbmem.node.agent_client import socket_path
+from jax_nbmem.node.beacons import SCHEMA, Beacon, BeaconWriter, beacon_dirs
+from jax_nbmem.node.identity import own_identity
+from jax_nbmem.node.servers import current_user
+from jax_nbmem.node.sharedir import find_share_dir
 from jax_nbmem.tenants.attribution import kernel_id_of, own_kernel_id
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, SCHEMA, Beacon, BeaconWriter, beacon_dirs
-from jax_nbmem.tenants.identity import own_identity
-from jax_nbmem.tenants.servers import current_user
 
 __all__ = ["beacon_facts", "beacon_writer", "own_beacon", "share_dir"]
 
@@ -50,7 +51,7 @@ def _constant_facts() -> dict[str, Any]:
         "jaxlib": version("jaxlib"),
         "jax_nbmem": version("jax_nbmem"),
         # Its PID namespace, PID there, start ticks, boot and host name: claims the node
-        # agent can prove, and what tells containers apart (jax_nbmem.tenants.identity).
+        # agent can prove, and what tells containers apart (jax_nbmem.node.identity).
         "identity": own_identity(),
     }
 
@@ -223,8 +224,13 @@ def own_beacon(session: Any) -> Beacon:
 
 
 def share_dir(session: Any) -> str:
-    """The shared beacon directory: ``$JAX_NBMEM_SHARE_DIR``, else ``c.JaxNbMem.share_dir``."""
-    return os.environ.get(ENV_SHARE_DIR, "") or getattr(session.settings, "share_dir", "")
+    """The shared beacon directory: ``$JAX_NBMEM_SHARE_DIR``, else ``c.JaxNbMem.share_dir``.
+
+    The one rule of every face (:func:`~jax_nbmem.node.sharedir.find_share_dir`); a kernel has
+    no default: unless told, its beacon stays in the user's Jupyter runtime directory.
+    """
+    setting = getattr(session.settings, "share_dir", "")
+    return find_share_dir(setting=setting, default=None).path or ""
 
 
 def beacon_writer(session: Any) -> BeaconWriter | None:

@@ -38,8 +38,8 @@ from jax_nbmem.tools.last_error import ErrorHold, hold_of, where_in_file
 from jax_nbmem.units import format_bytes
 
 if TYPE_CHECKING:
+    from jax_nbmem.node.servers import ShutdownResult
     from jax_nbmem.tenants.auto import AutoChoice, Policy
-    from jax_nbmem.tenants.servers import ShutdownResult
     from jax_nbmem.tenants.status import StatusReport
 
 __all__ = ["KernelSession"]
@@ -441,7 +441,7 @@ class KernelSession:
         ``pid`` is the host PID the status showed; in a container it is translated, through
         the node agent's resolution, to the PID of that process here, or refused.
         """
-        from jax_nbmem.tenants.servers import shutdown_kernel
+        from jax_nbmem.node.servers import shutdown_kernel
 
         return shutdown_kernel(pid, self.status().tenants(), confirm=confirm)
 
@@ -491,7 +491,7 @@ class KernelSession:
         """The mode to apply for *mode*, and where it came from (main thread, a user's command).
 
         ``auto`` becomes a concrete mode, chosen under the claims lock so that kernels starting
-        together see each other's pools (:mod:`jax_nbmem.tenants.claims`); this kernel's claim
+        together see each other's pools (:mod:`jax_nbmem.node.claims`); this kernel's claim
         lasts 30 s, and stops counting once NVML shows its pool (nothing on a cell's path
         removes it; unloading does). Other modes pass, unless the policy forbids them.
         """
@@ -499,9 +499,9 @@ class KernelSession:
             return mode, source  # too late in any case: said by the caller
         if mode.name != "auto" and not getattr(self.settings, "policy", None):
             return mode, source  # nothing to decide: no need to load the deciding code
+        from jax_nbmem.node.beacons import beacon_dirs
         from jax_nbmem.notebook.beacon import share_dir
         from jax_nbmem.tenants.auto import PolicyError, decide
-        from jax_nbmem.tenants.beacons import beacon_dirs
 
         dirs = beacon_dirs(share_dir(self))
         directory = dirs[-1] if dirs else None  # the shared one when there is one
@@ -523,7 +523,7 @@ class KernelSession:
 
     def _release_claim(self) -> None:
         if self._claim_dir is not None:
-            from jax_nbmem.tenants.claims import claim_book
+            from jax_nbmem.node.claims import claim_book
 
             with claim_book(self._claim_dir, wait_s=0.5) as book:
                 if book is not None:

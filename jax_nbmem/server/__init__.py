@@ -7,9 +7,9 @@ routes (:mod:`.handlers`) only read it: ``/jax-nbmem/api/status``, ``/jax-nbmem/
 ``POST /jax-nbmem/api/kernels/<id>/shutdown``, the GPU board at ``/jax-nbmem/``, and gauges on
 the server's own ``/metrics``.
 
-It may import the core (``allocator``, ``gpu``, ``record``, ``tenants``, ``tools``, ``units``,
-``text``), jupyter_server, tornado and prometheus_client; never IPython, widgets, plotly or
-another face.
+It may import the core (``allocator``, ``gpu``, ``record``, ``node``, ``agent``, ``tenants``,
+``metrics``, ``tools`` and the shared modules), jupyter_server, tornado and prometheus_client;
+never IPython, widgets, plotly or another face.
 """
 
 from __future__ import annotations

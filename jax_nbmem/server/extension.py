@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from traitlets import Enum, Float, Unicode
 from traitlets.config import Configurable
 
+from jax_nbmem.metrics.metrics import Snapshot, prometheus_collector
+from jax_nbmem.node.beacons import beacon_dirs
+from jax_nbmem.node.sharedir import ENV_SHARE_DIR, find_share_dir
 from jax_nbmem.server.handlers import routes
 from jax_nbmem.server.monitor import ServerMonitor
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs
-from jax_nbmem.tenants.metrics import Snapshot, prometheus_collector
 from jax_nbmem.tenants.publishers import remove_claim, write_claim
 from jax_nbmem.text import printable
 
-__all__ = ["JaxNbMemServer", "load", "unload"]
+__all__ = ["JaxNbMemServer", "load", "share_dir_of", "unload"]
 
 log = logging.getLogger("jax_nbmem")
 
@@ -42,7 +42,7 @@ class JaxNbMemServer(Configurable):
     share_dir = Unicode(
         "",
         help="The shared beacon directory of the node (as c.JaxNbMem.share_dir for kernels). "
-        f"Empty: ${ENV_SHARE_DIR}, else the Jupyter runtime directory only.",
+        f"${ENV_SHARE_DIR} wins over it; neither: the Jupyter runtime directory only.",
     ).tag(config=True)
 
     metrics_scope = Enum(
@@ -72,10 +72,19 @@ def _stale_after(settings: JaxNbMemServer) -> float:
     return max(3 * settings.refresh_interval, settings.refresh_deadline)
 
 
+def share_dir_of(settings: JaxNbMemServer) -> str | None:
+    """The share directory this server reads and writes: ``$JAX_NBMEM_SHARE_DIR``, else the setting.
+
+    The one rule of every face (:func:`~jax_nbmem.node.sharedir.find_share_dir`); a server has
+    no default (None: the Jupyter runtime directory only).
+    """
+    return find_share_dir(setting=settings.share_dir, default=None).path
+
+
 def load(serverapp: Any) -> None:
     """Set up the monitor, the routes and the metrics collector in *serverapp*."""
     settings = JaxNbMemServer(parent=serverapp)
-    share_dir = settings.share_dir or os.environ.get(ENV_SHARE_DIR) or None
+    share_dir = share_dir_of(settings)
     claims = beacon_dirs(share_dir) if settings.metrics_scope == "kernels" else []
     url = getattr(serverapp, "connection_url", "")
 

@@ -26,8 +26,8 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
+from jax_nbmem.node.servers import shutdown_kernel
 from jax_nbmem.server.offers import THIS_SERVER
-from jax_nbmem.tenants.servers import shutdown_kernel
 
 __all__ = [
     "BoardHandler",

@@ -21,11 +21,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from jax_nbmem.agent.cgroups import container_text
+from jax_nbmem.node.beacons import beacon_dirs, read_beacons
+from jax_nbmem.node.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.server.kernel_state import with_states
 from jax_nbmem.server.offers import shutdown_offers
-from jax_nbmem.tenants.beacons import beacon_dirs, read_beacons
 from jax_nbmem.tenants.owners import unix_user_text
-from jax_nbmem.tenants.servers import ServerKernel, SessionIndex, epoch_seconds, notebook_path
 from jax_nbmem.tenants.status import collect
 
 __all__ = ["ServerMonitor"]

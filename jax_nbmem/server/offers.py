@@ -2,7 +2,7 @@
 
 The notebook panel offers a button for each kernel that a ``blocking-preallocation`` warning
 names, and its click goes through ``%jaxmem shutdown``'s path
-(:func:`jax_nbmem.tenants.servers.shutdown_kernel`): the PID must be a Jupyter kernel of this
+(:func:`jax_nbmem.node.servers.shutdown_kernel`): the PID must be a Jupyter kernel of this
 user among the GPU's processes, started when the report saw it (a reused PID is left alone), and
 it is stopped through the Jupyter server that runs it, else by signal. The sidebar once offered
 a button for every kernel of its own server instead, a harmless one included, and none for the
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from jax_nbmem.tenants.servers import shutdown_kernel
+from jax_nbmem.node.servers import shutdown_kernel
 
 __all__ = ["THIS_SERVER", "blocking_pids", "shutdown_offers"]
 

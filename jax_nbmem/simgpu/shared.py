@@ -33,7 +33,7 @@ from pathlib import Path
 from jax_nbmem.rootfiles import UnsafeFile, lock_file, private_folder, read_regular, write_file
 from jax_nbmem.simgpu import registrar
 from jax_nbmem.simgpu.simulator import (
-    _STARTUP_FILE,
+    STARTUP_FILE,
     STATE_ENV_VAR,
     SimState,
     StateError,
@@ -131,7 +131,7 @@ def setup_shared(
                 pass
             target = startup / STARTUP_NAME
             if not os.path.lexists(target) or _ours_as_is(target):
-                write_file(target, _STARTUP_FILE.encode(), mode=0o644)
+                write_file(target, STARTUP_FILE.encode(), mode=0o644)
     except UnsafeFile as error:
         raise SharedSetupError(str(error)) from None
     env = env_for_subprocess(lib.parent, state, base={})
@@ -161,7 +161,7 @@ def _state_dir(parent: int) -> None:
 def _ours_as_is(target: Path) -> bool:
     """Whether the startup file there is ours, unchanged (then written again, mode 0644)."""
     try:
-        return read_regular(target, 1 << 20).decode(errors="replace") == _STARTUP_FILE
+        return read_regular(target, 1 << 20).decode(errors="replace") == STARTUP_FILE
     except OSError:
         return False
 

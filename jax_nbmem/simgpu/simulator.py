@@ -52,6 +52,7 @@ __all__ = [
     "LIBRARY_NAME",
     "NO_COMPILER",
     "NVML_ERRORS",
+    "STARTUP_FILE",
     "STATE_ENV_VAR",
     "SimState",
     "StateError",
@@ -166,7 +167,7 @@ def demo_state(path: str | os.PathLike[str]) -> SimState:
     return SimState(Path(path)).gpu(0, total=150_000_000_000)
 
 
-_STARTUP_FILE = """\
+STARTUP_FILE = """\
 # Written by `python -m jax_nbmem.simgpu shell-env --kernels` (or `shared-setup --startup`):
 # kernels put their JAX arrays on the simulated GPU the way JAX's allocator would hold them.
 try:
@@ -218,7 +219,7 @@ def _print_shell_env(folder: Path | None, kernels: bool = False) -> int:
         ipython_dir = folder / "ipython"
         startup = ipython_dir / "profile_default" / "startup" / "50-jax-nbmem-simgpu.py"
         startup.parent.mkdir(parents=True, exist_ok=True)
-        startup.write_text(_STARTUP_FILE)
+        startup.write_text(STARTUP_FILE)
         print(f"export IPYTHONDIR={shlex.quote(str(ipython_dir))}")
     return 0
 

@@ -19,13 +19,9 @@ from jax_nbmem.allocator.caps import (
 )
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu.mig import gpu_label
-from jax_nbmem.tenants.attribution import (
-    INFERRED_WITHOUT_AGENT,
-    PID_NAMESPACE_REASON,
-    Tenant,
-    pool_sizes,
-)
+from jax_nbmem.tenants.attribution import INFERRED_WITHOUT_AGENT, PID_NAMESPACE_REASON, Tenant
 from jax_nbmem.tenants.owners import is_someone_else, may_stop_others, owner_text, who_text
+from jax_nbmem.tenants.verdicts import pool_sizes
 from jax_nbmem.text import printable_lines
 from jax_nbmem.units import format_bytes, format_duration, format_gib
 
@@ -97,7 +93,7 @@ def warnings_for(
     needs. ``own_jax_in_use``/``own_reserved``: bytes its arrays use and its allocator reserved.
     ``read_at``: where the warnings are read (:data:`IN_IPYTHON`, :data:`AT_SHELL`).
     ``agent``: the node
-    agent's :class:`~jax_nbmem.tenants.resolution.Resolution`; a stale one is an
+    agent's :class:`~jax_nbmem.node.resolution.Resolution`; a stale one is an
     ``agent-stale`` warning (which then stands for ``pid-namespace``).
     ``own_caps``: the MPS or HAMi cap on this kernel's GPUs, by NVML index; a mode that will
     not fit under one is ``prealloc-exceeds-cap`` there (else it is judged against what CUDA

@@ -8,7 +8,6 @@ From these records come the warnings: whose preallocation blocks whom, and what 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
@@ -19,12 +18,13 @@ from typing import TYPE_CHECKING
 import psutil
 
 from jax_nbmem.allocator.extras import EXTRA_VARIABLES
-from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION, MANAGED_VARIABLES, RETRY_FACTOR, effective
+from jax_nbmem.allocator.jaxlib import MANAGED_VARIABLES, effective
 from jax_nbmem.gpu import own_process
-from jax_nbmem.tenants.beacons import Beacon, read_beacons
-from jax_nbmem.tenants.identity import in_initial_namespace, own_identity
+from jax_nbmem.node.beacons import Beacon, read_beacons
+from jax_nbmem.node.identity import in_initial_namespace, own_identity
+from jax_nbmem.node.servers import ServerKernel, current_user, kernel_sessions
 from jax_nbmem.tenants.owners import hub_user_of, in_container
-from jax_nbmem.tenants.servers import ServerKernel, current_user, kernel_sessions
+from jax_nbmem.tenants.verdicts import ProcessInfo, verdict_from_beacon, verdict_from_outside
 from jax_nbmem.text import mask_secrets
 
 if TYPE_CHECKING:
@@ -37,28 +37,14 @@ _READ_AT_START = (*MANAGED_VARIABLES, *(name for name, _ in EXTRA_VARIABLES), "X
 __all__ = [
     "PID_MAX",
     "own_kernel_id",
-    "pool_sizes",
     "INFERRED_WITHOUT_AGENT",
     "PID_NAMESPACE_REASON",
-    "PREALLOCATION_ABOVE_BYTES",
-    "PREALLOCATION_BELOW_BYTES",
-    "ProcessInfo",
+    "SessionsOnDemand",
     "Tenant",
     "attribute",
     "inspect_process",
 ]
 
-# A preallocating process holds its fraction of the GPU's total plus its CUDA context, cuBLAS
-# and cuDNN workspaces (a few hundred MiB, more with NCCL): up to 1.5 GiB above. NVML's total
-# counts memory the driver reserves, which CUDA's total (what XLA multiplies) leaves out:
-# up to 512 MiB below.
-PREALLOCATION_ABOVE_BYTES = 1536 << 20
-PREALLOCATION_BELOW_BYTES = 512 << 20
-# The 0.9x retries of a late preallocator are followed down to a quarter of its share (13
-# retries) and no lower than 2 GiB: smaller pools cannot be told apart from on-demand use
-# within the window above.
-_SMALLEST_POOL_SHARE = 0.25
-_SMALLEST_POOL_BYTES = 2 << 30
 # Reasons beginning so mean NVML's PIDs belong to another PID namespace (a container).
 PID_NAMESPACE_REASON = "pid-namespace"
 # How a row a container inferred without the node agent starts its reason (.containers).
@@ -86,35 +72,6 @@ def _pid_max() -> int:
 # A PID above this comes from another PID namespace (NVML reports the host's) or is garbage:
 # it is reported as foreign, never looked up (psutil raises OverflowError beyond 2**31).
 PID_MAX = _pid_max()
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """What one PID is. ``kind`` is "self", "kernel", "process" or "unknown" (see ``reason``).
-
-    ``allocator_env`` is None when the process's environment could not be read; for another
-    process it is its environment *at its start* (``/proc/PID/environ``), which a
-    ``%jaxalloc`` run inside it since does not change: ``mode_at_start`` is the mode that
-    environment asks for. ``gpu_device_open`` tells whether its memory maps show an NVIDIA
-    device file (None: unread).
-    """
-
-    pid: int
-    kind: str
-    user: str | None = None
-    cmdline: str | None = None
-    kernel_id: str | None = None
-    notebook: str | None = None
-    idle_s: float | None = None
-    runs_jax: bool | None = None
-    allocator_env: dict | None = None
-    started_at: float | None = None
-    reason: str | None = None
-    server_url: str | None = None
-    gpu_device_open: bool | None = None
-    mode_at_start: str | None = None
-    notebook_shown: str | None = None
-    hub_user: str | None = None  # $JUPYTERHUB_USER in its environment (None: unread or none)
 
 
 @dataclass(frozen=True)
@@ -207,7 +164,7 @@ def inspect_process(
 ) -> ProcessInfo:
     """Find out what ``pid`` is; never raises.
 
-    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.tenants.servers.ServerKernel`
+    ``server_sessions`` maps kernel ids to :class:`~jax_nbmem.node.servers.ServerKernel`
     (anything with ``.get``; with ``.for_pid`` too, a PID its server names as a kernel is that
     kernel whatever its command line says); a server's notebook path wins over
     ``JPY_SESSION_NAME``, which keeps the name the notebook had when its kernel started.
@@ -360,55 +317,14 @@ def _short_cmdline(args: Sequence[str]) -> str:
     return text if len(text) <= _CMDLINE_CHARS else text[: _CMDLINE_CHARS - 1] + "…"
 
 
-def pool_sizes(fraction: float, total_bytes: int) -> list[float]:
-    """The pools a preallocating JAX can hold: fraction x total, then 0.9x of that, and so on.
-
-    BFC asks for fraction x total at its first allocation and, when that much is not free,
-    for 0.9 times as much again until it gets it; a kernel that started while the GPU was
-    busy therefore holds one of the smaller sizes (followed down to a quarter of its share).
-    """
-    first = fraction * total_bytes
-    if not math.isfinite(first) or first <= 0:
-        return []  # no pool (0), or a fraction no GPU can hold (an infinite one loops forever)
-    smallest = max(_SMALLEST_POOL_SHARE * first, _SMALLEST_POOL_BYTES)
-    sizes, size = [first], first * RETRY_FACTOR
-    while size >= smallest:
-        sizes.append(size)
-        size *= RETRY_FACTOR
-    return sizes
-
-
-def _judge_preallocation(
-    info: ProcessInfo, used_bytes: int | None, total_bytes: int | None
-) -> bool | None:
-    if info.kind == "unknown" or info.runs_jax is None:
-        return None
-    if not info.runs_jax:
-        return False
-    if info.allocator_env is None:
-        return None
-    settings = effective(info.allocator_env)
-    fraction = settings.pool_fraction
-    if fraction == 0.0:
-        return False
-    if fraction is None or used_bytes is None or total_bytes is None:
-        return None
-    # The collective allocator's memory is beside the pool, in the same process's bytes.
-    used_bytes -= settings.collective_bytes or 0
-    for pool in pool_sizes(fraction, total_bytes):
-        if pool - PREALLOCATION_BELOW_BYTES <= used_bytes <= pool + PREALLOCATION_ABOVE_BYTES:
-            return True
-    # cuda_async's pool grows past its fraction; BFC's cannot, so more than that is not it.
-    return settings.capped is False and used_bytes > fraction * total_bytes
-
-
-class _SessionsOnDemand:
+class SessionsOnDemand:
     """Asks the Jupyter servers only when a kernel is actually found on the GPU."""
 
     def __init__(self) -> None:
         self._index = None
 
     def get(self, kernel_id: str) -> ServerKernel | None:
+        """The server's record of ``kernel_id`` (None: no server knows it)."""
         if self._index is None:
             self._index = kernel_sessions()
         return self._index.get(kernel_id)
@@ -434,7 +350,7 @@ def attribute(
     is judged by what it says of itself: its mode in effect, its pool, its idleness.
 
     ``own_pid``/``environ`` default to this process and ``os.environ``. ``sessions`` (kernel id
-    → :class:`~jax_nbmem.tenants.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
+    → :class:`~jax_nbmem.node.servers.ServerKernel`, e.g. a ``SessionIndex``) defaults to asking
     the running Jupyter servers, once, if a kernel is found. When NVML's PIDs evidently come
     from another PID namespace (see :func:`_foreign_namespace`), every tenant is "unknown" with
     a reason starting with ``PID_NAMESPACE_REASON`` rather than attributed to the wrong process.
@@ -448,7 +364,7 @@ def attribute(
     """
     own_pid = own_process.nvml_pid() if own_pid is None else own_pid  # None: unknown
     environ = os.environ if environ is None else environ
-    sessions = _SessionsOnDemand() if sessions is None else sessions
+    sessions = SessionsOnDemand() if sessions is None else sessions
     if check_device_files is None:
         check_device_files = os.path.exists("/dev/nvidiactl")
     processes = list(processes)
@@ -514,14 +430,14 @@ def _tenant(
     if beacon is None and entry is not None and entry.kernel is not None:
         beacon = entry.kernel  # a kernel in a container, as the node agent proved it
     if beacon is not None:
-        verdict = _from_beacon(beacon, process.used_bytes, total, uuid)
+        verdict = verdict_from_beacon(beacon, process.used_bytes, total, uuid)
         if entry is not None and beacon is entry.kernel:
             verdict["source"] = "agent"
         if verdict["idle_s"] is None and info.idle_s is not None:
             # No cell has finished there yet: its server's last activity is all there is.
             verdict.update(idle_s=info.idle_s, idle_source="server")
     else:
-        verdict = _from_outside(info, process.used_bytes, total)
+        verdict = verdict_from_outside(info, process.used_bytes, total)
     if info.server_url is not None and info.notebook_shown:
         # Its Jupyter server names its notebook, as that server shows it (relative to its
         # root, after renames): the name every view of this server uses. The beacon's is
@@ -535,79 +451,6 @@ def _tenant(
         if entry.container is not None:  # never the host's account name for a container's uid
             fields.update(in_container(fields, entry.user, entry.user_source, process.pid))
     return Tenant(gpu=process.gpu, used_bytes=process.used_bytes, **fields)
-
-
-def _from_beacon(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> dict:
-    """The verdict on a process from what it said of itself (see :class:`Tenant`)."""
-    counters = dict(beacon.gpus.get(uuid) or {}) if uuid else {}
-    fraction = beacon.pool_fraction
-    mode = beacon.mode
-    if fraction == 0.0:
-        preallocated: bool | None = False  # no pool in its mode
-    elif beacon.mode_in_effect is None:
-        # Its backend had not started when it last wrote; a beacon is rewritten up to a second
-        # after JAX starts. A footprint the size of the pool its pending mode takes is that
-        # pool, taken since: NVML is newer than the beacon.
-        preallocated = None if fraction is None else _matches_a_pool(used, total, fraction)
-        if preallocated:
-            mode = f"{beacon.mode_requested or 'on'} (starting)"
-    elif counters.get("pool_bytes") is not None:
-        preallocated = counters["pool_bytes"] > 0
-    elif fraction is None:
-        preallocated = None
-    else:  # JAX gave no counters for this GPU: its NVML bytes against its possible pools
-        preallocated = _matches_a_pool(used, total, fraction)
-    verdict = {
-        "source": "beacon",
-        "mode": mode,
-        "preallocated": preallocated,
-        "jax": counters or None,
-        "idle_s": beacon.idle_s(),
-        "idle_source": "beacon",
-        "mode_reason": beacon.mode_reason,
-        "memory_cap_bytes": beacon.memory_caps.get(uuid) if uuid else None,
-    }
-    if beacon.notebook:
-        verdict["notebook"] = beacon.notebook
-    if beacon.hub_user:
-        verdict["hub_user"] = beacon.hub_user
-    return verdict
-
-
-def _from_outside(info: ProcessInfo, used: int | None, total: int | None) -> dict:
-    """The verdict on a process without a beacon: its environment, else its size."""
-    idle_source = "server" if info.idle_s is not None else None
-    preallocated = _judge_preallocation(info, used, total)
-    if info.kind != "unknown" and info.allocator_env is not None:
-        return {"source": "environment", "mode": info.mode_at_start, "preallocated": preallocated,
-                "idle_source": idle_source}  # fmt: skip
-    unreadable = info.kind in ("kernel", "process") or (info.reason or "").startswith("access")
-    if unreadable and info.runs_jax is not False:
-        # Another user's process: its insides cannot be read. A size that matches JAX's
-        # default pool (or a late, smaller one) is probably one.
-        if _matches_a_pool(used, total, DEFAULT_FRACTION, down_to=_SIZE_ONLY_DOWN_TO):
-            return {"source": "memory size", "mode": None, "preallocated": True,
-                    "idle_source": idle_source}  # fmt: skip
-    return {"source": "unknown", "mode": None, "preallocated": preallocated,
-            "idle_source": idle_source}  # fmt: skip
-
-
-# Judged by its size alone, a process is "probably preallocated" only near the default pool or
-# its first few 0.9x retries: further down, the windows of the retries cover nearly every size.
-_SIZE_ONLY_DOWN_TO = 0.5
-
-
-def _matches_a_pool(
-    used: int | None, total: int | None, fraction: float, down_to: float = 0.0
-) -> bool | None:
-    """Whether ``used`` is one of the pools of ``fraction`` (none under ``down_to`` x the first)."""
-    if used is None or total is None:
-        return None
-    return any(
-        pool - PREALLOCATION_BELOW_BYTES <= used <= pool + PREALLOCATION_ABOVE_BYTES
-        for pool in pool_sizes(fraction, total)
-        if pool >= down_to * fraction * total
-    )
 
 
 def _foreign_namespace(

@@ -30,7 +30,7 @@ from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.allocator.modes import AllocatorMode
 from jax_nbmem.gpu.frameworks import imported_frameworks
 from jax_nbmem.gpu.mig import gpu_label
-from jax_nbmem.tenants.claims import claim_book
+from jax_nbmem.node.claims import claim_book
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.units import format_bytes
 

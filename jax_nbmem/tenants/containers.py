@@ -2,7 +2,7 @@
 
 A kernel in a PID namespace of its own (a container) sees NVML list *host* PIDs, which name
 no process here, or the wrong one. So a host PID is never looked up here directly. With the
-node agent's fresh resolution (:mod:`jax_nbmem.tenants.resolution`) each host PID is known:
+node agent's fresh resolution (:mod:`jax_nbmem.node.resolution`) each host PID is known:
 
 - a process in this kernel's own namespace is inspected here under its PID here
   (``pid_in_container``), this kernel's own row included (matched on namespace, PID and
@@ -25,11 +25,19 @@ from typing import Any
 
 from jax_nbmem.allocator.jaxlib import DEFAULT_FRACTION
 from jax_nbmem.gpu import own_process
+from jax_nbmem.node.beacons import Beacon
+from jax_nbmem.node.identity import same_namespace, start_ticks
+from jax_nbmem.node.neighbours import read_claims
+from jax_nbmem.node.resolution import Resolution, ResolvedProcess
 from jax_nbmem.tenants import attribution as _a
-from jax_nbmem.tenants.beacons import Beacon
-from jax_nbmem.tenants.identity import same_namespace, start_ticks
-from jax_nbmem.tenants.neighbours import read_claims
-from jax_nbmem.tenants.resolution import Resolution, ResolvedProcess
+from jax_nbmem.tenants.verdicts import (
+    PREALLOCATION_ABOVE_BYTES,
+    SIZE_ONLY_DOWN_TO,
+    ProcessInfo,
+    matches_a_pool,
+    verdict_from_beacon,
+    verdict_from_outside,
+)
 
 __all__ = ["attribute_in_container", "from_container"]
 
@@ -50,7 +58,7 @@ def attribute_in_container(
 
     ``local_beacons(pids)`` reads the beacons of PIDs in this namespace; ``own`` is this
     kernel's account of itself (its session); ``claims`` the live beacons of kernels in other
-    namespaces (:func:`jax_nbmem.tenants.neighbours.read_claims`).
+    namespaces (:func:`jax_nbmem.node.neighbours.read_claims`).
     """
     totals = {gpu.index: gpu.total_bytes for gpu in gpus}
     uuids = {gpu.index: gpu.uuid for gpu in gpus}
@@ -144,7 +152,7 @@ def from_container(processes, gpus, identity, resolution, dirs, beacons, own_pid
     Reads the claims of kernels in other namespaces when the resolution is not fresh;
     ``sessions`` as ``attribute`` takes them (None: the running Jupyter servers, on demand).
     """
-    sessions = _a._SessionsOnDemand() if sessions is None else sessions
+    sessions = _a.SessionsOnDemand() if sessions is None else sessions
     fresh = resolution is not None and resolution.fresh
     try:
         claims = [] if fresh else read_claims(dirs, identity)
@@ -187,7 +195,7 @@ def _local(process, entry, mine, local_pid, beacons, environ, sessions, total, u
     if not own and entry.start_ticks is not None:
         now_ticks = start_ticks(f"/proc/{pid_here}/stat")
         if now_ticks != entry.start_ticks:  # exited, and its PID taken by another since
-            info = _a.ProcessInfo(pid_here, "unknown", reason="exited since the agent looked")
+            info = ProcessInfo(pid_here, "unknown", reason="exited since the agent looked")
     if info is None:
         try:
             info = _a.inspect_process(
@@ -195,17 +203,17 @@ def _local(process, entry, mine, local_pid, beacons, environ, sessions, total, u
                 own_environ=environ,
             )  # fmt: skip
         except Exception as exc:
-            info = _a.ProcessInfo(pid_here, "unknown", reason=f"inspection failed: {exc!r}")
+            info = ProcessInfo(pid_here, "unknown", reason=f"inspection failed: {exc!r}")
     fields = {k: v for k, v in vars(info).items() if k != "gpu_device_open"}
     beacon = beacons.get(pid_here) or entry.kernel
     if beacon is not None and info.kind != "unknown":
-        verdict = _a._from_beacon(beacon, process.used_bytes, total, uuid)
+        verdict = verdict_from_beacon(beacon, process.used_bytes, total, uuid)
         if beacon is entry.kernel and beacon is not beacons.get(pid_here):
             verdict["source"] = "agent"
         if verdict["idle_s"] is None and info.idle_s is not None:
             verdict.update(idle_s=info.idle_s, idle_source="server")
     else:
-        verdict = _a._from_outside(info, process.used_bytes, total)
+        verdict = verdict_from_outside(info, process.used_bytes, total)
     fields.update(verdict)
     if "notebook" in verdict:
         fields["notebook_shown"] = _a.shown_notebook(verdict["notebook"], fields.get("user"))
@@ -231,14 +239,14 @@ def _neighbour(process, entry: ResolvedProcess, total, uuid) -> dict:
         "user_source": entry.user_source,
     }
     if kernel is None:
-        size_only = _a._matches_a_pool(
-            process.used_bytes, total, DEFAULT_FRACTION, down_to=_a._SIZE_ONLY_DOWN_TO
+        size_only = matches_a_pool(
+            process.used_bytes, total, DEFAULT_FRACTION, down_to=SIZE_ONLY_DOWN_TO
         )
         reason = f"runs {where}; not a kernel registered with the node agent"
         return {**base, "kind": "process", "reason": reason,
                 "source": "memory size" if size_only else "unknown",
                 "preallocated": True if size_only else None}  # fmt: skip
-    verdict = _a._from_beacon(kernel, process.used_bytes, total, uuid)
+    verdict = verdict_from_beacon(kernel, process.used_bytes, total, uuid)
     verdict["source"] = "agent"
     fields = {
         **base,
@@ -275,8 +283,8 @@ def _could_hold(claim: Beacon, used: int | None, total: int | None, uuid: str | 
         return False  # not on this GPU, or a mode without a pool
     pool = counters.get("pool_bytes")
     if pool:
-        return pool <= used <= pool + _a.PREALLOCATION_ABOVE_BYTES
-    return bool(_a._matches_a_pool(used, total, claim.pool_fraction))
+        return pool <= used <= pool + PREALLOCATION_ABOVE_BYTES
+    return bool(matches_a_pool(used, total, claim.pool_fraction))
 
 
 def _size_fits(beacon: Beacon, used: int | None, total: int | None, uuid: str | None) -> bool:
@@ -289,7 +297,7 @@ def _size_fits(beacon: Beacon, used: int | None, total: int | None, uuid: str | 
     counters = beacon.gpus.get(uuid) if uuid is not None else None
     held = counters.get("pool_bytes") if isinstance(counters, dict) else None
     if used is not None and isinstance(held, int) and held > 0:
-        return held <= used <= held + _a.PREALLOCATION_ABOVE_BYTES
+        return held <= used <= held + PREALLOCATION_ABOVE_BYTES
     return _could_hold(beacon, used, total, uuid)
 
 
@@ -352,8 +360,8 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
         if len(matches) == 1 and fits[id(matches[0])] == 1:
             result[i] = _inferred(tenant, matches[0], total, uuid)
             continue
-        sized = _a._matches_a_pool(
-            tenant.used_bytes, total, DEFAULT_FRACTION, down_to=_a._SIZE_ONLY_DOWN_TO
+        sized = matches_a_pool(
+            tenant.used_bytes, total, DEFAULT_FRACTION, down_to=SIZE_ONLY_DOWN_TO
         )
         reason = tenant.reason
         if len(matches) > 1:
@@ -371,7 +379,7 @@ def _infer(tenants, claims, own, ours, totals, uuids) -> list[_a.Tenant]:
 def _inferred_self(tenant: _a.Tenant, own: Beacon, total, uuid) -> _a.Tenant:
     from dataclasses import replace
 
-    verdict = _a._from_beacon(own, tenant.used_bytes, total, uuid)
+    verdict = verdict_from_beacon(own, tenant.used_bytes, total, uuid)
     # Preallocated only in a mode that preallocates: an `off` kernel's pool grew with its arrays.
     verdict.update(source="inferred", preallocated=bool(own.pool_fraction))
     return replace(
@@ -385,7 +393,7 @@ def _inferred_self(tenant: _a.Tenant, own: Beacon, total, uuid) -> _a.Tenant:
 def _inferred(tenant: _a.Tenant, claim: Beacon, total, uuid) -> _a.Tenant:
     from dataclasses import replace
 
-    verdict = _a._from_beacon(claim, tenant.used_bytes, total, uuid)
+    verdict = verdict_from_beacon(claim, tenant.used_bytes, total, uuid)
     identity = claim.identity or {}
     ns = identity.get("pid_ns")
     said = f"PID {claim.pid}" + (f" in PID namespace {ns[1]}" if ns else "")

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jax_nbmem.tenants.unix_names import unix_user_text, who_text
+from jax_nbmem.node.unix_names import unix_user_text, who_text
 
 __all__ = [
     "ENV_HUB_USER",
@@ -55,7 +55,7 @@ def is_someone_else(user: str | None, hub_user: str | None) -> bool:
     """
     # Imported here: the kernel's extension loads this module for its help texts, and the
     # servers module (psutil, jupyter_core) is not needed to load it (issue 38).
-    from jax_nbmem.tenants.servers import current_user
+    from jax_nbmem.node.servers import current_user
 
     if user and user != current_user():
         return True

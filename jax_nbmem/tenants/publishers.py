@@ -41,8 +41,8 @@ from collections.abc import Iterable
 
 import psutil
 
-from jax_nbmem.tenants.beacons import _START_SLACK_S
-from jax_nbmem.tenants.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
+from jax_nbmem.node.beacons import START_SLACK_S
+from jax_nbmem.node.identity import INIT_PID_NS_INO, beacon_key, own_identity, same_namespace
 
 __all__ = ["SCHEMA", "published_pids", "remove_claim", "write_claim"]
 
@@ -200,7 +200,7 @@ def _read_claim(path: str, now: float, key: str, holders) -> dict[int, str]:
         if key != beacon_key({"pid_in_ns": int(content["pid"]), "pid_ns": ns}):
             return {}  # its name says another server than its content
         server = psutil.Process(int(content["pid"]))
-        if abs(server.create_time() - float(content["started_at"])) > _START_SLACK_S:
+        if abs(server.create_time() - float(content["started_at"])) > START_SLACK_S:
             return {}
         owner = info.st_uid
         if server.uids().real != owner or (server.pid, info.st_ino) not in holders():

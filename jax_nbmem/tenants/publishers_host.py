@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from jax_nbmem.agent.hostview import HostView, HostViewer, boot_id, parse_nspids
-from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, same_namespace
+from jax_nbmem.node.identity import beacon_key, in_initial_namespace, same_namespace
 
 __all__ = ["descendants", "from_namespace"]
 

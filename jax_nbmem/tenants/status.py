@@ -16,7 +16,6 @@ from typing import Any
 import psutil
 
 from jax_nbmem.agent.cgroups import container_text
-from jax_nbmem.agent.client_tcp import network_configured, network_notice
 from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
 from jax_nbmem.allocator.extras import cuda_visible_devices
@@ -25,6 +24,12 @@ from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.gpu.frameworks import split_lines
 from jax_nbmem.gpu.mig import mig_dict, shown_order
 from jax_nbmem.gpu.visible import visible_gpus
+from jax_nbmem.node.agent_client_tcp import network_configured, network_notice
+from jax_nbmem.node.beacons import beacon_dirs, read_beacons
+from jax_nbmem.node.identity import beacon_key, in_initial_namespace, own_identity
+from jax_nbmem.node.notices import notice_warning, read_notice, relayed_notice
+from jax_nbmem.node.resolution import load_resolution
+from jax_nbmem.node.sharedir import agent_not_consulted, find_share_dir
 from jax_nbmem.tenants.advice import (
     AT_SHELL,
     IN_IPYTHON,
@@ -33,14 +38,9 @@ from jax_nbmem.tenants.advice import (
     warnings_for,
 )
 from jax_nbmem.tenants.attribution import attribute
-from jax_nbmem.tenants.beacons import ENV_SHARE_DIR, beacon_dirs, read_beacons
 from jax_nbmem.tenants.containers import from_container
-from jax_nbmem.tenants.culling import notice_warning, read_notice, relayed_notice
-from jax_nbmem.tenants.identity import beacon_key, in_initial_namespace, own_identity
 from jax_nbmem.tenants.own_memory import own_split
 from jax_nbmem.tenants.owners import in_container, is_someone_else, owner_text
-from jax_nbmem.tenants.resolution import load_resolution
-from jax_nbmem.tenants.sharedir import agent_not_consulted
 from jax_nbmem.text import printable, printable_lines
 from jax_nbmem.units import format_bytes, format_duration, format_gib
 
@@ -131,7 +131,7 @@ def collect(
     containers: every process entry gets ``pid_in_container`` and ``container``.
 
     With a share directory, the node agent's resolution there (trusted as
-    :mod:`~jax_nbmem.tenants.resolution` says; ``agent_user`` names its user besides root)
+    :mod:`~jax_nbmem.node.resolution` says; ``agent_user`` names its user besides root)
     names processes in containers; the report's ``agent`` says what became of it (``state``,
     ``reason``, ``age_s``...). ``pid`` is this process's host PID (None in a container whose
     host PID is unknown) and ``pid_in_container`` its own PID there (None on the host).
@@ -151,7 +151,7 @@ def collect(
         p in jaxstats.GPU_PLATFORMS for p in jaxstats.initialized_platforms()
     )
     dirs = beacon_dirs(share_dir)
-    shared = share_dir or os.environ.get(ENV_SHARE_DIR) or None
+    shared = find_share_dir(share_dir, default=None).path
     resolution = load_resolution(shared, agent_user=agent_user, environ=environ)
     identity = own_identity()
     in_container = in_initial_namespace(identity) is False

@@ -11,8 +11,8 @@ import re
 import tomllib
 
 from jax_nbmem.cli.stop import admin_log_path
+from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR
 from jax_nbmem.simgpu.shared import STARTUP_NAME
-from jax_nbmem.tenants.sharedir import DEFAULT_SHARE_DIR
 from tests.jupyterlab import REPO_ROOT
 
 PROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]

@@ -48,11 +48,11 @@ RUN_BY = {
     ),
     "cp deploy/jax-nbmem-exporter.env": ("tests/deploy/test_systemd.py", "jax-nbmem-exporter.env"),
     "install -d -m 1777 /var/tmp/jax_nbmem": (
-        "tests/tenants/test_sharedir.py",
+        "tests/node/test_share_dir.py",
         "install -d -m 1777",
     ),
     "sudo install -d -m 1777 /var/tmp/jax_nbmem": (
-        "tests/tenants/test_sharedir.py",
+        "tests/node/test_share_dir.py",
         "install -d -m 1777",
     ),
     'printf %s "$(openssl rand -hex 32)"': ("tests/deploy/kubernetes.py", "culler-token"),

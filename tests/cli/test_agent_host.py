@@ -18,11 +18,12 @@ from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.server import AgentServer, Registry
 from jax_nbmem.cli.culler import Culler
 from jax_nbmem.cli.stop import Kernel, StopError, find, plan
+from jax_nbmem.node.notices import read_notice
 from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.culling import CullPolicy, read_notice
+from jax_nbmem.tenants.culling import CullPolicy
 from jax_nbmem.tenants.status import collect
+from tests.agent.namespaces import client_args, contained, need_namespaces
 from tests.cli.test_exporter import running_exporter, scrape
-from tests.tenants.namespaces import client_args, contained, need_namespaces
 from tests.waiting import wait_for
 
 ON = {"beacon": {"mode_requested": "on", "mode_in_effect": "on", "pool_fraction": 0.75}}

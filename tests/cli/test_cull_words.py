@@ -15,7 +15,8 @@ from jax_nbmem.cli.cullconfig import ConfigError, generate_config, read_config, 
 from jax_nbmem.cli.cullround import RoundTally, why_no_longer
 from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.hubcheck import check_token
-from jax_nbmem.tenants.culling import CullPolicy, NotCulled, Notice, assess
+from jax_nbmem.node.notices import Notice
+from jax_nbmem.tenants.culling import CullPolicy, NotCulled, assess
 
 
 def test_the_generated_config_reads_back_as_every_default(tmp_path):

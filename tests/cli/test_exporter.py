@@ -252,7 +252,7 @@ def test_a_slow_but_answering_nvml_keeps_the_snapshot_fresh(sim_state, simgpu_en
 
 @pytest.mark.timeout(120)
 def test_the_culler_s_count_is_served_from_the_shared_directory(sim_state, simgpu_env, tmp_path):
-    from jax_nbmem.tenants.culling import CullCounts, write_counts
+    from jax_nbmem.node.notices import CullCounts, write_counts
 
     sim_state.gpu(0, total=80 * GIB).write()
     share = tmp_path / "share"

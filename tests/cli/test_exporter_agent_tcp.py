@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from jax_nbmem.agent.client_tcp import TcpAgentClient, network_resolution
+from jax_nbmem.node.agent_client_tcp import TcpAgentClient, network_resolution
 from jax_nbmem.simgpu import GIB
-from tests.tenants.agent_client import beacon, claims
+from tests.agent.agent_client import beacon, claims
 from tests.waiting import wait_for
 
 pytest.importorskip("prometheus_client")

@@ -20,7 +20,7 @@ import psutil
 
 from jax_nbmem.simgpu import GIB, LIBRARY_NAME, STATE_ENV_VAR, SimState
 from jax_nbmem.simgpu.registration import register
-from jax_nbmem.simgpu.simulator import _STARTUP_FILE
+from jax_nbmem.simgpu.simulator import STARTUP_FILE
 from tests.containers.container import INIT, READY, Container, HostSide
 from tests.containers.runtime import docker_look
 from tests.users import User, add_user, python_for, remove_user
@@ -109,7 +109,7 @@ class Node:
         for folder in (home / ".local" / "share" / "jupyter" / "runtime", startup):
             folder.mkdir(parents=True, exist_ok=True)
         if mirror:
-            (startup / "50-jax-nbmem-simgpu.py").write_text(_STARTUP_FILE)
+            (startup / "50-jax-nbmem-simgpu.py").write_text(STARTUP_FILE)
         for path in [home, *home.rglob("*")]:
             os.chown(path, self.user.uid, self.user.gid)
         home.chmod(0o700)

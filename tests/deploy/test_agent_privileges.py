@@ -32,9 +32,9 @@ import psutil
 import pytest
 import yaml
 
-from tests.tenants.namespaces import Contained, need_namespaces
-from tests.tenants.test_agent_tcp import into_subnet, subnet  # noqa: F401  (subnet: a fixture)
-from tests.tenants.test_kernel_over_tcp import _free_port
+from tests.agent.namespaces import Contained, need_namespaces
+from tests.agent.test_agent_tcp import into_subnet, subnet  # noqa: F401  (subnet: a fixture)
+from tests.agent.test_kernel_over_tcp import _free_port
 from tests.users import User, add_user, python_for, remove_user
 from tests.waiting import wait_for
 
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "jax-nbmem-exporter.service"
 DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
-CLIENTS = [REPO / "tests" / "tenants" / name for name in ("agent_client.py", "agent_client_net.py")]
+CLIENTS = [REPO / "tests" / "agent" / name for name in ("agent_client.py", "agent_client_net.py")]
 
 
 def unit_capabilities() -> list[str]:

@@ -13,7 +13,7 @@ import threading
 import pytest
 import yaml
 
-from jax_nbmem.tenants.metrics import FAMILIES
+from jax_nbmem.metrics.metrics import FAMILIES
 from tests.deploy.prometheus import REPO, RULES, Prometheus, promtool
 from tests.waiting import wait_for
 

@@ -37,12 +37,12 @@ pytestmark = pytest.mark.kernel
 
 # A kernel in a user's pod, as far as the agent and the culler can tell: a process that runs
 # ipykernel's launcher with a connection file, on the GPU, that finds the agent from its
-# environment (agent/client_tcp.py) and proves itself with its beacon: preallocated,
+# environment (node/agent_client_tcp.py) and proves itself with its beacon: preallocated,
 # idle for two hours. Then it waits to be killed.
 KERNEL = """
 import sys, time
-from jax_nbmem.agent.client_tcp import TcpAgentClient, agent_address
-from tests.tenants.agent_client import beacon, claims
+from jax_nbmem.node.agent_client_tcp import TcpAgentClient, agent_address
+from tests.agent.agent_client import beacon, claims
 client = TcpAgentClient(agent_address(), resolution_every_s=0.0)
 content, now = beacon(claims()), time.time()
 content.update(mode_requested="preallocate", mode_in_effect="preallocate", pool_fraction=0.75,

@@ -28,7 +28,7 @@ ROOT = PACKAGE.parent
 MAY_CALL_GETPID = {
     "jax_nbmem/gpu/own_process.py": "the one place that says which PID NVML lists us by",
     "jax_nbmem/gpu/jaxstats.py": "a forked child opens its own /proc/self/statm",
-    "jax_nbmem/tenants/identity.py": "the PID in its namespace, a claim the agent proves",
+    "jax_nbmem/node/identity.py": "the PID in its namespace, a claim the agent proves",
     "jax_nbmem/tenants/attribution.py": "whether /proc is mounted here at all",
     "jax_nbmem/tenants/status.py": "its PID here, where its beacon and /proc know it",
     "jax_nbmem/tenants/auto.py": "claims are keyed by the PID in the claimer's namespace",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from jax_nbmem.agent.server import AgentServer, Registry
+from tests.agent.namespaces import CLIENT, need_namespaces
 from tests.jupyterlab import REPO_ROOT
-from tests.tenants.namespaces import CLIENT, need_namespaces
 from tests.users import add_user, remove_user
 
 AS_USER = Path(__file__).with_name("as_user.py")

@@ -18,7 +18,7 @@ import sys
 import time
 
 from jax_nbmem.agent.server import AgentServer, Registry
-from tests.tenants.agent_client import claims, patched
+from tests.agent.agent_client import claims, patched
 from tests.waiting import wait_for
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from jax_nbmem.agent.cgroups import ContainerNames
 from jax_nbmem.agent.hostview import HostViewer
+from tests.agent.test_hostview import fake_process
 from tests.hostile.agents import users
-from tests.tenants.test_hostview import fake_process
 
 __all__ = ["users"]  # a fixture
 

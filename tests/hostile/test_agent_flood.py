@@ -12,9 +12,9 @@ import socket
 import threading
 
 from jax_nbmem.agent.netpeer import PeerFinder
+from tests.agent.namespaces import client_args, contained
+from tests.agent.test_agent_tcp import pod, subnet
 from tests.hostile.agents import IDLE, as_user, reachable_share, running, serving, users
-from tests.tenants.namespaces import client_args, contained
-from tests.tenants.test_agent_tcp import pod, subnet
 from tests.waiting import wait_for
 
 __all__ = ["reachable_share", "subnet", "users"]  # fixtures

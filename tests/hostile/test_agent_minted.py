@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from jax_nbmem.agent.admission import unix_group
+from tests.agent.namespaces import client_args, contained
 from tests.hostile.agents import as_user, reachable_share, running, serving, users
-from tests.tenants.namespaces import client_args, contained
 from tests.waiting import wait_for
 
 __all__ = ["reachable_share", "users"]  # fixtures

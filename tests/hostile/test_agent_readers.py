@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
+from tests.agent.namespaces import client_args, contained
 from tests.hostile.agents import reachable_share, serving
-from tests.tenants.namespaces import client_args, contained
 from tests.waiting import wait_for
 
 __all__ = ["reachable_share"]  # a fixture

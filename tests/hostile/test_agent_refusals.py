@@ -9,8 +9,8 @@ PID), nor one of her own process that she did not claim. Root only.
 import json
 import re
 
+from tests.agent.namespaces import contained
 from tests.hostile.agents import CLIENT, as_user, reachable_share, running, serving, users
-from tests.tenants.namespaces import contained
 
 __all__ = ["reachable_share", "users"]  # fixtures
 

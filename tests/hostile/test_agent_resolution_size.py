@@ -10,9 +10,9 @@ whose JSON breaks off, uses its head and every whole entry before the fault and 
 import json
 
 from jax_nbmem.agent.registry import MAX_KERNEL_BYTES
-from jax_nbmem.tenants.resolution import MAX_BYTES, load_resolution
+from jax_nbmem.node.resolution import MAX_BYTES, load_resolution
+from tests.agent.namespaces import client_args, contained
 from tests.hostile.agents import reachable_share, serving
-from tests.tenants.namespaces import client_args, contained
 from tests.tenants.test_containers import kernel_beacon, neighbour_entry, write_resolution
 
 __all__ = ["reachable_share"]  # a fixture
@@ -64,7 +64,7 @@ def test_past_its_total_the_resolution_leaves_kernels_out_with_a_reason(tmp_path
     from jax_nbmem.agent import publish
     from jax_nbmem.agent.hostview import HostViewer
     from jax_nbmem.agent.registry import Registration
-    from tests.tenants.test_hostview import fake_process
+    from tests.agent.test_hostview import fake_process
 
     for pid in (501, 502, 503):
         fake_process(tmp_path, pid, ticks=pid)

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from jax_nbmem.agent.server import AgentServer, Registry
-from tests.tenants.namespaces import need_namespaces
+from tests.agent.namespaces import need_namespaces
 
 REPO = Path(__file__).resolve().parents[2]
-CLIENT = REPO / "tests" / "tenants" / "agent_client_net.py"
+CLIENT = REPO / "tests" / "agent" / "agent_client_net.py"
 
 
 def _run(*args: str) -> str:

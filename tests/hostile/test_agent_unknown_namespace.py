@@ -4,7 +4,7 @@ While the Kubernetes API has not listed a pod (unreachable, or the pod is new), 
 cannot tell whose namespace it is: its entry is hidden from every reader, the file's and every
 namespace's over TCP, ``--pod-names-visible all`` included, and shown whole only in root's
 file (fail closed). Once the pod is listed it is named as any other. Synthetic /proc and the
-stand-in Kubernetes API (tests/tenants/test_podnames.py's).
+stand-in Kubernetes API (tests/agent/test_podnames.py's).
 """
 
 import json
@@ -15,8 +15,8 @@ from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.agent.publish import PodVisibility, ResolutionWriter
 from jax_nbmem.agent.registry import Registration
 from jax_nbmem.agent.visibility import UNKNOWN_REASON
-from tests.tenants.test_hostview import fake_process
-from tests.tenants.test_podnames import REPORT, directory, proc, viewer_for
+from tests.agent.test_hostview import fake_process
+from tests.agent.test_podnames import REPORT, directory, proc, viewer_for
 
 __all__ = ["directory", "proc"]  # fixtures
 

@@ -25,9 +25,9 @@ import psutil
 import pytest
 
 from jax_nbmem.agent.publish import clean_dead
-from jax_nbmem.tenants.alive import FALLBACK_LOCK, lock_path
-from jax_nbmem.tenants.identity import own_identity
-from jax_nbmem.tenants.neighbours import alive_by_lock, read_claims
+from jax_nbmem.node.alive import FALLBACK_LOCK, lock_path
+from jax_nbmem.node.identity import own_identity
+from jax_nbmem.node.neighbours import alive_by_lock, read_claims
 from tests.hostile.conftest import node
 
 __all__ = ["node"]  # a fixture
@@ -35,8 +35,8 @@ __all__ = ["node"]  # a fixture
 _KERNEL = """
 import json, sys, time
 import psutil
-from jax_nbmem.tenants.beacons import BeaconWriter
-from jax_nbmem.tenants.identity import beacon_key, own_identity
+from jax_nbmem.node.beacons import BeaconWriter
+from jax_nbmem.node.identity import beacon_key, own_identity
 print(beacon_key(), flush=True)
 sys.stdin.readline()  # mallory has squatted by now
 me = psutil.Process()

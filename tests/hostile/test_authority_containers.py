@@ -27,9 +27,9 @@ from jax_nbmem.cli.hubapi import Hub
 from jax_nbmem.cli.stop import StopError, find, stop
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.culling import CullPolicy
+from tests.agent.namespaces import client_args, contained
 from tests.containers.runtime import docker_look
 from tests.hostile.conftest import HUB_TOKEN, StandInHub
-from tests.tenants.namespaces import client_args, contained
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from jax_nbmem.agent.publish import clean_dead
-from jax_nbmem.tenants.beacons import read_beacons
+from jax_nbmem.node.beacons import read_beacons
 from tests.hostile.conftest import node
 
 __all__ = ["node"]  # a fixture
@@ -22,7 +22,7 @@ __all__ = ["node"]  # a fixture
 _KERNEL = """
 import json, os, sys, time
 import psutil
-from jax_nbmem.tenants.beacons import BeaconWriter
+from jax_nbmem.node.beacons import BeaconWriter
 sys.stdin.readline()  # mallory has squatted by now
 me = psutil.Process()
 facts = {"schema": 1, "pid": me.pid, "started_at": me.create_time(), "user": "bob",

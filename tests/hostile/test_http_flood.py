@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.namespaces import client_args, contained
 from tests.hostile.agents import as_user, running
 from tests.jupyterlab import REPO_ROOT
-from tests.tenants.namespaces import client_args, contained
 
 pytestmark = pytest.mark.timeout(240)
 

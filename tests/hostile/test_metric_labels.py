@@ -5,9 +5,9 @@ A kernel's beacon says its mode; before, the ``mode`` label of
 4,096 characters. A rootless container's name is its user's claim too.
 """
 
-from jax_nbmem.tenants.metric_labels import NAME_MAX_CHARS
-from jax_nbmem.tenants.metrics import Snapshot
-from tests.tenants.test_metrics import NOW, families, report, samples
+from jax_nbmem.metrics.metric_labels import NAME_MAX_CHARS
+from jax_nbmem.metrics.metrics import Snapshot
+from tests.metrics.test_metrics import NOW, families, report, samples
 
 HOSTILE = "\x1b[2J\x07on\nfake_metric 1\r" + "y" * 4090
 

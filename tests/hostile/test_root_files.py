@@ -128,7 +128,7 @@ def test_a_fifo_over_the_state_is_said_by_root_s_python_readers_never_waited_on(
 def test_a_fifo_at_the_culler_s_counts_never_holds_the_exporter_s_refresh(node):
     _plant(node.mallory, "fifo", node.share / "jax_nbmem-culled.json")
     try:
-        said = _root_reads("from jax_nbmem.tenants.culling import read_counts\n"
+        said = _root_reads("from jax_nbmem.node.notices import read_counts\n"
                            f"print(read_counts([{str(node.share)!r}]))")  # fmt: skip
         assert said == "None"
     finally:

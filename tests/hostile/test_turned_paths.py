@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from jax_nbmem.cli.command import main
+from jax_nbmem.node.servers import find_servers
 from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.servers import find_servers
 from tests.jupyterlab import REPO_ROOT
 from tests.waiting import wait_for
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from jax_nbmem.tenants.culling import read_counts
+from jax_nbmem.node.notices import read_counts
 from tests.cli.test_webconfig import PASSWORD, make_web_config
 from tests.deploy.prometheus import Prometheus, tool
 from tests.deploy.test_prometheus import readme_scrape_config

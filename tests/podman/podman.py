@@ -24,7 +24,7 @@ import psutil
 from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
-from jax_nbmem.simgpu.simulator import _STARTUP_FILE
+from jax_nbmem.simgpu.simulator import STARTUP_FILE
 from tests.kernels import execute
 from tests.waiting import wait_for
 
@@ -155,7 +155,7 @@ def start(
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
     # The mirror: kernels hold their JAX arrays on the simulated GPU (an image would carry it).
-    (startup / "50-jax-nbmem-simgpu.py").write_text(_STARTUP_FILE)
+    (startup / "50-jax-nbmem-simgpu.py").write_text(STARTUP_FILE)
     for path in [home, *home.rglob("*")]:
         os.chown(path, JOVYAN_UID, JOVYAN_UID)
     connection = home / f"kernel-{uuid.uuid4().hex[:8]}.json"

@@ -2,7 +2,7 @@
 
 :func:`pod_snapshot` runs the extension's own :class:`~jax_nbmem.server.monitor.ServerMonitor`
 over the simulated GPU, with the host's view of the processes (a synthetic /proc, in pods of the
-stand-in Kubernetes API, as tests/tenants/test_podnames.py builds them): what the board and the
+stand-in Kubernetes API, as tests/agent/test_podnames.py builds them): what the board and the
 JupyterLab sidebar are given for processes in containers.
 """
 
@@ -24,8 +24,8 @@ from jax_nbmem.agent.hostview import HostViewer
 from jax_nbmem.server.monitor import ServerMonitor
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.status import collect
-from tests.tenants.test_hostview import fake_process
-from tests.tenants.test_podnames import ALICE_CID, ALICE_UID, ML_CID, ML_UID, two_pods
+from tests.agent.test_hostview import fake_process
+from tests.agent.test_podnames import ALICE_CID, ALICE_UID, ML_CID, ML_UID, two_pods
 
 __all__ = ["ALICE_CID", "KERNEL_ID", "Pids", "pod_snapshot"]
 KERNEL_ID = "5f1c0d2e-0000-4000-8000-000000000001"

@@ -21,9 +21,9 @@ import pytest
 
 from jax_nbmem.gpu.mig import MigInstance
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.servers import SessionIndex
 from jax_nbmem.tenants.advice import oom_diagnosis, warnings_for
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute, inspect_process
-from jax_nbmem.tenants.servers import SessionIndex
 from jax_nbmem.units import format_bytes, format_gib
 from tests.kernels import execute, running_kernel
 
@@ -382,12 +382,12 @@ def test_warnings_and_the_oom_diagnosis_name_a_mig_instance():
 
 def test_a_collective_allocator_beside_the_pool_still_reads_as_preallocated():
     """The collective allocator's MiB sit beside the 75% pool, and NVML counts both."""
-    from jax_nbmem.tenants.attribution import ProcessInfo, _judge_preallocation
+    from jax_nbmem.tenants.verdicts import ProcessInfo, judge_preallocation
 
     total = 80 * 1024**3
     held = int(0.75 * total) + (300 << 20) + (8 << 30)  # pool, context, 8 GiB of collectives
     plain = ProcessInfo(pid=7, kind="kernel", runs_jax=True, allocator_env={})
-    assert _judge_preallocation(plain, held, total) is False  # 8 GiB too many for a pool
+    assert judge_preallocation(plain, held, total) is False  # 8 GiB too many for a pool
     env = {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": "8192"}
     collective = ProcessInfo(pid=7, kind="kernel", runs_jax=True, allocator_env=env)
-    assert _judge_preallocation(collective, held, total) is True
+    assert judge_preallocation(collective, held, total) is True

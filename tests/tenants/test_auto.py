@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from jax_nbmem.node.claims import Claim, claim_book
 from jax_nbmem.tenants.auto import Policy, choose_mode, policy_refusal
-from jax_nbmem.tenants.claims import Claim, claim_book
 from tests.waiting import wait_for
 
 GIB = 1024**3

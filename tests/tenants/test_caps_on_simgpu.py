@@ -15,9 +15,9 @@ import time
 import pytest
 
 from jax_nbmem.allocator.jaxlib import effective
+from jax_nbmem.metrics.metrics import Snapshot, metric_families
 from jax_nbmem.simgpu import GIB, SimState
 from jax_nbmem.simgpu.mirror import CONTEXT_BYTES
-from jax_nbmem.tenants.metrics import Snapshot, metric_families
 from jax_nbmem.tenants.status import collect
 from jax_nbmem.tools.fit import ProgramNeeds, read_rooms
 from jax_nbmem.tools.fit_report import format_fit, judge
@@ -230,8 +230,8 @@ def test_the_panel_header_shows_the_cap(sim_state, simgpu_env):
 
 
 def test_a_beacons_caps_are_read_and_odd_ones_dropped(tmp_path):
-    from jax_nbmem.tenants.beacons import read_beacons
-    from tests.tenants.test_beacons import UUID, _facts, _write_file
+    from jax_nbmem.node.beacons import read_beacons
+    from tests.node.test_beacons import UUID, _facts, _write_file
 
     caps = {UUID: 20 * GIB, "GPU-odd": -1, "GPU-text": "20G", "GPU-zero": 0, "GPU-ok": GIB}
     path = tmp_path / f"jax_nbmem-beacon-{os.getpid()}.json"

@@ -18,15 +18,14 @@ import time
 import psutil
 import pytest
 
-from jax_nbmem.agent.cgroups import SHOWN_KEYS
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.alive import AliveLock
+from jax_nbmem.node.identity import own_identity, start_ticks
+from jax_nbmem.node.resolution import SHOWN_KEYS, load_resolution
+from jax_nbmem.node.servers import SessionIndex, shutdown_kernel
 from jax_nbmem.tenants.advice import warnings_for
-from jax_nbmem.tenants.alive import AliveLock
 from jax_nbmem.tenants.attribution import PID_NAMESPACE_REASON, attribute
 from jax_nbmem.tenants.containers import from_container
-from jax_nbmem.tenants.identity import own_identity, start_ticks
-from jax_nbmem.tenants.resolution import load_resolution
-from jax_nbmem.tenants.servers import SessionIndex, shutdown_kernel
 
 GiB, MiB = 1 << 30, 1 << 20
 TOTAL = 80 * GiB
@@ -425,7 +424,7 @@ def test_a_stale_agent_leaves_the_kernel_its_own_row_marked_inferred(tmp_path, f
 def test_without_the_agent_the_own_pools_size_names_the_own_row_as_inferred(
     tmp_path, claims, forgetful
 ):
-    from jax_nbmem.tenants.beacons import beacon_from
+    from jax_nbmem.node.beacons import beacon_from
 
     me = os.getpid()
     own = beacon_from(kernel_beacon(me, OUR_NS, hub_user="bob", notebook="/w.ipynb"), "session")
@@ -491,8 +490,8 @@ def test_a_kernel_proven_over_the_socket_finds_its_own_row_before_any_resolution
 def test_without_the_agent_an_off_kernels_own_row_is_inferred_and_the_oom_line_names_it(
     tmp_path, claims, forgetful
 ):
+    from jax_nbmem.node.beacons import beacon_from
     from jax_nbmem.tenants.advice import oom_diagnosis
-    from jax_nbmem.tenants.beacons import beacon_from
 
     me = os.getpid()
     held = 768 * MiB  # what its allocator holds in mode off: its arrays' pool, grown

@@ -8,18 +8,18 @@ import time
 
 import pytest
 
-from jax_nbmem.simgpu import GIB
-from jax_nbmem.tenants.culling import (
+from jax_nbmem.node.notices import (
     CullCounts,
-    CullPolicy,
     Notice,
-    candidates,
     notice_warning,
     read_counts,
     read_notice,
+    relayed_notice,
     write_counts,
     write_notice,
 )
+from jax_nbmem.simgpu import GIB
+from jax_nbmem.tenants.culling import CullPolicy, candidates
 
 TOTAL = 80 * GIB
 POOL = 60 * GIB + (300 << 20)
@@ -107,6 +107,22 @@ def test_a_broken_or_linked_notice_is_none(tmp_path):
     os.symlink(tmp_path / "elsewhere.json", tmp_path / f"jax_nbmem-cull-{pid}.json")
     assert read_notice([str(tmp_path)], pid) is None
     assert read_notice([str(tmp_path / "missing")], pid) is None
+
+
+@pytest.mark.parametrize("started_at", ["NaN", "Infinity", '"yesterday"', "true"])
+def test_a_notice_of_a_start_no_process_has_is_none(tmp_path, started_at):
+    # The one strict field reader (jax_nbmem.node.fields): NaN and infinity, which Python's
+    # JSON reader accepts, are no start time, and a notice that gives one is believed by no one.
+    pid, now = os.getpid(), time.time()
+    (tmp_path / f"jax_nbmem-cull-{pid}.json").write_text(
+        f'{{"pid": {pid}, "started_at": {started_at}, "warned_at": {now}, "deadline": '
+        f'{now + 600}, "reason": "idle-preallocated", "why": "idle for 2 h"}}'
+    )
+    assert read_notice([str(tmp_path)], pid) is None
+    assert read_notice([str(tmp_path)], pid, 1234.5) is None
+    fine = json.loads((tmp_path / f"jax_nbmem-cull-{pid}.json").read_text().replace(
+        f'"started_at": {started_at}', '"started_at": 1234.5'))
+    assert relayed_notice(fine, pid, 1234.5) is not None
 
 
 def test_the_cull_counts_are_the_cullers_only(tmp_path, other_user):

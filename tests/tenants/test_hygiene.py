@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.servers import shutdown_kernel
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants.attribution import attribute
-from jax_nbmem.tenants.servers import shutdown_kernel
 from jax_nbmem.text import mask_secrets, printable
 from tests.ipython_session import clean_environ
 

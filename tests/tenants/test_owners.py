@@ -18,11 +18,11 @@ import psutil
 import pytest
 
 from jax_nbmem.gpu.nvml import GpuMemory, GpuProcess
+from jax_nbmem.node.beacons import SCHEMA, read_beacons
 from jax_nbmem.simgpu import GIB
 from jax_nbmem.tenants import advice
 from jax_nbmem.tenants.advice import warnings_for
 from jax_nbmem.tenants.attribution import attribute, inspect_process, shown_notebook
-from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
 from jax_nbmem.tenants.status import format_status
 from tests.waiting import wait_for
 

@@ -9,11 +9,11 @@ import pytest
 
 from jax_nbmem.allocator.jaxlib import ALLOCATOR, FRACTION, PREALLOCATE
 from jax_nbmem.gpu.jaxstats import DeviceStats
-from jax_nbmem.tenants.attribution import (
+from jax_nbmem.tenants.verdicts import (
     PREALLOCATION_ABOVE_BYTES,
     PREALLOCATION_BELOW_BYTES,
     ProcessInfo,
-    _judge_preallocation,
+    judge_preallocation,
     pool_sizes,
 )
 from jax_nbmem.tools.compare.child import _jax_figures
@@ -40,19 +40,19 @@ def test_the_pools_a_late_preallocator_can_hold_shrink_by_tenths_to_a_quarter():
 @pytest.mark.parametrize("retries", [0, 1, 3, 7, 13])
 def test_a_kernel_that_preallocated_early_or_late_is_recognised(retries):
     pool = 0.75 * TOTAL * 0.9**retries
-    assert _judge_preallocation(kernel({}), int(pool + CONTEXT), TOTAL) is True
-    assert _judge_preallocation(kernel({}), int(pool - PREALLOCATION_BELOW_BYTES // 2), TOTAL)
+    assert judge_preallocation(kernel({}), int(pool + CONTEXT), TOTAL) is True
+    assert judge_preallocation(kernel({}), int(pool - PREALLOCATION_BELOW_BYTES // 2), TOTAL)
 
 
 def test_a_preallocating_kernel_whose_jax_has_not_allocated_yet_holds_no_pool():
-    assert _judge_preallocation(kernel({}), CONTEXT, TOTAL) is False
+    assert judge_preallocation(kernel({}), CONTEXT, TOTAL) is False
 
 
 def test_between_two_pool_sizes_is_no_pool():
     first, second = pool_sizes(0.75, TOTAL)[:2]
     between = (first + second) / 2
     assert second + PREALLOCATION_ABOVE_BYTES < between < first - PREALLOCATION_BELOW_BYTES
-    assert _judge_preallocation(kernel({}), int(between), TOTAL) is False
+    assert judge_preallocation(kernel({}), int(between), TOTAL) is False
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_between_two_pool_sizes_is_no_pool():
     ],
 )
 def test_each_mode_is_judged_by_what_its_allocator_does(env, used, preallocated):
-    assert _judge_preallocation(kernel(env), used, TOTAL) is preallocated
+    assert judge_preallocation(kernel(env), used, TOTAL) is preallocated
 
 
 def stats(in_use: int, pool: int, block: int, limit: int) -> DeviceStats:
@@ -113,7 +113,7 @@ def _pending_beacon(tmp_path, pid: int, **changes):
 
     import psutil
 
-    from jax_nbmem.tenants.beacons import SCHEMA, read_beacons
+    from jax_nbmem.node.beacons import SCHEMA, read_beacons
 
     facts = {
         "schema": SCHEMA, "pid": pid, "started_at": psutil.Process(pid).create_time(),
@@ -174,7 +174,7 @@ def test_a_kernel_whose_beacon_is_a_second_behind_its_jax_start_is_seen_prealloc
     import subprocess
     import sys
 
-    from jax_nbmem.tenants.beacons import read_beacons
+    from jax_nbmem.node.beacons import read_beacons
     from tests.kernels import execute, running_kernel
     from tests.waiting import wait_for
 

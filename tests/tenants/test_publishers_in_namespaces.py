@@ -19,7 +19,7 @@ import pytest
 
 from jax_nbmem.cli.exporter import Exporter, ExporterSettings
 from jax_nbmem.tenants.publishers import published_pids
-from tests.tenants.namespaces import contained, need_namespaces
+from tests.agent.namespaces import contained, need_namespaces
 from tests.waiting import wait_for
 
 _SERVER = """
