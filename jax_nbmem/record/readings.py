@@ -288,10 +288,10 @@ def gpu_samples(
         kept = made.get(index) if made is not None else None
         if (
             kept is not None
-            and stats is None  # JAX's counters are read anew each time: a new sample
             and kept[0] is reading
             and kept[1] is mine
             and kept[2] is stale
+            and kept[4] is stats  # unchanged JAX counters are the same object again
         ):
             gpus.append(kept[3])
             continue
@@ -302,7 +302,7 @@ def gpu_samples(
             continue
         gpus.append(sample)
         if made is not None:
-            made[index] = (reading, mine, stale, sample)
+            made[index] = (reading, mine, stale, sample, stats)
     return gpus
 
 
