@@ -30,13 +30,15 @@ class BoundaryPlan:
     Made by the sampler after a complete reading whose process lists' split is up to date
     (no GPU's used bytes moved since its lists were read, and by the PID NVML lists this
     process by); replaced by the next. ``until`` (monotonic): from then on it never holds
-    (the live arrays are due a walk). Immutable once made: two threads may use one at once.
+    (the live arrays are due a walk, or the set of GPUs a look). Immutable once made: two
+    threads may use one at once.
     """
 
     __slots__ = (
         "gpus",
         "indices",
         "jax_up",
+        "lists_due",
         "live",
         "memory",
         "pid",
@@ -57,6 +59,7 @@ class BoundaryPlan:
         gpus: tuple[GpuSample, ...],
         live: tuple[int | None, float | None],
         until: float,
+        lists_due: float,
     ) -> None:
         self.indices = indices
         self.memory = memory
@@ -67,6 +70,7 @@ class BoundaryPlan:
         self.gpus = gpus
         self.live = live  # the live arrays' (bytes, time of the walk), as the reading had them
         self.until = until
+        self.lists_due = lists_due  # the whole process lists are due (the thread reads them)
 
     def sample(
         self,
@@ -75,15 +79,20 @@ class BoundaryPlan:
         state: Any,
         pid: Callable[[], int | None],
         clock: Callable[[], float],
+        cell_path: bool = True,
     ) -> Sample | None:
         """This boundary's sample if nothing but the RSS moved since the plan, else None.
 
         *now*: monotonic; *state*: the process lists' pair now; *pid*: reads this process's
-        NVML PID. Never raises: a reader that fails says None (the complete reading then
-        meets the failure and keeps it).
+        NVML PID; *cell_path* False: the sampler's thread reads after a cell, and the whole
+        process lists, which a cell's path never reads, are due at ``lists_due``. Never
+        raises: a reader that fails says None (the complete reading then meets the failure
+        and keeps it).
         """
         try:
-            if now >= self.until or state is not self.state or pid() != self.pid:
+            if now >= self.until or (not cell_path and now >= self.lists_due):
+                return None
+            if state is not self.state or pid() != self.pid:
                 return None
             if bool(source.backend_initialized()) is not self.jax_up:
                 return None

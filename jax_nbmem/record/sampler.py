@@ -80,9 +80,8 @@ class Sampler:
     one per sample), ``busy`` (what :meth:`set_busy` sets), ``quick_gpus`` (False when a
     quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
     GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
-    ``serving`` (the thread runs and serves requests), ``wake_after_at`` (the monotonic
-    time from which a cell's end should wake the thread: see :meth:`read_after_cells`) and
-    ``latest_timed`` (the latest sample with the monotonic time its reading began).
+    ``serving`` (the thread serves requests), ``wake_after_at`` (from when a cell's end
+    wakes the thread, see :meth:`read_after_cells`), ``latest_timed`` ((began, latest_sample)).
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
@@ -370,13 +369,17 @@ class Sampler:
             since is not None and began - since >= _STUCK_READING_S
         ):
             return None
+        return began, self._boundary(began, cell_path=True)
+
+    def _boundary(self, began: float, cell_path: bool) -> Sample:
+        """A reading between cells: the last complete one's GPU samples where nothing moved."""
         plan = self._plan
-        if plan is not None:
-            sample = plan.sample(self._source, began, self._lists.state, self._own_pid, self._clock)
-            if sample is not None:
-                self._publish(began, sample)
-                return began, sample
-        return began, self._record(force=True, boundary=True, cell_path=True)
+        args = (self._source, began, self._lists.state, self._own_pid, self._clock, cell_path)
+        sample = None if plan is None else plan.sample(*args)
+        if sample is None:
+            return self._record(force=True, boundary=True, cell_path=cell_path)
+        self._publish(began, sample)
+        return sample
 
     def wake_for_reading(self) -> None:
         """Wake the thread for the reading that requests or cells wait for."""
@@ -411,10 +414,7 @@ class Sampler:
         return self._record(force=True, force_live=include_live_arrays)
 
     def _serve_after(self) -> bool:
-        """Take the sample that requests and waiting cells want, and hand it over.
-
-        Returns whether one was wanted (and taken).
-        """
+        """Take the sample that requests and waiting cells want, hand it over; say if one was."""
         requests = []
         while self._after_requests:
             requests.append(self._after_requests.popleft())
@@ -423,7 +423,7 @@ class Sampler:
             return False
         started = self._monotonic()
         self.wake_after_at = started
-        sample = self._record(force=True, boundary=True)
+        sample = self._boundary(started, cell_path=False)
         self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
         return True
@@ -479,25 +479,21 @@ class Sampler:
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
-        # A boundary's reading keeps the set on its schedule: only an edit of
-        # CUDA_VISIBLE_DEVICES before JAX starts changes it, and a cell's path should not pay.
+        # A boundary keeps the set on its schedule (only CUDA_VISIBLE_DEVICES edits change it).
         refresh = force and not boundary
         if not self._gpu_set_final and (refresh or now + slack >= self._gpu_indices_due):
             indices = self._read(source.gpu_indices, None)
             with self._lock:
                 self._gpu_indices = None if indices is None else tuple(indices)
                 self._gpu_indices_due = now + _GPU_SET_REFRESH_S
-                # JAX fixed its devices when its backend started; a later CUDA_VISIBLE_DEVICES
-                # edit changes nothing for this process, so the set read now is final.
+                # JAX fixed its devices when its backend started: the set read now is final.
                 self._gpu_set_final = jax_up and indices is not None
         indices = self._gpu_indices
         memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         used = {reading.index: reading.used_bytes for reading in memory}
         lists = self._lists
-        # A forced sample (after a cell) needs this process's bytes as they are now; where no
-        # GPU's used memory moved, nobody's bytes did. A boundary reads only this process's
-        # own entries, on the GPUs whose used bytes moved (ProcessLists.read_own); the whole
-        # lists (every neighbour) are read on the thread's schedule, never on a cell's path.
+        # Where no GPU's used bytes moved, nobody's did. A boundary reads this process's own
+        # entries where they moved (read_own); whole lists only on the thread's schedule.
         moved = lists.moved(used)
         due = lists.due(used, self.busy, self.busy_process_interval)
         pid = self._own_pid()  # proven since the lists were split (a container's): split again
@@ -523,6 +519,8 @@ class Sampler:
             live.walk(lambda: self._read(reader, None), now, self._clock,
                       self.live_array_interval, self.live_array_budget)  # fmt: skip
         until = live.until(slack) if walks else math.inf
+        if not self._gpu_set_final:  # the set is read again on its schedule, boundaries too
+            until = min(until, self._gpu_indices_due - slack)
         state = lists.state
         gpus = tuple(gpu_samples(memory, indices, gpu_stats, *state, self._remember, self._made))
         # Split up to date (no used bytes moved since, split by our PID now): a boundary that
@@ -531,6 +529,7 @@ class Sampler:
         self._plan = None if not settled else BoundaryPlan(
             indices=indices, memory=memory, jax_up=jax_up, stats=gpu_stats or None, pid=pid,
             state=state, gpus=gpus, live=live.state(), until=until,
+            lists_due=lists.due(used, self.busy, self.busy_process_interval) - slack,
         )  # fmt: skip
         host = HostSample(self._read(source.host_rss_bytes, None), *live.state())
         return Sample(t=self._clock(), gpus=gpus, host=host)
@@ -584,9 +583,8 @@ class Sampler:
                 self._remember(exc)
             now = self._monotonic()
             if served:
-                # The reading after a cell stands for a tick: the schedule starts again from
-                # it, so that while cells come at a person's pace (each read after it ends)
-                # no tick lands on the next cell and takes the GIL from it.
+                # The reading after a cell stands for a tick: the schedule restarts from it, so
+                # at a person's pace no tick lands on the next cell and takes the GIL from it.
                 deadline = now + self.interval
             elif now >= deadline:
                 deadline = _next_deadline(deadline, now, self.interval)

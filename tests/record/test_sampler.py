@@ -868,3 +868,21 @@ def test_a_boundary_where_the_split_or_the_pid_changed_takes_the_complete_readin
     pid["now"] = OUR_PID  # proven: the next boundary is this process's own figure
     clock.now += 0.01
     assert sampler.boundary_reading()[1].gpus[0].self_bytes == GIB
+
+
+def test_the_threads_reading_after_a_cell_reuses_a_plan_but_reads_whole_lists_when_due(
+    world, clock
+):
+    world.hold(0, OUR_PID, GIB).hold(0, OTHER_PID, 2 * GIB)
+    sampler = make_sampler(world, clock)
+    first = sampler.sample_now()
+    lists = world.calls["processes"]
+    sampler.serving = True  # as the thread does: a request is queued, the thread serves it
+    got = []
+    sampler.request_after(lambda sample, started: got.append(sample))
+    clock.now += 0.05
+    assert sampler._serve_after() and got[-1].gpus[0] is first.gpus[0]
+    assert world.calls["processes"] == lists  # nothing moved and nothing due
+    clock.now += sampler.process_interval  # the whole lists are due on the thread's schedule
+    sampler.request_after(lambda sample, started: got.append(sample))
+    assert sampler._serve_after() and world.calls["processes"] == lists + 1
