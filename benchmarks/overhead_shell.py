@@ -33,15 +33,18 @@ SHELL = textwrap.dedent(
             answer = {"error": repr(error) if error else None}
         elif "measure" in command:
             code, count = command.get("code", "x = 1"), command["measure"]
-            times, cpu = [], []
+            times, cpu, process = [], [], []
             for _ in range(count):
                 began, began_cpu = time.perf_counter(), time.thread_time()
+                began_process = time.process_time()
                 shell.run_cell(code, store_history=True)
                 cpu.append(time.thread_time() - began_cpu)
+                process.append(time.process_time() - began_process)
                 times.append(time.perf_counter() - began)
             answer = {"median": sorted(times)[len(times) // 2], "mean": sum(times) / len(times),
                       "max": max(times), "first": times[: count // 10 or 1],
-                      "last": times[-(count // 10 or 1):], "cpu": sorted(cpu)[count // 2]}
+                      "last": times[-(count // 10 or 1):], "cpu": sorted(cpu)[count // 2],
+                      "process_cpu": sorted(process)[count // 2]}
         elif "paced" in command:  # cells a person's pace apart: the pause is not measured
             code, count, pause = command.get("code", "x = 1"), command["paced"], command["pause"]
             times, cpu = [], []

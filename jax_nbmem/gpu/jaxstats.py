@@ -12,8 +12,10 @@ read is empty.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,7 +236,7 @@ def host_rss_bytes() -> int | None:
     """
     global _process_handle
     try:
-        return int(os.pread(_statm_fd(), 128, 0).split()[1]) * _PAGE_SIZE
+        return int(_read_statm(_statm_fd()).split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
         pass
     try:
@@ -248,6 +250,48 @@ def host_rss_bytes() -> int | None:
 
 
 _statm: tuple[int, int] | None = None  # (pid, fd): a forked child must open its own
+
+
+class _StatmBuffer(threading.local):
+    """Each thread's buffer for libc's pread (two threads read at once)."""
+
+    def __init__(self) -> None:
+        self.buffer = ctypes.create_string_buffer(_STATM_BYTES)
+
+
+_STATM_BYTES = 128
+
+
+def _libc_pread() -> Any:
+    """The C library's pread, called holding the GIL; None where it cannot be had."""
+    try:
+        function = ctypes.PyDLL(None, use_errno=True).pread
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long)
+    function.restype = ctypes.c_ssize_t
+    return function
+
+
+def _read_statm(fd: int) -> bytes:
+    """/proc/self/statm's text, read without letting another thread take the GIL.
+
+    ``os.pread`` releases it for the system call; a cell's boundary reads this, and another
+    thread waiting for the GIL (IPython's history writer, woken by every cell) would run there
+    and make the cell wait to take the GIL back, many times what the read itself costs. A
+    read of statm takes a microsecond and never blocks for long.
+    """
+    if _pread is None:
+        return os.pread(fd, _STATM_BYTES, 0)
+    buffer = _buffers.buffer
+    count = _pread(fd, buffer, _STATM_BYTES, 0)
+    if count < 0:
+        raise OSError(ctypes.get_errno(), "pread of /proc/self/statm failed")
+    return buffer.raw[:count]
+
+
+_pread = _libc_pread()
+_buffers = _StatmBuffer()
 
 
 def _statm_fd() -> int:
@@ -323,7 +367,10 @@ def _stats_of(device: Any) -> DeviceStats:
         memory = None
     if not isinstance(memory, dict):
         memory = {}
-    return DeviceStats(
+    seen = _stats_seen.get(id(device))
+    if seen is not None and seen[0] is device and seen[1] == memory:
+        return seen[2]  # the same counters: the same stats (a cell's boundary's case)
+    stats = DeviceStats(
         id=_int_or_none(getattr(device, "id", None)),
         platform=_str_or_none(getattr(device, "platform", None)),
         kind=_str_or_none(getattr(device, "device_kind", None)),
@@ -335,6 +382,16 @@ def _stats_of(device: Any) -> DeviceStats:
         pool_bytes=_int_or_none(memory.get("pool_bytes")),
         peak_pool_bytes=_int_or_none(memory.get("peak_pool_bytes")),
     )
+    if len(_stats_seen) < _STATS_SEEN_MAX or id(device) in _stats_seen:
+        _stats_seen[id(device)] = (device, dict(memory), stats)  # a copy: a dict may be reused
+    return stats
+
+
+# Each device's last counters and the stats made of them, by id (the device kept with them,
+# so a reused id is not taken for it): unchanged counters give the same DeviceStats again,
+# which a sampler compares by identity. A process has few devices; never grows past this.
+_STATS_SEEN_MAX = 64
+_stats_seen: dict[int, tuple[Any, dict, DeviceStats]] = {}
 
 
 def _int_or_none(value: Any) -> int | None:

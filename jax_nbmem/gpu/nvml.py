@@ -116,14 +116,6 @@ def _never_raise(default: Callable[[], _T]) -> Callable[[Callable[..., _T]], Cal
     return decorate
 
 
-def _selected(session: Session, indices: Iterable[int] | None) -> list[Device]:
-    if indices is None:
-        return list(session.devices)
-    # By number, not position: a MIG instance keeps its number when the GPUs are listed again.
-    by_index = {device.index: device for device in session.devices}
-    return [by_index[index] for index in indices if index in by_index]
-
-
 @_never_raise(list)
 def memory(indices: Iterable[int] | None = None) -> list[GpuMemory]:
     """Return the memory of the GPUs with these NVML indices (all by default), in that order.
@@ -145,7 +137,7 @@ def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
     if session is None:
         return []
     result = []
-    for device in _selected(session, indices):
+    for device in session.select(indices):
         if device.handle is None:
             result.append(unreadable(device, device.problem))
             continue
@@ -225,7 +217,7 @@ def _process_lists(
     if session is None:
         return []
     result: list[GpuProcesses] = []
-    for device in _selected(session, indices):
+    for device in session.select(indices):
         if device.handle is None:
             result.append(GpuProcesses(device.index, None, unlisted(device.problem)))
             continue

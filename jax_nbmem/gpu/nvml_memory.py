@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_session import Device, Session
 
 __all__ = ["GpuMemory", "plausible", "read_memory", "unreadable"]
+
+_log = logging.getLogger("jax_nbmem.gpu.nvml")
+_MAIN_THREAD = threading.main_thread().ident
 
 # No GPU has a petabyte; NVML's "not available" (2**64 - 1) and garbage land above it.
 _MAX_PLAUSIBLE_BYTES = 1 << 50
@@ -72,14 +76,13 @@ def read_memory(
     """
     if session.memory_v2:
         try:
-            info = _memory_v2(nv, device.handle, log_once)
+            raw = _raw_v2(nv, session, device.handle, log_once)
         except nv.NVMLError as error:
             if error_name(nv, error) not in ("FUNCTION_NOT_FOUND", "NOT_SUPPORTED"):
                 raise
-            info = None
+            raw = None
             log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
-        if info is not None:
-            raw = (info.total, info.used, info.free, info.reserved)
+        if raw is not None:
             seen = device.memory_seen
             if seen is not None and seen[0] == raw:
                 return seen[1]  # the same figures: the same reading (a cell's boundary's case)
@@ -91,6 +94,65 @@ def read_memory(
     # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
     reserved = getattr(info, "reserved", None)
     return _checked_memory(device, info.total, info.used, info.free, reserved)
+
+
+def _raw_v2(
+    nv: Any, session: Session, handle: Any, log_once: Callable[[str, str], None]
+) -> tuple[Any, Any, Any, Any] | None:
+    """NVML's v2 figures (total, used, free, reserved), or None if pynvml cannot ask for them.
+
+    Every cell's boundary reads each of the kernel's GPUs: the call is resolved once per
+    session (pynvml's function pointer, its check, the struct's layout and version) and made
+    into a struct each thread keeps, with its reference, so that a reading costs the call.
+    """
+    fast = session.memory_v2_call
+    if fast is None:
+        fast = session.memory_v2_call = _fast_v2(nv)
+    if not fast:
+        info = _memory_v2(nv, handle, log_once)
+        return None if info is None else (info.total, info.used, info.free, info.reserved)
+    function, held, check, layout, version = fast
+    if held is not None and threading.get_ident() == _MAIN_THREAD:
+        function = held  # a cell's boundary: see _fast_v2
+    structs = _structs
+    if structs.layout is not layout:
+        _memory_struct(layout)
+    memory = structs.memory
+    memory.version = version
+    result = function(handle, structs.ref)
+    if result:
+        check(result)  # raises NVML's error
+    return (memory.total, memory.used, memory.free, memory.reserved)
+
+
+def _fast_v2(nv: Any) -> tuple[Any, ...]:
+    """The v2 call (and one that holds the GIL, or None), its check, struct and version.
+
+    () where pynvml lacks one of them.
+
+    Raises NVML's FUNCTION_NOT_FOUND where the driver has no v2 call.
+    """
+    struct = getattr(nv, "c_nvmlMemory_v2_t", None)
+    version = getattr(nv, "nvmlMemory_v2", None)
+    pointer = getattr(nv, "_nvmlGetFunctionPointer", None)
+    check = getattr(nv, "_nvmlCheckReturn", None)
+    if struct is None or version is None or pointer is None or check is None:
+        return ()
+    function = pointer("nvmlDeviceGetMemoryInfo_v2")
+    # On the main thread (IPython's, where cells and their boundaries run) the same function
+    # of the same library is called holding the GIL. Released for the call, the GIL goes to
+    # a thread waiting for it (IPython's history writer, woken by every cell), and the cell
+    # waits to take it back: many times what the call costs. A cell's boundary reads only
+    # while the last readings were quick (the sampler's budget); a hung call blocks the main
+    # thread either way. Other threads (the sampler's) release it: a hang there never holds
+    # up a cell.
+    try:
+        held = ctypes.PyDLL(nv.nvmlLib._name).nvmlDeviceGetMemoryInfo_v2
+        held.restype = function.restype
+    except Exception:  # a pynvml without its library's name: the call as pynvml makes it
+        _log.debug("NVML's memory call is made releasing the GIL", exc_info=True)
+        held = None
+    return (function, held, check, struct, version)
 
 
 def _memory_v2(nv: Any, handle: Any, log_once: Callable[[str, str], None]) -> Any:
@@ -129,6 +191,7 @@ class _Structs(threading.local):
     def __init__(self) -> None:
         self.layout: Any = None
         self.memory: Any = None
+        self.ref: Any = None  # ctypes.byref(memory), made once
 
 
 _structs = _Structs()
@@ -142,7 +205,8 @@ def _memory_struct(struct: Any) -> Any:
     """
     if _structs.layout is not struct:
         plain = type("PlainMemoryV2", (ctypes.Structure,), {"_fields_": struct._fields_})
-        _structs.layout, _structs.memory = struct, plain()
+        memory = plain()
+        _structs.layout, _structs.memory, _structs.ref = struct, memory, ctypes.byref(memory)
     return _structs.memory
 
 

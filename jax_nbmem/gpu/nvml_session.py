@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,32 @@ class Session:
     layout: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
     memory_v2: bool = True
     process_version: dict[str, int] = field(default_factory=lambda: {"Compute": 0, "Graphics": 0})
+    # The v2 memory call as resolved for this session (see nvml_memory): None until the first
+    # reading, () where pynvml cannot make it directly.
+    memory_v2_call: Any = field(default=None, compare=False, repr=False)
+    # The devices each asked-for set of indices selects (see select): a boundary asks for the
+    # same set at every cell.
+    _selections: dict[tuple[int, ...] | None, tuple[Device, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def select(self, indices: Iterable[int] | None) -> tuple[Device, ...]:
+        """The devices with these NVML indices (all by default), in that order.
+
+        Unknown indices are skipped. By number, not position: a MIG instance keeps its number
+        when the GPUs are listed again.
+        """
+        key = None if indices is None else tuple(indices)
+        found = self._selections.get(key)
+        if found is None:
+            if key is None:
+                found = tuple(self.devices)
+            else:
+                by_index = {device.index: device for device in self.devices}
+                found = tuple(by_index[index] for index in key if index in by_index)
+            if len(self._selections) < 64:  # a few sets are ever asked for; never grows on
+                self._selections[key] = found
+        return found
 
 
 def text(value: str | bytes) -> str:
@@ -136,6 +162,11 @@ class Nvml:
 
     def session(self) -> tuple[Any, Session | None]:
         """Return pynvml and the current session, (re)initializing when due."""
+        session = self._session
+        if session is not None and not self._refresh_wanted:
+            # Nothing to (re)initialize: no lock (every cell's boundary asks). A session being
+            # replaced meanwhile is still open: the old one is shut only after the new is in.
+            return self._pynvml, session
         with self._lock:
             due = time.monotonic() >= self._retry_at
             if due and (self._session is None or self._refresh_wanted):

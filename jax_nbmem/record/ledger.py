@@ -72,6 +72,9 @@ class Ledger:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
+        # Readers waiting in settle(): a reading that arrives notifies only while there are
+        # any (a Condition's notify is a dozen Python lines, at every back-to-back cell).
+        self._settling = 0
         self._records: deque[OpenCell] = deque(maxlen=max_records)
         self._open: OpenCell | None = None
         self.finished = 0  # cells recorded since the ledger was made (grows past max_records)
@@ -201,7 +204,8 @@ class Ledger:
                 began, before = reading
                 previous.after, previous.after_started = before, began
                 previous.after_state = "taken"
-            self._arrived.notify_all()
+            if self._settling:
+                self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(previous)
         return before
@@ -300,7 +304,8 @@ class Ledger:
                 return
             cell.after, cell.after_started, cell.after_state = sample, started, "taken"
             cell.peaks = peaks
-            self._arrived.notify_all()
+            if self._settling:
+                self._arrived.notify_all()
         if self._closed_listeners:
             self._tell_closed(cell)
 
@@ -404,7 +409,11 @@ class Ledger:
         with self._arrived:
             # Only the newest cells can still be waiting: their readings come in order.
             tail = self._snapshot()[-8:]
-            return self._arrived.wait_for(settled, timeout)
+            self._settling += 1  # under the lock: a reading that arrives now notifies
+            try:
+                return self._arrived.wait_for(settled, timeout)
+            finally:
+                self._settling -= 1
 
     def records(self) -> list[CellRecord]:
         """The kept records, oldest first: consecutive cells, each once, from any thread."""

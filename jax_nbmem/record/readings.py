@@ -36,20 +36,14 @@ _JAX_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 
 
 def _nvml_memory(indices: Sequence[int] | None) -> Sequence[Any]:
-    from jax_nbmem.gpu import nvml
-
     return nvml.memory(indices)
 
 
 def _nvml_processes(indices: Sequence[int] | None) -> Sequence[Any]:
-    from jax_nbmem.gpu import nvml
-
     return nvml.process_lists(indices)
 
 
 def _nvml_own_processes(indices: Sequence[int] | None, pid: int) -> Sequence[Any]:
-    from jax_nbmem.gpu import nvml
-
     return nvml.own_process_lists(indices, pid)
 
 
@@ -75,9 +69,10 @@ def _visible_gpu_indices() -> Sequence[int] | None:
 class SamplerSource:
     """Where the sampler reads from. Each field is a plain callable, so tests can pass fakes.
 
-    The defaults import :mod:`jax_nbmem.gpu.nvml` and :mod:`jax_nbmem.gpu.visible` only when
-    first called. ``gpu_indices`` returns the NVML indices this kernel uses, in the order JAX
-    numbers its GPU devices, or ``None`` for "all GPUs NVML sees". ``processes`` returns
+    The defaults read through :mod:`jax_nbmem.gpu.nvml` (which imports pynvml at its first
+    reading) and import :mod:`jax_nbmem.gpu.visible` when first called. ``gpu_indices``
+    returns the NVML indices this kernel uses, in the order JAX numbers its GPU devices, or
+    ``None`` for "all GPUs NVML sees". ``processes`` returns
     NVML's per-GPU lists (:class:`~jax_nbmem.gpu.nvml.GpuProcesses`, ``processes=None`` where
     a list failed) or flat process records. ``own_processes(indices, pid)`` returns the same
     for *pid*'s entries alone (others' may be left out, and are not used): what a cell's
@@ -294,10 +289,10 @@ def gpu_samples(
         kept = made.get(index) if made is not None else None
         if (
             kept is not None
-            and stats is None  # JAX's counters are read anew each time: a new sample
             and kept[0] is reading
             and kept[1] is mine
             and kept[2] is stale
+            and kept[4] is stats  # unchanged JAX counters are the same object again
         ):
             gpus.append(kept[3])
             continue
@@ -308,7 +303,7 @@ def gpu_samples(
             continue
         gpus.append(sample)
         if made is not None:
-            made[index] = (reading, mine, stale, sample)
+            made[index] = (reading, mine, stale, sample, stats)
     return gpus
 
 

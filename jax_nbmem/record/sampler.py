@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax_nbmem.gpu.jaxstats import gpu_stats_now
+from jax_nbmem.record.boundary import BoundaryPlan
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
+from jax_nbmem.record.live_walk import LiveWalk
 from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
 from jax_nbmem.record.process_lists import ProcessLists
 from jax_nbmem.record.readings import QuickReading, SamplerSource, gpu_samples, jax_gpus
@@ -57,9 +59,6 @@ _BOUNDARY_BUDGET_S = 0.05
 # A reading under way for this long is taken as stuck in NVML. Longer than the budget: on a
 # loaded machine the thread may wait that long for a core or for the GIL the cells hold.
 _STUCK_READING_S = 0.25
-# Walking jax.live_arrays() is part of a reading at a cell's boundary while it costs less
-# than this (a few thousand arrays); beyond, the value is the latest walk's, with its time.
-_BOUNDARY_LIVE_COST_S = 0.0005
 
 
 class Sampler:
@@ -81,9 +80,8 @@ class Sampler:
     one per sample), ``busy`` (what :meth:`set_busy` sets), ``quick_gpus`` (False when a
     quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
     GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
-    ``serving`` (the thread runs and serves requests), ``wake_after_at`` (the monotonic
-    time from which a cell's end should wake the thread: see :meth:`read_after_cells`) and
-    ``latest_timed`` (the latest sample with the monotonic time its reading began).
+    ``serving`` (the thread serves requests), ``wake_after_at`` (from when a cell's end
+    wakes the thread, see :meth:`read_after_cells`), ``latest_timed`` ((began, latest_sample)).
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
@@ -146,12 +144,10 @@ class Sampler:
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
         self._lists = ProcessLists()
+        self._plan: BoundaryPlan | None = None  # see boundary_reading
         # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
         self._made: dict[int, tuple[Any, ...]] = {}
-        self._live_bytes: int | None = None
-        self._live_at: float | None = None
-        self._live_cost = 0.0  # what the last walk of the live arrays took (s); none yet
-        self._live_due = -math.inf
+        self.live_walk = LiveWalk()  # when jax.live_arrays() is walked, and what it found
         self.live_array_budget = live_array_budget
         self.last_error: str | None = None
         self.last_error_at: float | None = None
@@ -360,12 +356,12 @@ class Sampler:
     def boundary_reading(self) -> tuple[float, Sample] | None:
         """A complete reading taken now, on this thread, at the boundary between two cells.
 
-        For a cell's start when the previous cell's reading has not come (Run All): returns
-        (monotonic time it began, sample), or ``None`` without asking anything when readings
-        are slow (the last two took ``_BOUNDARY_BUDGET_S`` or more, or one has been under way
-        for ``_STUCK_READING_S``: NVML hangs), so that a cell never waits for a slow NVML. The
-        live arrays are walked only while that is cheap; of the process lists, only this process's
-        entries, on the GPUs whose used bytes moved (the others' stay on the thread's schedule).
+        For a cell's start when the previous cell's reading has not come (Run All): (monotonic
+        time it began, sample), or ``None`` without asking anything when readings are slow (the
+        last two took ``_BOUNDARY_BUDGET_S`` or more, or one is under way for ``_STUCK_READING_S``:
+        NVML hangs). Where nothing but the RSS moved since the last complete reading, that
+        reading's GPU samples serve (:class:`BoundaryPlan`); else live arrays are walked only while
+        cheap, and of the process lists only this process's entries where used bytes moved.
         """
         since = self.reading_since
         began = self._monotonic()
@@ -373,7 +369,17 @@ class Sampler:
             since is not None and began - since >= _STUCK_READING_S
         ):
             return None
-        return began, self._record(force=True, boundary=True, cell_path=True)
+        return began, self._boundary(began, cell_path=True)
+
+    def _boundary(self, began: float, cell_path: bool) -> Sample:
+        """A reading between cells: the last complete one's GPU samples where nothing moved."""
+        plan = self._plan
+        args = (self._source, began, self._lists.state, self._own_pid, self._clock, cell_path)
+        sample = None if plan is None else plan.sample(*args)
+        if sample is None:
+            return self._record(force=True, boundary=True, cell_path=cell_path)
+        self._publish(began, sample)
+        return sample
 
     def wake_for_reading(self) -> None:
         """Wake the thread for the reading that requests or cells wait for."""
@@ -408,10 +414,7 @@ class Sampler:
         return self._record(force=True, force_live=include_live_arrays)
 
     def _serve_after(self) -> bool:
-        """Take the sample that requests and waiting cells want, and hand it over.
-
-        Returns whether one was wanted (and taken).
-        """
+        """Take the sample that requests and waiting cells want, hand it over; say if one was."""
         requests = []
         while self._after_requests:
             requests.append(self._after_requests.popleft())
@@ -420,7 +423,7 @@ class Sampler:
             return False
         started = self._monotonic()
         self.wake_after_at = started
-        sample = self._record(force=True, boundary=True)
+        sample = self._boundary(started, cell_path=False)
         self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
         return True
@@ -441,13 +444,8 @@ class Sampler:
                 self.callback_errors += 1
                 self._remember(exc)
 
-    def _record(
-        self,
-        force: bool,
-        force_live: bool = False,
-        boundary: bool = False,
-        cell_path: bool = False,
-    ) -> Sample:
+    def _record(self, force: bool, force_live: bool = False, boundary: bool = False,
+                cell_path: bool = False) -> Sample:  # fmt: skip
         began = self._monotonic()
         self.reading_since = began
         try:
@@ -455,9 +453,13 @@ class Sampler:
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
+        self.reading_since = None
+        self._publish(began, sample)
+        return sample
+
+    def _publish(self, began: float, sample: Sample) -> None:
         self._reading_before_last_s = self.last_reading_s
         self.last_reading_s = self._monotonic() - began
-        self.reading_since = None
         with self._lock:
             self._history.add(sample)
             self.latest_sample = sample
@@ -465,7 +467,6 @@ class Sampler:
             self.samples_taken += 1
             for tracker in self._trackers:
                 tracker.observe(sample)
-        return sample
 
     def _collect(
         self, now: float, force: bool, force_live: bool, boundary: bool, cell_path: bool
@@ -478,25 +479,21 @@ class Sampler:
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
         jax_up = bool(self._read(source.backend_initialized, False))
-        # A boundary's reading keeps the set on its schedule: only an edit of
-        # CUDA_VISIBLE_DEVICES before JAX starts changes it, and a cell's path should not pay.
+        # A boundary keeps the set on its schedule (only CUDA_VISIBLE_DEVICES edits change it).
         refresh = force and not boundary
         if not self._gpu_set_final and (refresh or now + slack >= self._gpu_indices_due):
             indices = self._read(source.gpu_indices, None)
             with self._lock:
                 self._gpu_indices = None if indices is None else tuple(indices)
                 self._gpu_indices_due = now + _GPU_SET_REFRESH_S
-                # JAX fixed its devices when its backend started; a later CUDA_VISIBLE_DEVICES
-                # edit changes nothing for this process, so the set read now is final.
+                # JAX fixed its devices when its backend started: the set read now is final.
                 self._gpu_set_final = jax_up and indices is not None
         indices = self._gpu_indices
         memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
         used = {reading.index: reading.used_bytes for reading in memory}
         lists = self._lists
-        # A forced sample (after a cell) needs this process's bytes as they are now; where no
-        # GPU's used memory moved, nobody's bytes did. A boundary reads only this process's
-        # own entries, on the GPUs whose used bytes moved (ProcessLists.read_own); the whole
-        # lists (every neighbour) are read on the thread's schedule, never on a cell's path.
+        # Where no GPU's used bytes moved, nobody's did. A boundary reads this process's own
+        # entries where they moved (read_own); whole lists only on the thread's schedule.
         moved = lists.moved(used)
         due = lists.due(used, self.busy, self.busy_process_interval)
         pid = self._own_pid()  # proven since the lists were split (a container's): split again
@@ -513,27 +510,29 @@ class Sampler:
         # JAX's own quick reading (jaxstats.gpu_stats_now) finds GPU counters only where
         # this listing found GPUs; another source's quick reading is always asked.
         self.quick_gpus = bool(gpu_stats) or source.quick_device_stats is not gpu_stats_now
-        if not jax_up or any(s.bytes_in_use is not None for s in gpu_stats):
-            # JAX's allocator counts its bytes itself: no need to walk every live array.
-            self._live_bytes = self._live_at = None
-        elif (
-            force_live
-            or now + slack >= self._live_due
-            or (boundary and self._live_cost < _BOUNDARY_LIVE_COST_S)
-        ):
-            began = time.perf_counter()
-            self._live_bytes = self._read(source.live_array_bytes, None)
-            self._live_at = None if self._live_bytes is None else self._clock()
-            cost = self._live_cost = time.perf_counter() - began
-            # Walking the arrays costs time per array: read them less often the more there
-            # are, so that it never takes more than its budget of a core.
-            self._live_due = now + max(self.live_array_interval, cost / self.live_array_budget)
-        split, used_at_split = lists.state
-        gpus = gpu_samples(
-            memory, indices, gpu_stats, split, used_at_split, self._remember, self._made
-        )
-        host = HostSample(self._read(source.host_rss_bytes, None), self._live_bytes, self._live_at)
-        return Sample(t=self._clock(), gpus=tuple(gpus), host=host)
+        walks = jax_up and not any(s.bytes_in_use is not None for s in gpu_stats)
+        live = self.live_walk
+        if not walks:  # JAX's allocator counts its bytes itself: no need to walk every array
+            live.forget()
+        elif live.due_now(now, slack, force_live, boundary):
+            reader = source.live_array_bytes
+            live.walk(lambda: self._read(reader, None), now, self._clock,
+                      self.live_array_interval, self.live_array_budget)  # fmt: skip
+        until = live.until(slack) if walks else math.inf
+        if not self._gpu_set_final:  # the set is read again on its schedule, boundaries too
+            until = min(until, self._gpu_indices_due - slack)
+        state = lists.state
+        gpus = tuple(gpu_samples(memory, indices, gpu_stats, *state, self._remember, self._made))
+        # Split up to date (no used bytes moved since, split by our PID now): a boundary that
+        # finds the same figures again takes these samples (BoundaryPlan).
+        settled = not lists.moved(used) and pid == lists.split_pid and len(gpus) == len(memory)
+        self._plan = None if not settled else BoundaryPlan(
+            indices=indices, memory=memory, jax_up=jax_up, stats=gpu_stats or None, pid=pid,
+            state=state, gpus=gpus, live=live.state(), until=until,
+            lists_due=lists.due(used, self.busy, self.busy_process_interval) - slack,
+        )  # fmt: skip
+        host = HostSample(self._read(source.host_rss_bytes, None), *live.state())
+        return Sample(t=self._clock(), gpus=gpus, host=host)
 
     def _own_pid(self) -> int | None:
         """This process as NVML lists it; None while that is not known (nothing is ours)."""
@@ -584,9 +583,8 @@ class Sampler:
                 self._remember(exc)
             now = self._monotonic()
             if served:
-                # The reading after a cell stands for a tick: the schedule starts again from
-                # it, so that while cells come at a person's pace (each read after it ends)
-                # no tick lands on the next cell and takes the GIL from it.
+                # The reading after a cell stands for a tick: the schedule restarts from it, so
+                # at a person's pace no tick lands on the next cell and takes the GIL from it.
                 deadline = now + self.interval
             elif now >= deadline:
                 deadline = _next_deadline(deadline, now, self.interval)

@@ -303,3 +303,30 @@ def test_the_bridge_is_found_only_with_jax_imported_and_a_table(fake_jax, monkey
     bridge._backends = table
     monkeypatch.delitem(sys.modules, "jax")
     assert jaxstats.backend_bridge() is None
+
+
+def test_the_host_rss_is_read_from_statm_holding_the_gil_as_os_pread_reads_it():
+    assert jaxstats._pread is not None  # the C library's pread, on Linux
+    ours = jaxstats._read_statm(jaxstats._statm_fd()).split()
+    theirs = os.pread(jaxstats._statm_fd(), 128, 0).split()
+    assert len(ours) == len(theirs) == 7
+    assert [ours[i] for i in (3, 4, 6)] == [theirs[i] for i in (3, 4, 6)]  # text, lib, dt
+    resident = int(ours[1]) * jaxstats._PAGE_SIZE
+    assert 0.5 * resident <= jaxstats.host_rss_bytes() <= 2 * resident
+
+
+def test_unchanged_counters_give_the_same_stats_object_and_new_ones_a_new_object():
+    counters = {"bytes_in_use": 10, "peak_bytes_in_use": 20, "bytes_limit": 100}
+
+    class Device:
+        id, platform, device_kind = 0, "gpu", "H200"
+
+        def memory_stats(self):
+            return counters  # the same dict, changed in place: never mistaken for unchanged
+
+    device = Device()
+    first = jaxstats._stats_of(device)
+    assert jaxstats._stats_of(device) is first
+    counters["bytes_in_use"] = 30
+    second = jaxstats._stats_of(device)
+    assert second is not first and second.bytes_in_use == 30

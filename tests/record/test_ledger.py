@@ -484,7 +484,7 @@ def test_live_arrays_are_the_cells_only_when_walked_at_its_boundaries():
     nb.world.visible = ()
     nb.world.jax_up = True
     nb.sampler.tick()
-    nb.sampler._live_cost = 1.0  # very many arrays: the boundaries do not walk them
+    nb.sampler.live_walk.cost = 1.0  # very many arrays: the boundaries do not walk them
     walked_at = nb.wall()
     nb.ledger.cell_started(1, "x = 1")
     nb.clock.now += 0.01

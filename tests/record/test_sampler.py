@@ -811,3 +811,78 @@ def test_quick_gpus_says_when_a_cells_quick_reading_can_hold_nothing(clock):
     other = make_sampler(GpuWorld(clock), clock)
     other.tick()
     assert other.quick_gpus
+
+
+def test_a_boundary_where_nothing_moved_reuses_the_gpu_samples_and_reads_the_rss_anew(clock):
+    world = GpuWorld(clock, gpus=(0, 1))
+    ours = {"bytes": GIB}
+    world.hold(0, OUR_PID, lambda now: ours["bytes"]).hold(1, OTHER_PID, 2 * GIB)
+    rss = {"bytes": 2 * GIB}
+    asked = []
+    source = dataclasses.replace(
+        world.source(), own_processes=own_entries(world, asked), host_rss_bytes=lambda: rss["bytes"]
+    )
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    first = sampler.sample_now()
+    stats_asked = world.calls["device_stats"]
+
+    clock.now += 0.01
+    rss["bytes"] = 3 * GIB  # the cell grew the host's memory only
+    began, sample = sampler.boundary_reading()
+    assert sample.gpus == first.gpus and sample.gpus[0] is first.gpus[0]  # the same samples
+    assert sample.host.rss_bytes == 3 * GIB and sample.t == 1.7e9 + clock.now
+    assert sampler.latest_sample is sample and sampler.latest_timed == (began, sample)
+    assert asked == [] and world.calls["device_stats"] == stats_asked  # JAX is down
+
+    ours["bytes"] = 4 * GIB  # the cell allocated: its own entries are read, never the last figure
+    clock.now += 0.01
+    assert sampler.boundary_reading()[1].gpus[0].self_bytes == 4 * GIB
+    assert asked == [[0]]
+    clock.now += 0.01  # and the boundary after that has its figure again, without a list
+    assert sampler.boundary_reading()[1].gpus[0].self_bytes == 4 * GIB
+    assert asked == [[0]]
+
+
+def test_a_boundary_reads_jaxs_counters_and_a_new_count_makes_a_new_sample(world, clock):
+    world.hold(0, OUR_PID, GIB)
+    world.jax_up = True
+    in_use = {"bytes": 100 * MIB}
+    world.jax_devices = [lambda now: jax_gpu(0, in_use["bytes"])]
+    sampler = make_sampler(world, clock)
+    sampler.sample_now()
+    clock.now += 0.01
+    assert sampler.boundary_reading()[1].gpus[0].jax_in_use == 100 * MIB
+    in_use["bytes"] = 300 * MIB  # JAX's arrays grew within its pool: NVML says the same
+    clock.now += 0.01
+    assert sampler.boundary_reading()[1].gpus[0].jax_in_use == 300 * MIB
+
+
+def test_a_boundary_where_the_split_or_the_pid_changed_takes_the_complete_reading(world, clock):
+    world.hold(0, OUR_PID, GIB).hold(0, OTHER_PID, 2 * GIB)
+    pid = {"now": None}  # in a container, before the node agent proves the host PID
+    source = dataclasses.replace(world.source(), pid=lambda: pid["now"])
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    sampler.sample_now()
+    clock.now += 0.01
+    assert sampler.boundary_reading()[1].gpus[0].self_bytes is None  # unknown, not 0
+    pid["now"] = OUR_PID  # proven: the next boundary is this process's own figure
+    clock.now += 0.01
+    assert sampler.boundary_reading()[1].gpus[0].self_bytes == GIB
+
+
+def test_the_threads_reading_after_a_cell_reuses_a_plan_but_reads_whole_lists_when_due(
+    world, clock
+):
+    world.hold(0, OUR_PID, GIB).hold(0, OTHER_PID, 2 * GIB)
+    sampler = make_sampler(world, clock)
+    first = sampler.sample_now()
+    lists = world.calls["processes"]
+    sampler.serving = True  # as the thread does: a request is queued, the thread serves it
+    got = []
+    sampler.request_after(lambda sample, started: got.append(sample))
+    clock.now += 0.05
+    assert sampler._serve_after() and got[-1].gpus[0] is first.gpus[0]
+    assert world.calls["processes"] == lists  # nothing moved and nothing due
+    clock.now += sampler.process_interval  # the whole lists are due on the thread's schedule
+    sampler.request_after(lambda sample, started: got.append(sample))
+    assert sampler._serve_after() and world.calls["processes"] == lists + 1
