@@ -30,7 +30,7 @@ def test_cells_a_short_pause_apart_keep_it_polling_and_a_quiet_spell_ends_it():
     pacing = Pacing()
     passes(pacing, 1.0, read_for_cells=True, woken=True)
     now = 1.0
-    for _ in range(50):  # a cell every 20 ms, read by the fourth poll after it ends
+    for _ in range(50):  # cells a short pause apart, each read by the fourth poll
         for _ in range(3):
             now += POLL_S
             assert passes(pacing, now, polled=True) is None
