@@ -1,4 +1,4 @@
-"""What ``%jaxalloc?`` and ``%jaxmem?`` show: written once here, set when the extension loads.
+"""What ``%jaxalloc?`` and ``%jaxmem?`` show: written once here, when first asked for.
 
 The magics' own docstrings would come with magic_arguments' "::" line and a usage that mixes
 the line and the cell magic's options; these say the forms, then what each does.
@@ -6,11 +6,46 @@ the line and the cell magic's options; these say the forms, then what each does.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from jax_nbmem.allocator.modes import mode_forms
 from jax_nbmem.tenants.owners import SHUTDOWN_DRY_RUN, SHUTDOWN_YES
 from jax_nbmem.tools.compare import DEFAULT_TIMEOUT_S
 
-__all__ = ["help_texts"]
+__all__ = ["HelpedMagic", "help_texts", "written_on_demand"]
+
+
+class HelpedMagic:
+    """A registered magic whose help (its ``__doc__``: ``%name?``) is written when read.
+
+    The help names the modes the installed jaxlib accepts, and finding them reads its package
+    metadata and its source (some 18 ms): a ``?`` needs that, ``%load_ext`` does not.
+    Everything else is the bound method's.
+    """
+
+    def __init__(self, method: Callable[..., Any], write: Callable[[], str]) -> None:
+        self.__wrapped__ = method  # inspect.signature, and so IPython, shows the method's
+        self._write = write
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the magic."""
+        return self.__wrapped__(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # what IPython asks of a magic: the method's
+        return getattr(self.__wrapped__, name)
+
+    def _help(self) -> str:
+        return self._write()
+
+    __doc__ = property(_help)  # type: ignore[assignment]  # the instance's, written when read
+
+
+def written_on_demand(in_kernel: bool) -> Callable[[str], Callable[[], str]]:
+    """For each magic's name, a function that writes its help (both at the first, once)."""
+    texts = functools.cache(lambda: help_texts(in_kernel))
+    return lambda name: lambda: texts()[name]
 
 
 def help_texts(in_kernel: bool) -> dict[str, str]:
@@ -19,7 +54,8 @@ def help_texts(in_kernel: bool) -> dict[str, str]:
     first = (
         "Put it in the notebook's first cell" if in_kernel else "Run it at the start of the session"
     )
-    allocators = ", ".join(m for m in mode_forms()[3:] if m != "platform")
+    forms = mode_forms()  # jaxlib's metadata and source, read once
+    allocators = ", ".join(m for m in forms[3:] if m != "platform")
     jaxalloc = f"""\
 %jaxalloc [MODE]: choose JAX's GPU allocator mode before its backend starts.
 %%jaxalloc compare [MODES...] [--timeout S]: run the cell once per mode and compare.
@@ -27,7 +63,7 @@ def help_texts(in_kernel: bool) -> dict[str, str]:
 {first}, right after `%load_ext jax_nbmem`: JAX reads these settings
 once, when it first uses the device.
 
-MODE, one of {", ".join(mode_forms())}:
+MODE, one of {", ".join(forms)}:
   on           JAX's default: preallocate 75% of GPU memory at the first allocation
   off          no preallocation: allocate on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false)
   fraction F   preallocate F of the GPU's total memory, 0 < F <= 1

@@ -22,7 +22,7 @@ from IPython.display import display
 from jax_nbmem.allocator.modes import ModeError, mode_forms
 from jax_nbmem.notebook import cli_magic
 from jax_nbmem.notebook.cli_magic import CliMagics
-from jax_nbmem.notebook.help_texts import help_texts
+from jax_nbmem.notebook.help_texts import HelpedMagic, written_on_demand
 from jax_nbmem.notebook.session import KernelSession
 from jax_nbmem.notebook.settings import JaxNbMem
 from jax_nbmem.notebook.shell_errors import code_location, drop_last_error, last_error_holders
@@ -257,7 +257,7 @@ class JaxNbMemMagics(Magics):
         """%jaxmem [COMMAND]: GPU memory of this kernel and of everyone else on its GPUs.
 
         Commands: panel (the default), status, cells, top, free, fit, shutdown. The help that
-        ``%jaxmem?`` shows is written once, in ``help_texts``, and set when the extension loads.
+        ``%jaxmem?`` shows is written once, in ``help_texts``, when first asked for.
         """
         words = line.split(None, 1)
         if words and words[0] == "fit":  # a Python call follows: not for shlex/argparse
@@ -481,11 +481,14 @@ def load(shell) -> None:
     session.user_namespace = shell.user_ns
     session.where = code_location(shell)
     magics = JaxNbMemMagics(shell, session)
-    # Our own help: magic_arguments would open it with a "::" line and a usage line that
-    # mixes the line and the cell magic's options.
-    for name, text in help_texts(in_kernel).items():
-        getattr(JaxNbMemMagics, name).__doc__ = text
     shell.register_magics(magics)
+    # Our own help: magic_arguments would open it with a "::" line and a usage line that
+    # mixes the line and the cell magic's options. Written when first asked for.
+    helps, registered = written_on_demand(in_kernel), shell.magics_manager.magics
+    for kind in ("line", "cell"):
+        for name, method in magics.magics.get(kind, {}).items():
+            if name in ("jaxalloc", "jaxmem") and registered[kind].get(name) is method:
+                registered[kind][name] = HelpedMagic(method, helps(name))
     cli = cli_magic.register(shell)  # %jaxnbmem, and !jax-nbmem lines without IPython's fork
 
     # The two callbacks run around every cell: the session writes them out in one function

@@ -10,11 +10,9 @@ time in proportion to the number of arrays and is read at most every ``live_arra
 The sampler never raises out of its thread: a failed reading leaves its value ``None``, and
 the error is kept as text in :attr:`Sampler.last_error`.
 
-What it reads and how a reading becomes a GPU's sample is in :mod:`jax_nbmem.record.readings`;
-when it reads the process lists, and what of them at a cell's boundary, in
-:mod:`jax_nbmem.record.process_lists`;
-the extremes a cell's record keeps, in :mod:`jax_nbmem.record.peaks`. Their names are
-importable from here too.
+What it reads, and how a reading becomes a GPU's sample: :mod:`jax_nbmem.record.readings`;
+when it reads the process lists: :mod:`~jax_nbmem.record.process_lists`; when it wakes:
+:mod:`~jax_nbmem.record.pacing`; the extremes a record keeps: :mod:`~jax_nbmem.record.peaks`.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from jax_nbmem.gpu.jaxstats import gpu_stats_now
 from jax_nbmem.record.boundary import BoundaryPlan
 from jax_nbmem.record.history import GpuSample, HostSample, Sample, SampleHistory
 from jax_nbmem.record.live_walk import LiveWalk
+from jax_nbmem.record.pacing import Pacing, next_deadline
 from jax_nbmem.record.peaks import GpuPeaks, Peaks, PeakTracker
 from jax_nbmem.record.process_lists import ProcessLists
 from jax_nbmem.record.readings import QuickReading, SamplerSource, gpu_samples, jax_gpus
@@ -70,10 +69,8 @@ class Sampler:
 
     Readings are taken outside the sampler's lock, which guards only what is published (the
     history, the latest sample, the schedule), so a slow NVML holds up the thread that reads
-    it and nobody else: :meth:`latest`, :meth:`track`, :meth:`set_busy`,
-    :meth:`request_after` and :meth:`quick_reading` never wait for NVML or JAX. Cell hooks use
-    only those; the complete reading after a cell is taken by the thread, woken at once
-    (:meth:`request_after`).
+    it and nobody else: :meth:`latest`, :meth:`track`, :meth:`set_busy`, :meth:`request_after`
+    and :meth:`quick_reading` never wait for NVML or JAX; nor do cell hooks.
 
     What a cell hook reads and writes is kept in plain attributes, so that the hook pays no
     call for it: ``latest_sample`` (what :meth:`latest` returns), ``samples_taken`` (grows by
@@ -81,7 +78,8 @@ class Sampler:
     quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
     GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
     ``serving`` (the thread serves requests), ``wake_after_at`` (from when a cell's end
-    wakes the thread, see :meth:`read_after_cells`), ``latest_timed`` ((began, latest_sample)).
+    wakes the thread, see :meth:`read_after_cells`; infinity while the thread polls for ended
+    cells itself, see :mod:`~jax_nbmem.record.pacing`), ``latest_timed``.
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
@@ -145,6 +143,7 @@ class Sampler:
         self._gpu_set_final = False
         self._lists = ProcessLists()
         self._plan: BoundaryPlan | None = None  # see boundary_reading
+        self._pacing, self._read_for_cells = Pacing(), False  # the thread's: see _loop
         # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
         self._made: dict[int, tuple[Any, ...]] = {}
         self.live_walk = LiveWalk()  # when jax.live_arrays() is walked, and what it found
@@ -206,6 +205,7 @@ class Sampler:
             )
             self.serving = True
             self.wake_after_at = -math.inf
+            self._pacing = Pacing()
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -232,10 +232,7 @@ class Sampler:
                 self._thread = None
 
     def set_busy(self, busy: bool) -> None:
-        """Read the process list every ``busy_process_interval`` while *busy* (a cell runs).
-
-        The same as setting the ``busy`` attribute, which a cell hook does: no lock.
-        """
+        """Read the process list every ``busy_process_interval`` while *busy* (a cell runs)."""
         self.busy = bool(busy)
 
     def latest(self) -> Sample | None:
@@ -252,8 +249,7 @@ class Sampler:
     def history(self, since: float | None = None) -> list[Sample]:
         """All kept points, oldest first; with *since*, those with ``t >= since``.
 
-        See :class:`SampleHistory`; asking for a recent *since* is cheap however long the
-        session, which is what a view updated a few times a second should do.
+        See :class:`SampleHistory`: a recent *since* is cheap however long the session.
         """
         with self._lock:
             return self._history.samples(since)
@@ -419,10 +415,11 @@ class Sampler:
         while self._after_requests:
             requests.append(self._after_requests.popleft())
         readers = [deliver for waiting, deliver in self._cell_readers if self._asks(waiting)]
+        self._read_for_cells = bool(readers)
         if not requests and not readers:
             return False
-        started = self._monotonic()
-        self.wake_after_at = started
+        started = self._monotonic()  # cells that end after it wake the thread unless it polls
+        self.wake_after_at = math.inf if self._pacing.active else started
         sample = self._boundary(started, cell_path=False)
         self._deliver(requests + readers, sample, started)
         self._notify(sample)  # it stands for this tick's sample too
@@ -568,16 +565,18 @@ class Sampler:
             with self._lock:
                 if self._stop_event is stop_event:  # not a thread started since
                     self.serving = False
-            # Cells that ended while it wound down wait for the next start (their record says
-            # so, and the delay when it comes): a stop does not wait for one more reading.
+            # Cells that ended while it wound down wait for the next start: no last reading.
 
     def _loop(self, stop_event: threading.Event) -> None:
+        # Ticks on a grid; while cells come a short pause apart, polls between them for the
+        # cells that ended, whose end then wakes nobody (record/pacing.py).
         deadline = self._monotonic()
+        woken = polled = False
         while not stop_event.is_set():
             served = False
             try:
                 served = self._serve_after()
-                if not served:  # nothing waits for a reading: the schedule's
+                if not served and not polled:  # nothing waits for a reading: the schedule's
                     self.tick()
             except BaseException as exc:  # never out of the thread, whatever happens
                 self._remember(exc)
@@ -587,12 +586,15 @@ class Sampler:
                 # at a person's pace no tick lands on the next cell and takes the GIL from it.
                 deadline = now + self.interval
             elif now >= deadline:
-                deadline = _next_deadline(deadline, now, self.interval)
-            self._wake.wait(max(0.0, deadline - now))
+                deadline = next_deadline(deadline, now, self.interval)
+            began = self._pacing.after_pass(now, read_for_cells=served and self._read_for_cells,
+                                            woken=woken, polled=polled, cell_running=self.busy)
+            if began is False:  # polling ends: a cell that ended unwoken before that is read now
+                self.wake_after_at, woken, polled = -math.inf, False, True
+                continue
+            if began:
+                self.wake_after_at = math.inf
+            until, poll = self._pacing.next_wake(now, deadline)
+            woken = self._wake.wait(max(0.0, until - now))
             self._wake.clear()
-
-
-def _next_deadline(previous: float, now: float, interval: float) -> float:
-    """Next tick time on a fixed grid; after a stall, resume from *now* instead of bursting."""
-    deadline = previous + interval
-    return deadline if deadline > now - interval else now
+            polled = poll and not woken and self._monotonic() < deadline

@@ -287,6 +287,33 @@ def test_help_texts_name_the_modes_one_way_and_the_settings_are_listed():
     assert out[5].stdout.strip() == "text"
 
 
+def test_the_help_is_written_when_first_asked_for_and_is_the_same_text():
+    """%load_ext does not read jaxlib for the help; %jaxalloc? then shows it, whole."""
+    out = run_cells(
+        [
+            "import jax_nbmem.allocator.modes as modes\n"
+            "reads, _read = [], modes.installed_jaxlib\n"
+            "modes.installed_jaxlib = lambda: reads.append(1) or _read()",
+            "%load_ext jax_nbmem",
+            "print(len(reads))",
+            "%jaxalloc?",
+            "print(len(reads) > 0)",
+            "from jax_nbmem.notebook.help_texts import help_texts\n"
+            "ip = get_ipython()\n"
+            "print(ip.find_line_magic('jaxalloc').__doc__ == help_texts(False)['jaxalloc'],"
+            " ip.find_cell_magic('jaxalloc').__doc__ == help_texts(False)['jaxalloc'],"
+            " ip.find_line_magic('jaxmem').__doc__ == help_texts(False)['jaxmem'])",
+            "%jaxalloc off",
+        ]
+    )
+    assert out[2].stdout.strip() == "0"
+    assert "%jaxalloc [MODE]: choose JAX's GPU allocator mode" in out[3].text
+    assert "MODE, one of on, off, fraction F, auto" in out[3].text
+    assert out[4].stdout.strip() == "True"
+    assert out[5].stdout.split() == ["True", "True", "True"]
+    assert "off" in out[6].text  # the magic itself runs as before
+
+
 def test_jaxalloc_says_what_else_decides_the_pool_and_what_overrides_the_mode():
     env = {
         "JAX_PJRT_CLIENT_CREATE_OPTIONS": "preallocate:false",

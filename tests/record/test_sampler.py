@@ -26,7 +26,6 @@ from jax_nbmem.record.sampler import (
     SampleHistory,
     Sampler,
     SamplerSource,
-    _next_deadline,
 )
 
 GIB = 1024**3
@@ -391,12 +390,6 @@ def test_rates_must_be_positive(world, clock):
         Sampler(world.source(), process_interval=-1)
     sampler.configure(interval=0.5)
     assert sampler.interval == 0.5
-
-
-def test_the_schedule_keeps_its_grid_and_skips_a_backlog_instead_of_bursting():
-    assert _next_deadline(10.0, now=10.03, interval=0.1) == pytest.approx(10.1)
-    assert _next_deadline(10.0, now=10.12, interval=0.1) == pytest.approx(10.1)  # no sleep
-    assert _next_deadline(10.0, now=12.0, interval=0.1) == 12.0  # stalled: restart from now
 
 
 def gpu_reading(used, free, self_bytes):
@@ -775,8 +768,24 @@ def test_cells_are_read_after_without_a_request_each_and_only_by_a_later_reading
             time.sleep(0.01)
         started, answered, sample = delivered[0]
         assert len(answered) == 3 and all(t <= started for t in answered)
-        assert sample.gpu(0) is not None and sampler.wake_after_at == started  # a later end wakes
+        assert sample.gpu(0) is not None
         assert sampler._after_requests == deque()  # nothing was asked per cell
+        # Cells came: the thread now polls for the next ones, whose end wakes nobody.
+        while sampler.wake_after_at != float("inf") and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sampler.wake_after_at == float("inf")
+        for _ in range(3):  # cells a short pause apart, none waking the thread
+            time.sleep(0.02)
+            ended.append(time.monotonic())
+            assert ended[-1] < sampler.wake_after_at
+            while ended and time.monotonic() < deadline:
+                time.sleep(0.001)
+            started, answered, _ = delivered[-1]
+            assert len(answered) == 1 and answered[0] <= started  # read by a poll, after it
+        # A pause longer than a person's quickest: the next cell's end wakes the thread again.
+        while sampler.wake_after_at == float("inf") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sampler.wake_after_at == -float("inf") and len(delivered) == 4
     finally:
         sampler.stop()
     assert not sampler.serving
