@@ -48,7 +48,7 @@ KERNEL_KEYS = frozenset({
     "schema", "pid", "started_at", "user", "hub_user", "kernel_id", "notebook",
     "mode_requested", "mode_in_effect", "mode_reason", "pool_fraction", "gpus",
     "cell_running", "last_cell_finished_at", "written_at", "jax", "jaxlib", "jax_nbmem",
-    "variables", "identity", "memory_caps",
+    "variables", "identity", "memory_caps", "pool_gpus",
 })  # fmt: skip
 MAX_KERNEL_BYTES = 8 * 1024
 

@@ -65,10 +65,10 @@ def run_cull(args: argparse.Namespace) -> int:
         args = settle(args)
     except ConfigError as error:
         return _fail(f"{error}; nothing runs")
-    share_dir = _share_dir(args.share_dir)
-    if not share_dir or not os.path.isdir(share_dir):
-        from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR, ENV_SHARE_DIR
+    from jax_nbmem.node.sharedir import DEFAULT_SHARE_DIR, ENV_SHARE_DIR, find_share_dir
 
+    share_dir = find_share_dir(args.share_dir).path
+    if not share_dir or not os.path.isdir(share_dir):
         return _fail(
             f"needs the shared beacon directory of every user's kernels (--share-dir or "
             f"${ENV_SHARE_DIR}, else {DEFAULT_SHARE_DIR} where it is); "
@@ -98,12 +98,6 @@ def run_cull(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _share_dir(given: str | None) -> str | None:
-    from jax_nbmem.node.sharedir import find_share_dir
-
-    return find_share_dir(given).path
 
 
 def _hub_and_check(args):

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
-from jax_nbmem.gpu.nvml_own import own_process_list
+from jax_nbmem.gpu.nvml_own import own_process_list, whole_process_list
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
 from jax_nbmem.gpu.nvml_session import (
     LAYOUT_CHECK_S,
@@ -169,11 +169,12 @@ def process_lists(indices: Iterable[int] | None = None) -> list[GpuProcesses]:
     is lost, NVML refuses, the list keeps changing size) has ``processes=None`` and a
     ``problem``: unknown, never an empty list. Returns ``[]`` when NVML is unavailable.
     A process on a MIG instance is on the instance's list; a GPU in MIG mode lists none (its
-    processes are its instances').
+    processes are its instances'). Read raw (:func:`~jax_nbmem.gpu.nvml_own.whole_process_list`):
+    no pynvml object per entry, so a node's hundreds of processes cost microseconds each.
     """
     started = time.monotonic()
     try:
-        return _process_lists(indices)
+        return _process_lists(indices, _whole_list)
     finally:
         _nvml.timed("listing processes", time.monotonic() - started)
 
@@ -203,6 +204,14 @@ def _own_list(
         mine = tuple(p for p in listing.processes or () if p.pid == pid)
         return GpuProcesses(listing.gpu, mine, listing.problem)
     return own_process_list(nv, session, device, log_once, pid)
+
+
+def _whole_list(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None]
+) -> GpuProcesses:
+    if getattr(nv, "_nvmlGetFunctionPointer", None) is None:  # a pynvml without its pointers
+        return one_process_list(nv, session, device, log_once)
+    return whole_process_list(nv, session, device, log_once)
 
 
 def processes(indices: Iterable[int] | None = None) -> list[GpuProcess]:

@@ -20,13 +20,13 @@ from jax_nbmem.gpu.mig import MigInstance, gpu_label
 from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_session import Device, Session
 
-__all__ = ["GpuMemory", "plausible", "read_memory", "unreadable"]
+__all__ = ["MAX_PLAUSIBLE_BYTES", "GpuMemory", "plausible", "read_memory", "unreadable"]
 
 _log = logging.getLogger("jax_nbmem.gpu.nvml")
 _MAIN_THREAD = threading.main_thread().ident
 
 # No GPU has a petabyte; NVML's "not available" (2**64 - 1) and garbage land above it.
-_MAX_PLAUSIBLE_BYTES = 1 << 50
+MAX_PLAUSIBLE_BYTES = 1 << 50
 # used + reserved + free may exceed total by rounding in the driver; more than this is not.
 _SUM_SLACK_BYTES = 64 << 20
 
@@ -62,7 +62,7 @@ class GpuMemory:
         return gpu_label(self)
 
 
-def plausible(value: Any, limit: int = _MAX_PLAUSIBLE_BYTES) -> int | None:
+def plausible(value: Any, limit: int = MAX_PLAUSIBLE_BYTES) -> int | None:
     """``value`` as bytes if a GPU could report it, else None."""
     return value if isinstance(value, int) and 0 <= value <= limit else None
 

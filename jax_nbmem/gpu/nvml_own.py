@@ -1,12 +1,15 @@
-"""This process's own entries in NVML's process lists, found without reading anyone else's.
+"""NVML's process lists read raw: one process's own entries, or all without pynvml's objects.
 
 Part of :mod:`jax_nbmem.gpu.nvml`; imports no pynvml (the functions take it as ``nv``). NVML
 tells a process's bytes on a GPU only inside that GPU's whole process list. pynvml's list calls
-turn every entry into a Python object (on a node with hundreds of processes, most of a cell's
-boundary went there), so this reads the compute and graphics lists through pynvml's own
-function pointers (``_v3``, stepping down to ``_v2`` as :mod:`~jax_nbmem.gpu.nvml_processes`
-does, sharing its memory of what the driver has) into a buffer each thread keeps, and finds the
+turn every entry into a Python object of its own, field by field (on a node with hundreds of
+processes, most of a cell's boundary went there, and most of the sampler thread's time), so
+this reads the compute and graphics lists through pynvml's own function pointers (``_v3``,
+stepping down to ``_v2`` as :mod:`~jax_nbmem.gpu.nvml_processes` does, sharing its memory of
+what the driver has) into a buffer each thread keeps. :func:`own_process_list` finds the
 entries of one PID by searching the raw bytes: no object is made for another process's entry.
+:func:`whole_process_list` unpacks each entry's PID and bytes at once (``struct``), the same
+list :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` gives, at a tenth of its cost.
 
 The entries and their meaning are pynvml's: a PID as NVML sees it (the host's), bytes ``None``
 when NVML cannot say, impossible bytes left out and said.
@@ -15,16 +18,18 @@ when NVML cannot say, impossible bytes left out and said.
 from __future__ import annotations
 
 import ctypes
+import functools
+import struct
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.gpu.nvml_memory import plausible
+from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, plausible
 from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, newest_process_call
 from jax_nbmem.gpu.nvml_session import Device, Session
 
-__all__ = ["own_process_list"]
+__all__ = ["own_process_list", "whole_process_list"]
 
 _KINDS = ("Compute", "Graphics")
 _FIRST_CAPACITY = 64  # entries; the buffer grows to what a GPU's list needs, and stays
@@ -118,3 +123,50 @@ def own_process_list(
         problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
     processes = (GpuProcess(pid, device.index, used),) if listed else ()
     return GpuProcesses(device.index, processes, problem)
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(entry: Any) -> struct.Struct:
+    """A ``struct`` reading (PID, bytes) from one raw entry of pynvml's *entry* struct."""
+    pid_at, used_at, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
+    if not pid_at + 4 <= used_at <= size - 8:
+        raise ValueError(f"{entry.__name__}: pid at {pid_at}, bytes at {used_at} of {size}")
+    return struct.Struct(f"={pid_at}xI{used_at - pid_at - 4}xQ{size - used_at - 8}x")
+
+
+def whole_process_list(
+    nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None]
+) -> GpuProcesses:
+    """One GPU's whole list, as :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` gives it.
+
+    A PID on both lists appears once, with the first figure known; impossible bytes are left
+    out and said in ``problem``. Raises pynvml's errors, and
+    :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`.
+    """
+    rows: list[tuple[int, int]] = []
+    for kind in _KINDS:
+        data, _size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
+        layout = _layout(_buffers.entry)
+        rows += layout.iter_unpack(data)
+    index = device.index
+    if not rows or (
+        max(raw for _pid, raw in rows) <= MAX_PLAUSIBLE_BYTES
+        and len({pid for pid, _raw in rows}) == len(rows)
+    ):  # the common case, each PID once with its bytes: no merging to do
+        make = GpuProcess._make  # a named tuple's, without its __new__'s argument parsing
+        return GpuProcesses(index, tuple([make((pid, index, raw)) for pid, raw in rows]))
+    seen: dict[int, int | None] = {}
+    odd: list[str] = []
+    for pid, raw in rows:
+        used: int | None = raw  # unsigned: plausible() is its upper bound alone
+        if raw > MAX_PLAUSIBLE_BYTES:
+            used = None
+            if raw != _NOT_AVAILABLE:
+                odd.append(f"PID {pid} {raw!r}")
+        if pid not in seen or (seen[pid] is None and used is not None):
+            seen[pid] = used
+    problem = None
+    if odd:
+        problem = f"GPU {index}: impossible process bytes, not shown: {', '.join(odd)}"
+    processes = tuple(GpuProcess(pid, index, used) for pid, used in seen.items())
+    return GpuProcesses(index, processes, problem)

@@ -217,4 +217,3 @@ class AliveLock:
                 os.close(fd)
             except OSError:
                 pass
-

@@ -36,6 +36,7 @@ __all__ = [
     "names_by_key",
     "owned_by",
     "owner_of",
+    "read_file_head",
     "read_small_file",
     "taken_by_another",
 ]
@@ -131,17 +132,42 @@ def read_small_file(path: str, max_bytes: int = _MAX_BYTES) -> tuple[bytes, os.s
     For files anyone may have put there: a symlink, a FIFO (opened without blocking, never
     read), a directory, a device, a socket or a file over ``max_bytes`` gives None.
     """
+    return _read_regular(path, max_bytes, refuse_larger=True)
+
+
+def read_file_head(path: str, max_bytes: int) -> tuple[bytes, os.stat_result] | None:
+    """The head of the regular file at ``path`` (``max_bytes`` + 1 bytes at most), its ``fstat``.
+
+    Read as :func:`read_small_file` reads, or None. More than ``max_bytes`` back says that the
+    file goes on: a reader that can use a file's head need not open it twice.
+    """
+    return _read_regular(path, max_bytes, refuse_larger=False)
+
+
+def _read_regular(path: str, max_bytes: int, *, refuse_larger: bool):
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
+        )
     except (OSError, ValueError):  # a symlink (ELOOP), gone, not ours to read, a NUL in it
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+        if not stat.S_ISREG(info.st_mode) or (refuse_larger and info.st_size > max_bytes):
             return None
-        data = os.read(fd, max_bytes + 1)
+        chunks, size = [], 0
+        while size <= max_bytes:
+            wanted = max_bytes + 1 - size
+            chunk = os.read(fd, wanted)
+            chunks.append(chunk)
+            size += len(chunk)
+            if len(chunk) < wanted:  # the end of a regular file
+                break
     except OSError:
         return None
     finally:
         os.close(fd)
-    return (data, info) if len(data) <= max_bytes else None  # None: it grew while read
+    data = b"".join(chunks)
+    if refuse_larger and len(data) > max_bytes:
+        return None  # it grew while read
+    return data, info

@@ -113,6 +113,8 @@ class Beacon:
     identity: Mapping[str, Any] | None = None
     # Its MPS or HAMi memory cap by GPU UUID, as the kernel reads its own environment.
     memory_caps: Mapping[str, int] = field(default_factory=dict)
+    # Before its JAX starts: the UUIDs of the GPUs it will make its pool on (None: not said).
+    pool_gpus: tuple[str, ...] | None = None
 
     def idle_s(self, now: float | None = None) -> float | None:
         """Seconds since its last cell finished; 0 while one runs; None before the first."""
@@ -530,6 +532,7 @@ def _beacon_from(content: Any, path: str) -> Beacon | None:
         hub_user=strict_text(content.get("hub_user")),
         identity=_identity(content.get("identity")),
         memory_caps=_caps(content.get("memory_caps")),
+        pool_gpus=_uuids(content.get("pool_gpus")),
         path=path,
     )
 
@@ -561,10 +564,6 @@ def _vouched_for(beacon: Beacon, owner_uid: int) -> bool:
         return False
 
 
-
-
-
-
 def _caps(value: Any) -> dict[str, int]:
     """A beacon's ``memory_caps`` (GPU UUID → bytes), what of it is well-formed."""
     if not isinstance(value, dict):
@@ -575,3 +574,11 @@ def _caps(value: Any) -> dict[str, int]:
         if strict_text(uuid, _MAX_KEY_CHARS) is not None and size:
             caps[uuid] = size
     return caps
+
+
+def _uuids(value: Any) -> tuple[str, ...] | None:
+    """A beacon's ``pool_gpus``: a list of GPU UUIDs, else None (not said, or malformed)."""
+    if not isinstance(value, list) or len(value) > MAX_PIDS:
+        return None
+    uuids = tuple(strict_text(uuid, _MAX_KEY_CHARS) for uuid in value)
+    return uuids if all(uuids) else None

@@ -207,8 +207,6 @@ def _checked(content: Any, pid: int, started_at: float | None, key: str | None) 
     return notice
 
 
-
-
 def _meant_for(notice: Notice, pid: int, key: str | None) -> bool:
     """Whether ``notice`` speaks to the kernel of ``pid`` (or of ``key``, in a container)."""
     if key:

@@ -37,7 +37,8 @@ from jax_nbmem.node.agent_client_tcp import (
     network_problem,
     parsed_network_resolution,
 )
-from jax_nbmem.node.beacons import Beacon, beacon_from, read_small_file
+from jax_nbmem.node.beacon_files import read_file_head
+from jax_nbmem.node.beacons import Beacon, beacon_from
 from jax_nbmem.node.fields import strict_count, strict_number, strict_text
 from jax_nbmem.node.identity import own_identity, same_namespace
 
@@ -222,11 +223,11 @@ def load_resolution(
     if problem:
         return Resolution("untrusted", problem, path)
     # The file with every name where this reader may open it (root, the agent's user).
-    found = _read_head(full_resolution_path(share_dir))
+    found = read_file_head(full_resolution_path(share_dir), MAX_BYTES)
     if found is not None:
         path = full_resolution_path(share_dir)
     else:
-        found = _read_head(path)
+        found = read_file_head(path, MAX_BYTES)
     if found is None:
         if not os.path.lexists(path):
             return Resolution("absent", f"the node agent has written no {path} yet", path)
@@ -279,30 +280,6 @@ def _judge_age(resolution: Resolution, now: float) -> Resolution:
             resolution.agent,
         )  # fmt: skip
     return resolution
-
-
-def _read_head(path: str) -> tuple[bytes, os.stat_result] | None:
-    """The first ``MAX_BYTES`` (and one more) of the regular file ``path``, and its ``fstat``."""
-    found = read_small_file(path, MAX_BYTES)
-    if found is not None:
-        return found
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        chunks, size = [], 0
-        while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks), info
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 _PROCESSES = re.compile(rb'"processes"\s*:\s*\[')

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from jax_nbmem.allocator.extras import cuda_visible_devices
 from jax_nbmem.node.agent_client import socket_path
 from jax_nbmem.node.beacons import SCHEMA, Beacon, BeaconWriter, beacon_dirs
 from jax_nbmem.node.identity import own_identity
@@ -150,6 +151,23 @@ def _add_holders(gpus: dict[str, dict[str, Any]], session: Any) -> None:
                 counters[f"{holder}_bytes"] = parts[holder]
 
 
+def _pool_gpus(latest: Any) -> list[str] | None:
+    """The UUIDs of the GPUs this kernel's JAX will make its pool on when it starts, or None.
+
+    The sampler's GPUs are those CUDA lets this process see, in CUDA's order (JAX's device
+    ordinals); ``jax_cuda_visible_devices`` may narrow them. Lets the server say "will not fit"
+    only of a GPU this kernel will use. None: not known (no reading yet, a GPU without UUID).
+    """
+    gpus = list(getattr(latest, "gpus", ()))
+    if not gpus:
+        return None
+    chosen = cuda_visible_devices()
+    if chosen is not None:
+        gpus = [gpus[ordinal] for ordinal in chosen if 0 <= ordinal < len(gpus)]
+    uuids = [gpu.uuid for gpu in gpus]
+    return uuids if all(uuids) else None
+
+
 def beacon_facts(session: Any) -> dict[str, Any]:
     """The beacon's content now (everything but ``written_at``)."""
     control = session.control
@@ -178,6 +196,7 @@ def beacon_facts(session: Any) -> dict[str, Any]:
         "mode_in_effect": backend.effective.mode_name if backend is not None else None,
         "variables": dict(backend.variables) if backend is not None else {},
         "pool_fraction": settings.pool_fraction,
+        "pool_gpus": _pool_gpus(latest) if backend is None else None,
         "gpus": gpus,
         "cell_running": session.ledger.cell_running,
         "last_cell_finished_at": session.ledger.last_finished_at,

@@ -588,7 +588,7 @@ class Sampler:
             elif now >= deadline:
                 deadline = next_deadline(deadline, now, self.interval)
             began = self._pacing.after_pass(now, read_for_cells=served and self._read_for_cells,
-                                            woken=woken, polled=polled, cell_running=self.busy)
+                woken=woken, polled=polled, cell_running=self.busy)  # fmt: skip
             if began is False:  # polling ends: a cell that ended unwoken before that is read now
                 self.wake_after_at, woken, polled = -math.inf, False, True
                 continue

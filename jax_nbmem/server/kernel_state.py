@@ -5,7 +5,8 @@ The item colours a notebook by its kernel's ``state``:
 - ``blocking`` (red): a warning names this kernel's process as one that keeps others off a
   GPU (``blocking-preallocation``), or says that its mode will not fit (``prealloc-will-fail``).
 - ``will-not-fit`` (red): its JAX has not started, its beacon says the pool its mode will take
-  (``pool_fraction``), and a GPU it will use has less free than that.
+  (``pool_fraction``), and a GPU it will use (``pool_gpus``, where the beacon says them) has
+  less free than that.
 - ``shared-preallocation`` (amber): its JAX preallocated a pool on a GPU that other processes
   use too, without blocking anyone yet.
 - ``normal``: neither; also a kernel not on any GPU, or one whose memory NVML cannot tell.
@@ -31,7 +32,7 @@ RED_WARNINGS = frozenset({"blocking-preallocation", "prealloc-will-fail"})
 def with_states(
     kernels: Iterable[Mapping[str, Any]],
     report: Mapping[str, Any],
-    pending: Mapping[int, tuple[str | None, float | None]] | None = None,
+    pending: Mapping[int, tuple] | None = None,
 ) -> list[dict[str, Any]]:
     """Return *kernels* (the report's ``kernels``), each with its state and warnings added.
 
@@ -39,7 +40,8 @@ def with_states(
     (the report's warnings naming its process) and ``mode_shown`` (its allocator mode as the
     board shows it; None when no source tells it, e.g. JAX not started and no beacon).
     ``pending``: by PID, the mode and pool fraction that the beacons of kernels whose JAX has
-    not started say they will take.
+    not started say they will take, and the UUIDs of the GPUs they will take it on (a third
+    item; None or left out: every GPU of this server).
     """
     processes = list(report.get("processes") or [])
     warnings = list(report.get("warnings") or [])
@@ -66,10 +68,14 @@ def _with_state(
     named = [w for w in warnings if pid is not None and w.get("pid") == pid]
     kernel["warnings"] = named
     kernel["mode_shown"] = next(filter(None, (_mode(row) for row in rows)), None)
-    mode, fraction = pending.get(pid, (None, None)) if not rows else (None, None)
+    mode, fraction, *said = pending.get(pid, (None, None)) if not rows else (None, None)
     if mode:
         kernel["mode_shown"] = f"{mode} (JAX not started)"
-    short = [g for g in gpus if fraction and _short_of(g, fraction)]
+    # Only a GPU its JAX will use (its CUDA_VISIBLE_DEVICES and jax_cuda_visible_devices, as
+    # its beacon says them); every GPU of this server where the beacon does not say.
+    pool_gpus = said[0] if said and said[0] is not None else None
+    short = [g for g in gpus if fraction and _short_of(g, fraction)
+             and (pool_gpus is None or g.get("uuid") in pool_gpus)]  # fmt: skip
     if short:
         gpu = short[0]
         kernel["state"] = "will-not-fit"

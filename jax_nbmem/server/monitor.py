@@ -183,7 +183,10 @@ class ServerMonitor:
                 log.warning("jax_nbmem: after a status refresh", exc_info=True)
 
     def _pending(self, kernels: list[dict[str, Any]]) -> dict[int, tuple]:
-        """Mode and pool fraction of our kernels whose JAX has not started, from their beacons."""
+        """Mode, pool fraction and the pool's GPUs of our kernels whose JAX has not started.
+
+        From their beacons; the GPUs are UUIDs, None where a beacon does not say them.
+        """
         # Beacons are named by the PID here (in a container, not the host's PID shown).
         waiting = {
             k.get("pid_in_container") or k["pid"]: k["pid"]
@@ -198,7 +201,7 @@ class ServerMonitor:
             log.debug("jax_nbmem: beacons of kernels not on a GPU", exc_info=True)
             return {}
         return {
-            waiting[pid]: (b.mode_requested or "default", b.pool_fraction)
+            waiting[pid]: (b.mode_requested or "default", b.pool_fraction, b.pool_gpus)
             for pid, b in beacons.items()
             if b.mode_in_effect is None
         }

@@ -33,8 +33,18 @@ def test_the_versions_page_says_each_floor_as_declared():
     page = (REPO_ROOT / "docs" / "versions.md").read_text()
     floors = _floors()
     assert PROJECT["requires-python"] == ">=3.10" and "3.10 and newer" in page
-    for name in ("jax", "ipython", "ipykernel", "ipywidgets", "anywidget", "plotly",
-                 "nvidia-ml-py", "jupyter_server", "prometheus_client", "kubernetes-validate"):
+    for name in (
+        "jax",
+        "ipython",
+        "ipykernel",
+        "ipywidgets",
+        "anywidget",
+        "plotly",
+        "nvidia-ml-py",
+        "jupyter_server",
+        "prometheus_client",
+        "kubernetes-validate",
+    ):
         assert f"`{name}` ≥ {floors[name]}" in page, name
     assert f"JupyterHub | {floors['jupyterhub']} and newer" in page
     oldest = (REPO_ROOT / "scripts" / "test-oldest.sh").read_text()

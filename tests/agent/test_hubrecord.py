@@ -69,8 +69,10 @@ def test_an_answer_that_is_not_that_users_model_is_refused():
         ("/system.slice/jupyter-alice.service", True),
         ("/system.slice/jupyter-alice.service/kernels", True),  # below the unit: the unit's
         ("/jupyter.slice/jupyter-users.slice/jupyter-alice.service", True),  # --slice
-        ("/user.slice/user-1001.slice/user@1001.service/system.slice/jupyter-alice.service",
-         False),  # fmt: skip  (a user's delegated subtree)
+        (
+            "/user.slice/user-1001.slice/user@1001.service/system.slice/jupyter-alice.service",
+            False,
+        ),  # fmt: skip  (a user's delegated subtree)
         ("/user.slice/user-1001.slice/session-3.scope/jupyter-alice.service", False),
         ("/../system.slice/jupyter-alice.service", False),  # another cgroup namespace's view
         ("/system.slice/jupyter-alice-singleuser.service", False),
@@ -87,10 +89,14 @@ def test_a_units_cgroup_is_its_own_under_slices_only(path, held):
     ("text", "path"),
     [
         ("0::/system.slice/jupyter-alice.service\n", "/system.slice/jupyter-alice.service"),
-        ("12:memory:/x\n1:name=systemd:/system.slice/u.service\n0::/system.slice/u.service\n",
-         "/system.slice/u.service"),  # fmt: skip  (hybrid)
-        ("12:memory:/user.slice\n1:name=systemd:/system.slice/u.service\n",
-         "/system.slice/u.service"),  # fmt: skip  (v1: systemd's own hierarchy, no other)
+        (
+            "12:memory:/x\n1:name=systemd:/system.slice/u.service\n0::/system.slice/u.service\n",
+            "/system.slice/u.service",
+        ),  # fmt: skip  (hybrid)
+        (
+            "12:memory:/user.slice\n1:name=systemd:/system.slice/u.service\n",
+            "/system.slice/u.service",
+        ),  # fmt: skip  (v1: systemd's own hierarchy, no other)
         ("4:memory:/system.slice/u.service\n1:name=systemd:/\n0::/\n", "/"),
         ("4:memory:/system.slice/u.service\n", None),
     ],
@@ -153,8 +159,10 @@ def test_the_proc_readers_share_one_that_never_waits_on_a_fifo_nor_follows_a_lin
     for name in ("cgroup", "stat", "status"):
         os.mkfifo(tmp_path / "4242" / name)
     (tmp_path / "4343").mkdir()
-    for name, text in (("cgroup", "0::/system.slice/jupyter-alice.service\n"),
-                       ("stat", "4343 (python) S 77 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99\n")):
+    for name, text in (
+        ("cgroup", "0::/system.slice/jupyter-alice.service\n"),
+        ("stat", "4343 (python) S 77 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99\n"),
+    ):
         (tmp_path / f"elsewhere-{name}").write_text(text)
         (tmp_path / "4343" / name).symlink_to(tmp_path / f"elsewhere-{name}")
     done = subprocess.run([sys.executable, "-c", _READ_PLANTED, str(tmp_path)],

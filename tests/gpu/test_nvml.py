@@ -18,6 +18,7 @@ import threading
 import pytest
 
 from jax_nbmem.gpu import nvml
+from jax_nbmem.gpu.nvml_processes import one_process_list
 from jax_nbmem.simgpu import GIB
 
 MIB = 1024**2
@@ -30,9 +31,13 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(message
 from jax_nbmem.gpu import nvml
 
 def plain(value):
-    if isinstance(value, list):
+    if hasattr(value, "_asdict"):  # a named tuple (GpuProcess)
+        return value._asdict()
+    if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    if dataclasses.is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
 
 def report(**values):
     print(json.dumps({key: plain(value) for key, value in values.items()}))
@@ -357,22 +362,44 @@ def test_a_process_list_nvml_cannot_give_is_unknown_not_empty(sim_state, simgpu_
     assert seen["flat"] == [{"pid": 4343, "gpu": 1, "used_bytes": GIB}]
 
 
+@pytest.mark.parametrize("reader", ["raw", "pynvml"])
 def test_a_list_that_changed_size_between_the_two_calls_is_asked_again(
-    simgpu_in_process, monkeypatch
+    simgpu_in_process, monkeypatch, reader
 ):
     import pynvml
 
     simgpu_in_process.gpu(0, total=80 * GIB).process(0, 4242, 4 * GIB).write()
     assert nvml.processes() == [nvml.GpuProcess(4242, 0, 4 * GIB)]
-    original, calls = pynvml.nvmlDeviceGetComputeRunningProcesses_v3, []
+    calls = []
+    if reader == "raw":  # the list read into our buffer through pynvml's function pointer
+        original_pointer = pynvml._nvmlGetFunctionPointer
 
-    def grew_once(handle):  # a process started between NVML's count and its copy
-        calls.append(handle)
-        if len(calls) == 1:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        return original(handle)
+        def pointer(name):
+            function = original_pointer(name)
+            if name != "nvmlDeviceGetComputeRunningProcesses_v3":
+                return function
 
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v3", grew_once)
+            def grew_once(handle, count, array):  # a process started meanwhile
+                calls.append(handle)
+                if len(calls) == 1:
+                    count._obj.value = 2
+                    return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+                return function(handle, count, array)
+
+            return grew_once
+
+        monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", pointer)
+    else:  # pynvml's own call (a pynvml without function pointers is read so)
+        monkeypatch.setattr(nvml, "whole_process_list", one_process_list)
+        original = pynvml.nvmlDeviceGetComputeRunningProcesses_v3
+
+        def grew_once(handle):  # a process started between NVML's count and its copy
+            calls.append(handle)
+            if len(calls) == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            return original(handle)
+
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v3", grew_once)
     [listing] = nvml.process_lists()
     assert listing == nvml.GpuProcesses(0, (nvml.GpuProcess(4242, 0, 4 * GIB),))
     assert len(calls) == 2 and nvml.status() == nvml.NvmlStatus(True, None)

@@ -1,27 +1,43 @@
-"""Issue 46 item 3: this process's own entries in NVML's lists, read raw, are the lists' own.
+"""Issue 46 item 3: NVML's lists read raw say what pynvml's own list calls say.
 
 ``nvml.own_process_lists(indices, pid)`` reads the compute and graphics lists through pynvml's
-function pointers into a reused buffer and searches it for one PID. Whatever the lists hold
-(hundreds of neighbours, a buffer to grow, a PID on both lists, bytes NVML cannot tell or that
-cannot be, a PID's bytes hiding inside another entry's figure), it must say exactly what the
-whole lists say of that PID, on the simulated GPU through real pynvml.
+function pointers into a reused buffer and searches it for one PID; ``nvml.process_lists``
+reads them the same way and unpacks every entry, without pynvml's object for each. Whatever the
+lists hold (hundreds of neighbours, a buffer to grow, a PID on both lists, bytes NVML cannot
+tell or that cannot be, a PID's bytes hiding inside another entry's figure), they must say
+exactly what pynvml's calls say, on the simulated GPU through real pynvml.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
 from jax_nbmem.gpu import nvml
+from jax_nbmem.gpu.nvml_processes import one_process_list
 from jax_nbmem.simgpu import GIB
 from tests.gpu.test_nvml import run_nvml
 
 MIB = 1024**2
 
 
-def mine_in_whole_lists(pid, indices=None):
+@pytest.fixture
+def through_pynvml(monkeypatch):
+    """The whole lists as pynvml's own calls give them (one object per entry)."""
+
+    def read(indices=None):
+        with monkeypatch.context() as patch:
+            patch.setattr(nvml, "whole_process_list", one_process_list)
+            return nvml.process_lists(indices)
+
+    return read
+
+
+def mine_in(lists, pid):
     return [
         (listing.gpu, tuple(p for p in listing.processes or () if p.pid == pid), listing.problem)
-        for listing in nvml.process_lists(indices)
+        for listing in lists
     ]
 
 
@@ -29,7 +45,9 @@ def own(pid, indices=None):
     return [(x.gpu, x.processes, x.problem) for x in nvml.own_process_lists(indices, pid)]
 
 
-def test_own_entries_among_hundreds_of_neighbours_are_the_whole_lists_own(simgpu_in_process):
+def test_own_entries_among_hundreds_of_neighbours_are_the_whole_lists_own(
+    simgpu_in_process, through_pynvml
+):
     state, me = simgpu_in_process, os.getpid()
     for gpu in range(4):
         state.gpu(gpu, total=141 * GIB)
@@ -42,31 +60,61 @@ def test_own_entries_among_hundreds_of_neighbours_are_the_whole_lists_own(simgpu
     # A neighbour whose figure holds our PID's bytes in its low word: not our entry.
     state.process(0, 99_999, (7 << 32) | me)
     state.write()
-    assert own(me) == mine_in_whole_lists(me)
+    assert own(me) == mine_in(through_pynvml(), me)
     assert own(me) == [
         (0, (), None),
         (1, (nvml.GpuProcess(me, 1, 300 * MIB),), None),
         (2, (nvml.GpuProcess(me, 2, 400 * MIB),), None),
         (3, (nvml.GpuProcess(me, 3, None),), None),
     ]
-    assert own(me, [2]) == mine_in_whole_lists(me, [2])
+    assert own(me, [2]) == mine_in(through_pynvml([2]), me)
     assert own(424_242) == [(gpu, (), None) for gpu in range(4)]  # listed nowhere
+    # the whole lists read raw: every neighbour, each once, as pynvml gives them
+    assert nvml.process_lists(None) == through_pynvml(None)
+    assert sum(len(listing.processes) for listing in nvml.process_lists(None)) == 4 * 300 + 4
+    assert nvml.process_lists([2, 0]) == through_pynvml([2, 0])
 
 
-def test_a_list_that_grows_between_two_readings_is_read_whole_again(simgpu_in_process):
+def test_whole_lists_read_raw_merge_a_pid_on_both_lists_as_pynvml_does(
+    simgpu_in_process, through_pynvml
+):
+    state = simgpu_in_process
+    state.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB)
+    state.process(0, 11, 3 * MIB).process(0, 11, 3 * MIB, graphics=True)  # on both: once
+    state.process(0, 12, None).process(0, 12, None, graphics=True)
+    state.process(0, 13, 7 * MIB, graphics=True)  # on the graphics list alone
+    state.process(1, 14, 1 << 55).process(1, 15, None)  # impossible, and not available
+    state.write()
+    whole = nvml.process_lists(None)
+    assert whole == through_pynvml(None)
+    assert whole[0].processes == (
+        nvml.GpuProcess(11, 0, 3 * MIB),
+        nvml.GpuProcess(12, 0, None),
+        nvml.GpuProcess(13, 0, 7 * MIB),
+    )
+    assert whole[1].processes == (nvml.GpuProcess(14, 1, None), nvml.GpuProcess(15, 1, None))
+    assert "impossible process bytes" in whole[1].problem and "PID 14" in whole[1].problem
+
+
+def test_a_list_that_grows_between_two_readings_is_read_whole_again(
+    simgpu_in_process, through_pynvml
+):
     state, me = simgpu_in_process, os.getpid()
     state.gpu(0, total=80 * GIB).process(0, me, GIB).write()
     assert own(me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
     for pid in [p for p in range(10_000, 12_001) if p != me][:2_000]:  # never this process's
         state.process(0, pid, MIB)
     state.write()
-    assert own(me) == mine_in_whole_lists(me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
+    assert own(me) == mine_in(through_pynvml(), me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
+    assert nvml.process_lists(None) == through_pynvml(None)
 
 
-def test_impossible_bytes_are_left_out_and_said_as_the_whole_list_says(simgpu_in_process):
+def test_impossible_bytes_are_left_out_and_said_as_the_whole_list_says(
+    simgpu_in_process, through_pynvml
+):
     state, me = simgpu_in_process, os.getpid()
     state.gpu(0, total=80 * GIB).process(0, me, 1 << 55).write()
-    assert own(me) == mine_in_whole_lists(me)
+    assert own(me) == mine_in(through_pynvml(), me)
     [(gpu, processes, problem)] = own(me)
     assert processes == (nvml.GpuProcess(me, 0, None),) and "impossible process bytes" in problem
 

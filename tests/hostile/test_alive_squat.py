@@ -97,8 +97,17 @@ class _Squat:
 def _kernel(node, namespace: bool) -> subprocess.Popen:
     argv = [node.python, "-c", _KERNEL, str(node.share)]
     if namespace:  # root makes the namespace, as a container runtime does; bob runs in it
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", "setpriv",
-                f"--reuid={node.bob.uid}", f"--regid={node.bob.gid}", "--clear-groups", *argv]
+        argv = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "setpriv",
+            f"--reuid={node.bob.uid}",
+            f"--regid={node.bob.gid}",
+            "--clear-groups",
+            *argv,
+        ]
         who = {}
     else:
         who = {"user": node.bob.uid, "group": node.bob.gid, "extra_groups": []}

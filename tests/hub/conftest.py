@@ -283,8 +283,9 @@ def running_hub(
         tokens = (secrets.token_hex(24), secrets.token_hex(24))
         config = folder / "jupyterhub_config.py"
         config.write_text(
-            _config(port, api_port, proxy_port, folder, [u.name for u in hub_users], python,
-                    tokens)  # fmt: skip
+            _config(
+                port, api_port, proxy_port, folder, [u.name for u in hub_users], python, tokens
+            )  # fmt: skip
             + extra_config
         )
         log_path = folder / "hub.log"

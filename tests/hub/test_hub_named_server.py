@@ -51,7 +51,9 @@ def test_root_stops_a_kernel_of_a_named_server_through_that_server(hub, tmp_path
         assert status == 200 and kernel.id not in {k["id"] for k in listed}, listed
         (entry,) = [json.loads(line) for line in admin_log.read_text().splitlines()]
         assert (entry["how"], entry["hub_user"], entry["kernel_id"]) == (
-            "server", alice.name, kernel.id
+            "server",
+            alice.name,
+            kernel.id,
         )
         # The token her named server was sent was issued for it alone, and revoked once used.
         status, tokens = hub.api("GET", f"users/{alice.name}/tokens")

@@ -168,6 +168,10 @@ def test_odd_values_inside_a_beacon_are_dropped_not_believed(tmp_path):
     assert beacon.notebook is None and beacon.pool_fraction is None
     assert beacon.gpus == {UUID: {"bytes_in_use": None, "pool_bytes": None, "bytes_limit": None}}
     assert beacon.idle_s() is None
+    for said, read in (([UUID], (UUID,)), ([UUID, 7], None), (UUID, None), ([""], None)):
+        _write_file(path, {**odd, "pool_gpus": said, "written_at": time.time()})
+        (beacon,) = read_beacons([str(tmp_path)]).values()
+        assert beacon.pool_gpus == read, said
 
 
 def test_the_newest_of_two_beacons_for_one_process_wins(tmp_path):

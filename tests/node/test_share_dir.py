@@ -437,7 +437,6 @@ def test_junk_and_forged_claims_neither_hang_nor_crash_nor_sway_auto(tmp_path, o
     assert [c.key for c in found] == ["mine"]
 
 
-
 def test_the_flag_then_the_variable_then_the_documented_folder(tmp_path):
     default = tmp_path / "jax_nbmem"
     env = {"JAX_NBMEM_SHARE_DIR": "/from/env"}

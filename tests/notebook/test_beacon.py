@@ -117,7 +117,8 @@ def test_this_kernels_own_row_is_what_it_knows_of_itself(simgpu_env, sim_state):
         pid = kernels.get_kernel(kernel_id).provisioner.process.pid
         sim_state.gpu(0, total=80 * GIB, uuid=UUID).process(0, pid, 300 << 20).write()
         _execute(client, "%load_ext jax_nbmem\n%jaxalloc off")
-        _says(pid, mode_requested="off", mode_in_effect=None)  # its beacon: not started
+        # its beacon: not started, and the GPU its pool will go on (the server's red item)
+        _says(pid, mode_requested="off", mode_in_effect=None, pool_gpus=[UUID])
 
         # JAX starts on the CPU in the cell that asks for the status.
         text = _execute(client, START_JAX + "%jaxmem status")
@@ -131,7 +132,7 @@ def test_this_kernels_own_row_is_what_it_knows_of_itself(simgpu_env, sim_state):
             "session", "off", None, False
         )  # fmt: skip
         # Others read its beacon: the mode it runs.
-        _says(pid, mode_in_effect="off", pool_fraction=0.0)
+        _says(pid, mode_in_effect="off", pool_fraction=0.0, pool_gpus=None)
 
 
 def test_a_kernel_names_its_notebook_only_from_what_it_knows_of_itself(

@@ -65,7 +65,13 @@ def test_the_report_is_not_changed():
 
 
 def gpu(index=0, total=80 * GIB, free=20 * GIB, ours=True):
-    return {"index": index, "total_bytes": total, "free_bytes": free, "ours": ours}
+    return {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "total_bytes": total,
+        "free_bytes": free,
+        "ours": ours,
+    }
 
 
 def test_a_kernel_whose_mode_will_not_fit_is_red_before_its_jax_starts():
@@ -91,6 +97,20 @@ def test_a_gpu_the_kernel_does_not_see_or_an_unknown_free_says_nothing():
     }
     found = with_states([kernel(1)], report, {1: ("on", 0.75)})
     assert found[0]["state"] == "normal"
+
+
+def test_only_the_gpus_its_beacon_says_its_pool_will_take_can_be_too_full():
+    # GPU 0 is full, GPU 1 has room: a kernel whose CUDA_VISIBLE_DEVICES (or
+    # jax_cuda_visible_devices) puts its pool on GPU 1 is not red for GPU 0
+    report = {"processes": [], "warnings": [], "gpus": [gpu(0, free=GIB), gpu(1, free=79 * GIB)]}
+    (found,) = with_states([kernel(1)], report, {1: ("on", 0.75, ("GPU-1",))})
+    assert found["state"] == "normal" and found["mode_shown"] == "on (JAX not started)"
+    (found,) = with_states([kernel(1)], report, {1: ("on", 0.75, ("GPU-0",))})
+    assert found["state"] == "will-not-fit" and "GPU 0" in found["state_reason"]
+    # a beacon that does not say (an older kernel's): every GPU of the server, as before
+    for unsaid in ({1: ("on", 0.75)}, {1: ("on", 0.75, None)}):
+        (found,) = with_states([kernel(1)], report, unsaid)
+        assert found["state"] == "will-not-fit", unsaid
 
 
 def test_a_kernel_already_on_the_gpu_is_judged_by_what_it_holds_not_its_beacon():

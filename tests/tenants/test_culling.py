@@ -120,8 +120,11 @@ def test_a_notice_of_a_start_no_process_has_is_none(tmp_path, started_at):
     )
     assert read_notice([str(tmp_path)], pid) is None
     assert read_notice([str(tmp_path)], pid, 1234.5) is None
-    fine = json.loads((tmp_path / f"jax_nbmem-cull-{pid}.json").read_text().replace(
-        f'"started_at": {started_at}', '"started_at": 1234.5'))
+    fine = json.loads(
+        (tmp_path / f"jax_nbmem-cull-{pid}.json")
+        .read_text()
+        .replace(f'"started_at": {started_at}', '"started_at": 1234.5')
+    )
     assert relayed_notice(fine, pid, 1234.5) is not None
 
 
