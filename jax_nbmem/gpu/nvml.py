@@ -43,7 +43,13 @@ from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
 from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
 from jax_nbmem.gpu.nvml_own import own_process_list, whole_process_list
-from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, NoProcessList, one_process_list
+from jax_nbmem.gpu.nvml_processes import (
+    GpuProcess,
+    GpuProcesses,
+    NoProcessList,
+    ProcessTable,
+    one_process_list,
+)
 from jax_nbmem.gpu.nvml_session import (
     LAYOUT_CHECK_S,
     RETRY_FIRST_S,
@@ -57,6 +63,7 @@ __all__ = [
     "SLOW_CALL_S",
     "GpuMemory",
     "GpuProcess",
+    "ProcessTable",
     "GpuProcesses",
     "NvmlStatus",
     "driver_version",

@@ -26,7 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, plausible
-from jax_nbmem.gpu.nvml_processes import GpuProcess, GpuProcesses, newest_process_call
+from jax_nbmem.gpu.nvml_processes import (
+    GpuProcess,
+    GpuProcesses,
+    ProcessTable,
+    newest_process_call,
+)
 from jax_nbmem.gpu.nvml_session import Device, Session
 
 __all__ = ["own_process_list", "whole_process_list"]
@@ -134,6 +139,22 @@ def _layout(entry: Any) -> struct.Struct:
     return struct.Struct(f"={pid_at}xI{used_at - pid_at - 4}xQ{size - used_at - 8}x")
 
 
+def _columns(data: bytes, entry: Any) -> tuple[list[int], list[int]]:
+    """Every entry's PID and bytes in *data*, as two lists of ints: no object an entry.
+
+    Read through strided views of the raw bytes where the struct's fields fall on their own
+    size (pynvml's v2 and v3 both do), else through :func:`_layout`.
+    """
+    pid_at, used_at, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
+    if pid_at % 4 == 0 and used_at % 8 == 0 and size % 8 == 0:
+        view = memoryview(data)
+        pids = view.cast("I")[pid_at // 4 :: size // 4]
+        used = view.cast("Q")[used_at // 8 :: size // 8]
+        return pids.tolist(), used.tolist()
+    rows = list(_layout(entry).iter_unpack(data))
+    return [pid for pid, _ in rows], [used for _, used in rows]
+
+
 def whole_process_list(
     nv: Any, session: Session, device: Device, log_once: Callable[[str, str], None]
 ) -> GpuProcesses:
@@ -143,30 +164,29 @@ def whole_process_list(
     out and said in ``problem``. Raises pynvml's errors, and
     :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`.
     """
-    rows: list[tuple[int, int]] = []
+    pids: list[int] = []
+    used: list[int] = []
     for kind in _KINDS:
         data, _size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
-        layout = _layout(_buffers.entry)
-        rows += layout.iter_unpack(data)
+        more_pids, more_used = _columns(data, _buffers.entry)
+        pids += more_pids
+        used += more_used
     index = device.index
-    if not rows or (
-        max(raw for _pid, raw in rows) <= MAX_PLAUSIBLE_BYTES
-        and len({pid for pid, _raw in rows}) == len(rows)
-    ):  # the common case, each PID once with its bytes: no merging to do
-        make = GpuProcess._make  # a named tuple's, without its __new__'s argument parsing
-        return GpuProcesses(index, tuple([make((pid, index, raw)) for pid, raw in rows]))
+    if not pids or (max(used) <= MAX_PLAUSIBLE_BYTES and len(set(pids)) == len(pids)):
+        # The common case, each PID once with its bytes: the columns are the list.
+        return GpuProcesses(index, ProcessTable(index, pids, used))
     seen: dict[int, int | None] = {}
     odd: list[str] = []
-    for pid, raw in rows:
-        used: int | None = raw  # unsigned: plausible() is its upper bound alone
+    for pid, raw in zip(pids, used, strict=True):
+        figure: int | None = raw  # unsigned: plausible() is its upper bound alone
         if raw > MAX_PLAUSIBLE_BYTES:
-            used = None
+            figure = None
             if raw != _NOT_AVAILABLE:
                 odd.append(f"PID {pid} {raw!r}")
-        if pid not in seen or (seen[pid] is None and used is not None):
-            seen[pid] = used
+        if pid not in seen or (seen[pid] is None and figure is not None):
+            seen[pid] = figure
     problem = None
     if odd:
         problem = f"GPU {index}: impossible process bytes, not shown: {', '.join(odd)}"
-    processes = tuple(GpuProcess(pid, index, used) for pid, used in seen.items())
+    processes = tuple(GpuProcess(pid, index, figure) for pid, figure in seen.items())
     return GpuProcesses(index, processes, problem)

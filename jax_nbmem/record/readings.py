@@ -194,8 +194,11 @@ def split_by_gpu(listing: Any, pid: int | None) -> dict[int, ProcessSplit] | Non
             split[gpu] = unknown
             continue
         # A node lists hundreds of processes a GPU, read every fraction of a second: the
-        # figures are taken out in C (map, `in`, sum), and only a list naming us is walked.
-        pids, used = list(map(_PID, processes)), list(map(_USED, processes))
+        # figures are NVML's columns (or taken out in C), and only a list naming us is walked.
+        if isinstance(processes, nvml.ProcessTable):
+            pids, used = processes.pids, processes.used
+        else:
+            pids, used = list(map(_PID, processes)), list(map(_USED, processes))
         mine, theirs = [], used
         if pid in pids:
             mine = [bytes_ for owner, bytes_ in zip(pids, used, strict=True) if owner == pid]

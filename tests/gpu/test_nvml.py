@@ -33,7 +33,7 @@ from jax_nbmem.gpu import nvml
 def plain(value):
     if hasattr(value, "_asdict"):  # a named tuple (GpuProcess)
         return value._asdict()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, nvml.ProcessTable)):
         return [plain(item) for item in value]
     if dataclasses.is_dataclass(value):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}

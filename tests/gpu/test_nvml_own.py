@@ -10,6 +10,7 @@ exactly what pynvml's calls say, on the simulated GPU through real pynvml.
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -138,3 +139,27 @@ def test_an_old_driver_is_read_through_its_v2_calls(sim_state, simgpu_old_driver
         {"gpu": 0, "processes": [{"pid": 7, "gpu": 0, "used_bytes": 2 * GIB}], "problem": None}
     ]
     assert log.count("compute process list _v3") == 1
+
+
+def test_a_whole_list_is_two_columns_of_ints_and_a_tuple_to_its_readers(simgpu_in_process):
+    # An object an entry made the garbage collector walk a kernel's heap at every reading.
+    state = simgpu_in_process
+    state.gpu(0, total=80 * GIB)
+    for n in range(200):
+        state.process(0, 5_000 + n, (n + 1) * MIB)
+    state.write()
+    [listing] = nvml.process_lists(None)
+    table = listing.processes
+    assert isinstance(table, nvml.ProcessTable)
+    assert table.pids == list(range(5_000, 5_200)) and table.used[7] == 8 * MIB
+    expected = tuple(nvml.GpuProcess(5_000 + n, 0, (n + 1) * MIB) for n in range(200))
+    assert table == expected and expected == table and hash(table) == hash(expected)
+    assert len(table) == 200 and table[-1] == expected[-1] and table[3:5] == expected[3:5]
+    assert list(table) == list(expected) and "ProcessTable((GpuProcess(pid=5000" in repr(table)
+    gc.collect()
+    before = len(gc.get_objects())
+    kept = [nvml.process_lists(None) for _ in range(5)]
+    assert len(gc.get_objects()) - before < 200, "an object an entry"
+    assert kept[0] == kept[-1]
+    empty = nvml.ProcessTable(1, [], [])  # a GPU without processes: falsy, as () is
+    assert not empty and empty == () and list(empty) == []
