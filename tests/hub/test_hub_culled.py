@@ -12,6 +12,7 @@ job: the culler keeps its count in the shared directory, where the exporter read
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import psutil
 import pytest
 import yaml
 
+from jax_nbmem.node.agent_client import AGENT_DIR
 from jax_nbmem.node.notices import read_counts
 from tests.cli.test_webconfig import PASSWORD, make_web_config
 from tests.deploy.prometheus import Prometheus, tool
@@ -99,6 +101,9 @@ def test_the_documented_culler_is_counted_where_the_documented_prometheus_scrape
             prometheus.stop()
         exporter.send_signal(signal.SIGTERM)
         exporter.wait(15)
+        # The agent's resolution stays after it stops (every kernel is told the agent stopped):
+        # the hub's later tests are about a node without one.
+        shutil.rmtree(hub.share_dir / AGENT_DIR, ignore_errors=True)
         hog.close()
     assert f"culled: Stopped kernel PID {hog.pid}" in said, said
     events = [json.loads(x) for x in (tmp_path / "admin.log").read_text().splitlines()]
