@@ -354,6 +354,7 @@ static void parse_proc(sim_state *state, sim_parse *parse, unsigned int line, si
     proc->pidns = pidns;
     proc->start = start;
     proc->start_given = start_given;
+    proc->twin_before = 0; /* check_state marks the twins; realloc'd memory holds anything */
     proc->line = line;
 }
 
@@ -636,16 +637,34 @@ static int has_end_line(const char *text) {
 static unsigned long long device_used(const sim_state *state, unsigned int index, int mig);
 
 /* Works out once the used bytes of every GPU whose figure cannot change until the next parse:
- * none of its lines ends when its process exits. */
+ * none of its lines ends when its process exits. One pass over the lines for every GPU (what
+ * device_used counts for one GPU, where no line has ended): a node of 8 GPUs x 200 processes
+ * is rewritten every 100 ms by the benchmarks, and a driver answers from memory. */
 static void fix_used(sim_state *state) {
     unsigned char moment[SIM_MAX_GPUS] = {0};
-    unsigned int i;
+    unsigned long long sum[SIM_MAX_GPUS] = {0};
+    unsigned int i, j;
     for (i = 0; i < state->proc_count; i++) {
         if (state->procs[i].ends_with_exit) moment[state->procs[i].gpu] = 1;
     }
+    for (i = 0; i < state->proc_count; i++) {
+        const sim_proc *proc = &state->procs[i];
+        if (moment[proc->gpu] || proc->used == SIM_NOT_AVAILABLE) continue;
+        if (proc->twin_before) { /* on both lists: held once, counted at its first line */
+            for (j = 0; j < i; j++) {
+                if (state->procs[j].gpu == proc->gpu && state->procs[j].pid == proc->pid) break;
+            }
+            if (j < i) continue;
+        }
+        sum[proc->gpu] += proc->used;
+    }
     for (i = 0; i < SIM_MAX_GPUS; i++) {
-        if (!state->gpus[i].present || moment[i]) continue;
-        state->used_known[i] = device_used(state, i, -1);
+        const sim_gpu *gpu = &state->gpus[i];
+        if (!gpu->present || moment[i]) continue;
+        if (gpu->used_given)
+            state->used_known[i] = device_used(state, i, -1);
+        else
+            state->used_known[i] = sum[i] > gpu->total ? gpu->total : sum[i];
         state->used_fixed[i] = 1;
     }
 }
