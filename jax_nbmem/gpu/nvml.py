@@ -245,8 +245,8 @@ def _process_lists(
         except NoProcessList:
             problem = (
                 f"GPU {device.index}: process list unreadable: this driver and this "
-                "nvidia-ml-py share no process-list call (an old driver needs nvidia-ml-py "
-                "with the _v2 calls)"
+                "nvidia-ml-py share no process-list call (_v3 or _v2, read through "
+                "nvidia-ml-py's function pointers or its own calls)"
             )
             result.append(GpuProcesses(device.index, None, problem))
         except nv.NVMLError as error:
