@@ -8,8 +8,9 @@ this reads the compute and graphics lists through pynvml's own function pointers
 stepping down to ``_v2`` as :mod:`~jax_nbmem.gpu.nvml_processes` does, sharing its memory of
 what the driver has) into a buffer each thread keeps. :func:`own_process_list` finds the
 entries of one PID by searching the raw bytes: no object is made for another process's entry.
-:func:`whole_process_list` unpacks each entry's PID and bytes at once (``struct``), the same
-list :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` gives, at a tenth of its cost.
+:func:`whole_process_list` takes every entry's PID and bytes out as two columns of ints (a
+:class:`~jax_nbmem.gpu.nvml_processes.ProcessTable`), the list
+:func:`~jax_nbmem.gpu.nvml_processes.one_process_list` gives, without an object an entry.
 
 The entries and their meaning are pynvml's: a PID as NVML sees it (the host's), bytes ``None``
 when NVML cannot say, impossible bytes left out and said.
@@ -18,18 +19,16 @@ when NVML cannot say, impossible bytes left out and said.
 from __future__ import annotations
 
 import ctypes
-import functools
-import struct
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, plausible
+from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES
 from jax_nbmem.gpu.nvml_processes import (
-    GpuProcess,
     GpuProcesses,
     ProcessTable,
+    merged_list,
     newest_process_call,
 )
 from jax_nbmem.gpu.nvml_session import Device, Session
@@ -111,48 +110,29 @@ def own_process_list(
     errors, and :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`; ``log_once(key, message)``
     tells of a step down.
     """
-    used: int | None = None
-    listed = False
-    odd: list[str] = []
+    entries = []
     for kind in _KINDS:
         data, size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
-        for raw in _entries_of(data, size, _buffers.entry, pid):
-            value = None if raw == _NOT_AVAILABLE else raw
-            good = plausible(value)
-            if value is not None and good is None:
-                odd.append(f"PID {pid} {value!r}")
-            listed = True
-            used = good if used is None else used
-    problem = None
-    if odd:
-        problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
-    processes = (GpuProcess(pid, device.index, used),) if listed else ()
-    return GpuProcesses(device.index, processes, problem)
+        entries += [(pid, _figure(raw)) for raw in _entries_of(data, size, _buffers.entry, pid)]
+    return merged_list(device.index, entries)
 
 
-@functools.lru_cache(maxsize=4)
-def _layout(entry: Any) -> struct.Struct:
-    """A ``struct`` reading (PID, bytes) from one raw entry of pynvml's *entry* struct."""
-    pid_at, used_at, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
-    if not pid_at + 4 <= used_at <= size - 8:
-        raise ValueError(f"{entry.__name__}: pid at {pid_at}, bytes at {used_at} of {size}")
-    return struct.Struct(f"={pid_at}xI{used_at - pid_at - 4}xQ{size - used_at - 8}x")
+def _figure(raw: int) -> int | None:
+    """An entry's bytes as pynvml gives them: None for NVML's "not available"."""
+    return None if raw == _NOT_AVAILABLE else raw
 
 
 def _columns(data: bytes, entry: Any) -> tuple[list[int], list[int]]:
     """Every entry's PID and bytes in *data*, as two lists of ints: no object an entry.
 
-    Read through strided views of the raw bytes where the struct's fields fall on their own
-    size (pynvml's v2 and v3 both do), else through :func:`_layout`.
+    Read through strided views of the raw bytes: ctypes puts a struct's fields at their own
+    alignment, so in pynvml's entries the PID falls on 4 bytes and the figure on 8.
     """
     pid_at, used_at, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
-    if pid_at % 4 == 0 and used_at % 8 == 0 and size % 8 == 0:
-        view = memoryview(data)
-        pids = view.cast("I")[pid_at // 4 :: size // 4]
-        used = view.cast("Q")[used_at // 8 :: size // 8]
-        return pids.tolist(), used.tolist()
-    rows = list(_layout(entry).iter_unpack(data))
-    return [pid for pid, _ in rows], [used for _, used in rows]
+    view = memoryview(data)
+    pids = view.cast("I")[pid_at // 4 :: size // 4]
+    used = view.cast("Q")[used_at // 8 :: size // 8]
+    return pids.tolist(), used.tolist()
 
 
 def whole_process_list(
@@ -175,18 +155,5 @@ def whole_process_list(
     if not pids or (max(used) <= MAX_PLAUSIBLE_BYTES and len(set(pids)) == len(pids)):
         # The common case, each PID once with its bytes: the columns are the list.
         return GpuProcesses(index, ProcessTable(index, pids, used))
-    seen: dict[int, int | None] = {}
-    odd: list[str] = []
-    for pid, raw in zip(pids, used, strict=True):
-        figure: int | None = raw  # unsigned: plausible() is its upper bound alone
-        if raw > MAX_PLAUSIBLE_BYTES:
-            figure = None
-            if raw != _NOT_AVAILABLE:
-                odd.append(f"PID {pid} {raw!r}")
-        if pid not in seen or (seen[pid] is None and figure is not None):
-            seen[pid] = figure
-    problem = None
-    if odd:
-        problem = f"GPU {index}: impossible process bytes, not shown: {', '.join(odd)}"
-    processes = tuple(GpuProcess(pid, index, figure) for pid, figure in seen.items())
-    return GpuProcesses(index, processes, problem)
+    # A PID on both lists, or bytes NVML cannot say or no GPU could hold: merged as pynvml's.
+    return merged_list(index, [(p, _figure(raw)) for p, raw in zip(pids, used, strict=True)])

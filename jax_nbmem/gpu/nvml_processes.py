@@ -7,7 +7,7 @@ be read is unknown, never empty; bytes no GPU could hold are left out and said.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,6 +20,7 @@ __all__ = [
     "GpuProcesses",
     "NoProcessList",
     "ProcessTable",
+    "merged_list",
     "newest_process_call",
     "one_process_list",
 ]
@@ -94,6 +95,28 @@ class GpuProcesses:
     problem: str | None = None
 
 
+def merged_list(gpu: int, entries: Iterable[tuple[int, int | None]]) -> GpuProcesses:
+    """GPU ``gpu``'s list from NVML's entries (PID, bytes; None where NVML cannot say them).
+
+    A PID on both lists appears once, with the first figure known; bytes no GPU could hold
+    are left out and said in ``problem``. What every reader of the lists makes of them.
+    """
+    seen: dict[int, int | None] = {}
+    odd: list[str] = []
+    for pid, raw in entries:
+        used = plausible(raw)
+        if raw is not None and used is None:
+            odd.append(f"PID {pid} {raw!r}")
+        if pid not in seen or (seen[pid] is None and used is not None):
+            seen[pid] = used
+    problem = None
+    if odd:
+        problem = f"GPU {gpu}: impossible process bytes, not shown: {', '.join(odd)}"
+    return GpuProcesses(
+        gpu, tuple(GpuProcess(pid, gpu, used) for pid, used in seen.items()), problem
+    )
+
+
 class NoProcessList(Exception):
     """Neither the driver nor pynvml offers a process-list call both of them know."""
 
@@ -143,24 +166,15 @@ def one_process_list(
     Raises pynvml's errors, and NoProcessList; ``log_once(key, message)`` tells of a step down.
     """
     for attempt in range(2):
-        seen: dict[int, GpuProcess] = {}
-        odd: list[str] = []
         try:
-            for kind in ("Compute", "Graphics"):
-                for info in _read_processes(nv, session, device, kind, log_once):
-                    raw = info.usedGpuMemory
-                    used = plausible(raw)
-                    if raw is not None and used is None:
-                        odd.append(f"PID {info.pid} {raw!r}")
-                    earlier = seen.get(info.pid)
-                    if earlier is None or (earlier.used_bytes is None and used is not None):
-                        seen[info.pid] = GpuProcess(info.pid, device.index, used)
+            entries = [
+                (info.pid, info.usedGpuMemory)
+                for kind in ("Compute", "Graphics")
+                for info in _read_processes(nv, session, device, kind, log_once)
+            ]
         except nv.NVMLError as error:
             if attempt == 0 and error_name(nv, error) == "INSUFFICIENT_SIZE":
                 continue
             raise
-        problem = None
-        if odd:
-            problem = f"GPU {device.index}: impossible process bytes, not shown: {', '.join(odd)}"
-        return GpuProcesses(device.index, tuple(seen.values()), problem)
+        return merged_list(device.index, entries)
     raise AssertionError("unreachable")  # pragma: no cover
