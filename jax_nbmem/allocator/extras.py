@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "ABORT_COLLECTIVES",
@@ -56,6 +58,7 @@ __all__ = [
     "Extras",
     "client_options",
     "cuda_visible_devices",
+    "jax_pool_devices",
     "live_client_options",
     "read_extras",
 ]
@@ -257,3 +260,15 @@ def cuda_visible_devices() -> tuple[int, ...] | None:
         return tuple(int(x) for x in value.split(","))
     except Exception:
         return None
+
+
+def jax_pool_devices(visible: Sequence[T]) -> list[T]:
+    """Those of ``visible`` that this process's JAX makes a client and a pool on.
+
+    ``visible``: the GPUs CUDA lets it see, in CUDA's order. ``jax_cuda_visible_devices``
+    (CUDA device ids, counted among them) narrows them where the user set it.
+    """
+    chosen = cuda_visible_devices()
+    if chosen is None:
+        return list(visible)
+    return [visible[ordinal] for ordinal in chosen if 0 <= ordinal < len(visible)]

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from jax_nbmem.allocator.extras import cuda_visible_devices
+from jax_nbmem.allocator.extras import jax_pool_devices
 from jax_nbmem.node.agent_client import socket_path
 from jax_nbmem.node.beacons import SCHEMA, Beacon, BeaconWriter, beacon_dirs
 from jax_nbmem.node.identity import own_identity
@@ -161,10 +161,7 @@ def _pool_gpus(latest: Any) -> list[str] | None:
     gpus = list(getattr(latest, "gpus", ()))
     if not gpus:
         return None
-    chosen = cuda_visible_devices()
-    if chosen is not None:
-        gpus = [gpus[ordinal] for ordinal in chosen if 0 <= ordinal < len(gpus)]
-    uuids = [gpu.uuid for gpu in gpus]
+    uuids = [gpu.uuid for gpu in jax_pool_devices(gpus)]
     return uuids if all(uuids) else None
 
 

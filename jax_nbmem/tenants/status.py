@@ -18,7 +18,7 @@ import psutil
 from jax_nbmem.agent.cgroups import container_text
 from jax_nbmem.agent.hostproof import host_proof
 from jax_nbmem.allocator.caps import caps_by_gpu
-from jax_nbmem.allocator.extras import cuda_visible_devices
+from jax_nbmem.allocator.extras import jax_pool_devices
 from jax_nbmem.allocator.jaxlib import effective
 from jax_nbmem.gpu import jaxstats, nvml, own_process
 from jax_nbmem.gpu.frameworks import split_lines
@@ -364,22 +364,10 @@ def _warnings(tenants, look: _GpuLook, facts: dict, caps, **said) -> list:
     warnings = warnings_for(tenants, [g for g in look.gpus if g.index in ours], **facts,
                             own_caps=caps, **said)  # fmt: skip
     if fraction:  # only before this kernel's JAX starts
-        pooled = _pool_gpus(look.visible.indices)
+        pooled = set(jax_pool_devices(look.visible.indices))
         gpus = [g for g in look.gpus if g.index in pooled]
         warnings += pending_pool_warnings(tenants, gpus, fraction, caps, said["own_name"])
     return warnings
-
-
-def _pool_gpus(visible: tuple[int, ...]) -> set[int]:
-    """The NVML indices where this kernel's JAX will make its pool (``visible``: CUDA's order).
-
-    The GPUs CUDA lets it see, narrowed by ``jax_cuda_visible_devices`` (CUDA device ids,
-    counted among those) when the user set it.
-    """
-    chosen = cuda_visible_devices()
-    if chosen is None:
-        return set(visible)
-    return {visible[ordinal] for ordinal in chosen if 0 <= ordinal < len(visible)}
 
 
 def _gpu_entry(gpu, ours: set[int], caps, list_problems: dict[int, str]) -> dict[str, Any]:
