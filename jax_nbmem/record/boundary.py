@@ -80,29 +80,32 @@ class BoundaryPlan:
         pid: Callable[[], int | None],
         clock: Callable[[], float],
         cell_path: bool = True,
-    ) -> Sample | None:
-        """This boundary's sample if nothing but the RSS moved since the plan, else None.
+    ) -> tuple[Sample | None, tuple[Sequence[int] | None, list[Any]] | None]:
+        """This boundary's sample if nothing but the RSS moved since the plan, and what it read.
 
         *now*: monotonic; *state*: the process lists' pair now; *pid*: reads this process's
         NVML PID; *cell_path* False: the sampler's thread reads after a cell, and the whole
         process lists, which a cell's path never reads, are due at ``lists_due``. Never
-        raises: a reader that fails says None (the complete reading then meets the failure
-        and keeps it).
+        raises: a reader that fails says no sample (the complete reading then meets the
+        failure and keeps it). The second item: ``(indices, memory)``, the NVML memory
+        readings it took of those GPUs (None when it took none), which the complete reading
+        that follows a moved figure takes as its own rather than ask NVML again at once.
         """
+        memory = None
         try:
             if now >= self.until or (not cell_path and now >= self.lists_due):
-                return None
+                return None, None
             if state is not self.state or pid() != self.pid:
-                return None
+                return None, None
             if bool(source.backend_initialized()) is not self.jax_up:
-                return None
+                return None, None
             indices = self.indices
             memory = [] if indices == () else list(source.memory(indices) or [])
             if memory != self.memory:  # the same reading objects: compared by identity first
-                return None
+                return None, (indices, memory)
             if self.stats is not None and jax_gpus(source.device_stats()) != self.stats:
-                return None
+                return None, (indices, memory)
             host = HostSample(source.host_rss_bytes(), *self.live)
-            return Sample(t=clock(), gpus=self.gpus, host=host)
+            return Sample(t=clock(), gpus=self.gpus, host=host), None
         except Exception:
-            return None
+            return None, None if memory is None else (self.indices, memory)

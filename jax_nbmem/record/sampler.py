@@ -144,8 +144,7 @@ class Sampler:
         self._lists = ProcessLists()
         self._plan: BoundaryPlan | None = None  # see boundary_reading
         self._pacing, self._read_for_cells = Pacing(), False  # the thread's: see _loop
-        # Each GPU's latest sample with what it was made of (see readings.gpu_samples).
-        self._made: dict[int, tuple[Any, ...]] = {}
+        self._made: dict[int, tuple[Any, ...]] = {}  # GPU: its sample, and what made it
         self.live_walk = LiveWalk()  # when jax.live_arrays() is walked, and what it found
         self.live_array_budget = live_array_budget
         self.last_error: str | None = None
@@ -371,9 +370,9 @@ class Sampler:
         """A reading between cells: the last complete one's GPU samples where nothing moved."""
         plan = self._plan
         args = (self._source, began, self._lists.state, self._own_pid, self._clock, cell_path)
-        sample = None if plan is None else plan.sample(*args)
-        if sample is None:
-            return self._record(force=True, boundary=True, cell_path=cell_path)
+        sample, read = (None, None) if plan is None else plan.sample(*args)
+        if sample is None:  # what moved was read just now: the complete reading takes it
+            return self._record(force=True, boundary=True, cell_path=cell_path, memory=read)
         self._publish(began, sample)
         return sample
 
@@ -442,11 +441,11 @@ class Sampler:
                 self._remember(exc)
 
     def _record(self, force: bool, force_live: bool = False, boundary: bool = False,
-                cell_path: bool = False) -> Sample:  # fmt: skip
+                cell_path: bool = False, memory: tuple | None = None) -> Sample:  # fmt: skip
         began = self._monotonic()
         self.reading_since = began
         try:
-            sample = self._collect(began, force, force_live, boundary, cell_path)
+            sample = self._collect(began, force, force_live, boundary, cell_path, memory)
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
@@ -465,13 +464,13 @@ class Sampler:
             for tracker in self._trackers:
                 tracker.observe(sample)
 
-    def _collect(
-        self, now: float, force: bool, force_live: bool, boundary: bool, cell_path: bool
-    ) -> Sample:
+    def _collect(self, now: float, force: bool, force_live: bool, boundary: bool,
+                 cell_path: bool, taken: tuple | None = None) -> Sample:  # fmt: skip
         """Read everything that is due, outside the lock; publish the schedule under it.
 
-        *cell_path*: the reading is on a cell's path (its start reads the boundary): only
-        what the record needs, at a cost that does not grow with the node's processes.
+        *cell_path*: the reading is on a cell's path (its start reads the boundary): only what
+        the record needs, at a cost that does not grow with the node's processes. *taken*:
+        ``(indices, memory)``, NVML's memory readings of those GPUs just taken (a boundary's).
         """
         source = self._source
         slack = self.interval / 2  # ticks jitter; a reading due within half a tick is due now
@@ -486,7 +485,8 @@ class Sampler:
                 # JAX fixed its devices when its backend started: the set read now is final.
                 self._gpu_set_final = jax_up and indices is not None
         indices = self._gpu_indices
-        memory = [] if indices == () else list(self._read(source.memory, [], indices) or [])
+        memory = taken[1] if taken is not None and taken[0] == indices else [] if indices == () \
+            else list(self._read(source.memory, [], indices) or [])  # fmt: skip
         used = {reading.index: reading.used_bytes for reading in memory}
         lists = self._lists
         # Where no GPU's used bytes moved, nobody's did. A boundary reads this process's own

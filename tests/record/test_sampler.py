@@ -852,6 +852,29 @@ def test_a_boundary_where_nothing_moved_reuses_the_gpu_samples_and_reads_the_rss
     assert asked == [[0]]
 
 
+def test_a_boundary_whose_figures_moved_asks_nvml_for_the_gpus_memory_once(clock):
+    world = GpuWorld(clock, gpus=(0, 1))
+    ours, theirs = {"bytes": GIB}, {"bytes": 2 * GIB}
+    world.hold(0, OUR_PID, lambda now: ours["bytes"])
+    world.hold(1, OTHER_PID, lambda now: theirs["bytes"])
+    asked = []
+    source = dataclasses.replace(world.source(), own_processes=own_entries(world, asked))
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    sampler.sample_now()
+    before = world.calls["memory"]
+    ours["bytes"], theirs["bytes"] = 3 * GIB, 5 * GIB  # the cell and a neighbour allocate
+    clock.now += 0.01
+    _, sample = sampler.boundary_reading()
+    # The plan's look found the figures moved; the complete reading takes that look as its own.
+    assert world.calls["memory"] == before + 1 and asked == [[0, 1]]
+    by_gpu = {g.index: g for g in sample.gpus}
+    assert by_gpu[0].self_bytes == 3 * GIB and by_gpu[0].used_bytes == DRIVER_BYTES + 3 * GIB
+    assert by_gpu[1].self_bytes == 0 and by_gpu[1].others_bytes == DRIVER_BYTES + 5 * GIB
+    clock.now += 0.01  # settled again: the next boundary takes the new samples as they are
+    assert sampler.boundary_reading()[1].gpus == sample.gpus
+    assert world.calls["memory"] == before + 2 and asked == [[0, 1]]
+
+
 def test_a_boundary_reads_jaxs_counters_and_a_new_count_makes_a_new_sample(world, clock):
     world.hold(0, OUR_PID, GIB)
     world.jax_up = True

@@ -63,5 +63,7 @@ def test_the_jax_peak_column_shows_the_live_arrays_at_the_boundaries(demo_env): 
     found = json.loads(out.strip().splitlines()[-1])
     assert found[:3] == [64 * MIB, 192 * MIB, 192 * MIB]
     # The temporaries: seen only where one of the mirror's looks (every 0.25 s) met them alive
-    # (the ones, then the ones and their sum), never at a cell's ends.
-    assert found[3] in (64 * MIB, 320 * MIB, 576 * MIB), found
+    # (the ones, then the ones and their sum), never at a cell's ends. The sum's 4-byte result
+    # is live at the cell's end: a look there may count it beside `a`.
+    seen = (64 * MIB, 320 * MIB, 576 * MIB)
+    assert found[3] in {figure + result for figure in seen for result in (0, 4)}, found
