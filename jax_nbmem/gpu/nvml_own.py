@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES
+from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, plausible
 from jax_nbmem.gpu.nvml_processes import (
     GpuProcesses,
     ProcessTable,
@@ -106,14 +106,19 @@ def own_process_list(
     """One GPU's list holding only *pid*'s entry (none when NVML does not list it).
 
     As :func:`~jax_nbmem.gpu.nvml_processes.one_process_list` would give it, less everyone
-    else: a PID on both lists appears once, with the first figure known. Raises pynvml's
+    else: a PID on both lists appears once, with the first figure known (so the graphics list
+    is read only when the compute list gave no figure of *pid*'s). Raises pynvml's
     errors, and :class:`~jax_nbmem.gpu.nvml_processes.NoProcessList`; ``log_once(key, message)``
     tells of a step down.
     """
-    entries = []
+    entries: list[tuple[int, int | None]] = []
     for kind in _KINDS:
         data, size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
         entries += [(pid, _figure(raw)) for raw in _entries_of(data, size, _buffers.entry, pid)]
+        if any(plausible(figure) is not None for _pid, figure in entries):
+            # The first figure known is the one kept: a CUDA process (JAX's) is on the compute
+            # list, read first, and its graphics entry, if any, could not change it.
+            break
     return merged_list(device.index, entries)
 
 

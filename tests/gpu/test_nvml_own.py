@@ -76,6 +76,44 @@ def test_own_entries_among_hundreds_of_neighbours_are_the_whole_lists_own(
     assert nvml.process_lists([2, 0]) == through_pynvml([2, 0])
 
 
+def test_own_entries_read_the_graphics_list_only_where_the_compute_list_gave_no_figure(
+    simgpu_in_process, through_pynvml, monkeypatch
+):
+    from jax_nbmem.gpu import nvml_own
+
+    state, me = simgpu_in_process, os.getpid()
+    for gpu in range(4):
+        state.gpu(gpu, total=80 * GIB).process(gpu, 100_000 + gpu, GIB)
+    state.process(0, me, 300 * MIB).process(0, me, 300 * MIB, graphics=True)  # on both
+    state.process(1, me, 200 * MIB, graphics=True)  # a graphics context alone
+    state.process(2, me, None)  # NVML cannot tell its bytes: the graphics list might
+    state.write()
+    kinds = []
+    real = nvml_own._list_call
+    monkeypatch.setattr(
+        nvml_own,
+        "_list_call",
+        lambda nv, s, kind, log: kinds.append(kind) or real(nv, s, kind, log),
+    )
+    assert own(me) == mine_in(through_pynvml(), me)
+    assert own(me) == [
+        (0, (nvml.GpuProcess(me, 0, 300 * MIB),), None),
+        (1, (nvml.GpuProcess(me, 1, 200 * MIB),), None),
+        (2, (nvml.GpuProcess(me, 2, None),), None),
+        (3, (), None),
+    ]
+    # GPU 0: its compute entry's figure is the one kept, so its graphics list is not read.
+    assert kinds[:7] == [
+        "Compute",
+        "Compute",
+        "Graphics",
+        "Compute",
+        "Graphics",
+        "Compute",
+        "Graphics",
+    ]
+
+
 def test_whole_lists_read_raw_merge_a_pid_on_both_lists_as_pynvml_does(
     simgpu_in_process, through_pynvml
 ):
