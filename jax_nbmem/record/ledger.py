@@ -43,10 +43,14 @@ from jax_nbmem.record.table import format_table
 
 __all__ = ["CellRecord", "Ledger", "format_table"]
 
-# A cell that starts less than this after the previous one ended runs back to back with it:
-# IPython's own work between two cells of Run All takes well under a millisecond, and a
-# person's pace, or a kernel's round trip, is tens of milliseconds.
-_BACK_TO_BACK_S = 0.005
+# A cell that starts less than this after the previous one ended runs back to back with it,
+# and its start reads the boundary: IPython's own work between two cells of Run All takes well
+# under a millisecond. A kernel's round trip (a client that sends each cell when the last one
+# has answered) leaves a few milliseconds, full of the kernel's own reply; a thread woken then
+# takes the GIL and a core from that reply, and pays a wake, so it cost such a cell more than
+# the start's reading (issue 46: 8 GPUs, 1.06-1.08x against 1.06-1.09x; one GPU 1.03-1.04x
+# against 1.05-1.06x). A person's pace is 20 ms and more: there the thread reads in the pause.
+_BACK_TO_BACK_S = 0.010
 
 
 class Ledger:

@@ -413,7 +413,7 @@ def test_cells_back_to_back_leave_the_thread_asleep_and_paced_cells_wake_it_each
         nb.ledger.cell_started(count, "a = alloc()")
         nb.held["bytes"] += allocate
         nb.ledger.cell_finished(True, None, count)
-        if gap > 0.005:  # paced: the woken thread reads in the pause
+        if gap > 0.010:  # paced: the woken thread reads in the pause
             nb.clock.now += 0.001
             nb.sampler._serve_after()
 
@@ -422,12 +422,15 @@ def test_cells_back_to_back_leave_the_thread_asleep_and_paced_cells_wake_it_each
     for count in (2, 3, 4):  # Run All: each start reads the boundary, nobody wakes the thread
         cell(count, 0.0002, GIB)
     assert len(woken) == 1
-    for count in (5, 6):  # a person's pace again: each end wakes the thread once
+    for count in (5, 6):  # a kernel's round trip between cells: the starts read, too
+        cell(count, 0.006, GIB)
+    assert len(woken) == 1
+    for count in (7, 8):  # a person's pace again: each end wakes the thread once
         cell(count, 0.02, -GIB)
     assert len(woken) == 3
     records = nb.ledger.records()
     retained = [r.gpu_self_retained for r in records]
-    assert retained == [GIB, GIB, GIB, GIB, -GIB, -GIB], records
+    assert retained == [GIB] * 6 + [-GIB, -GIB], records
     assert all(r.notes == () and r.span_start is None for r in records[:-1]), records
 
 
