@@ -48,8 +48,8 @@ __all__ = ["CellRecord", "Ledger", "format_table"]
 # under a millisecond. A kernel's round trip (a client that sends each cell when the last one
 # has answered) leaves a few milliseconds, full of the kernel's own reply; a thread woken then
 # takes the GIL and a core from that reply, and pays a wake, so it cost such a cell more than
-# the start's reading (issue 46: 8 GPUs, 1.06-1.08x against 1.06-1.09x; one GPU 1.03-1.04x
-# against 1.05-1.06x). A person's pace is 20 ms and more: there the thread reads in the pause.
+# the start's reading (docs/benchmarks.md, issue 46). A person's pace is 20 ms and more: there
+# the thread reads in the pause.
 _BACK_TO_BACK_S = 0.010
 
 
