@@ -70,6 +70,32 @@ def _list_call(nv: Any, session: Session, kind: str, log_once: Callable[[str, st
     return newest_process_call(nv, session, kind, log_once, nv._nvmlGetFunctionPointer)
 
 
+def _held_on_main_thread(nv: Any, function: Any) -> Any:
+    """*function*, called holding the GIL when this is the main thread (a cell's boundary).
+
+    As the memory call there (:func:`~jax_nbmem.gpu.nvml_memory.read_memory`): released for
+    the call, the GIL goes to a thread waiting for it (IPython's history writer), and the cell
+    waits to take it back, many times what the call costs; a boundary reads only while readings
+    are quick. Other threads (the sampler's) release it: a hang there never holds up a cell.
+    """
+    if threading.get_ident() != _MAIN_THREAD:
+        return function
+    key = (getattr(nv.nvmlLib, "_name", None), getattr(function, "__name__", None))
+    held = _held_calls.get(key)
+    if held is None:
+        try:
+            held = getattr(ctypes.PyDLL(key[0]), key[1])
+            held.restype = function.restype
+        except Exception:  # no library name or symbol to hold: the call as pynvml makes it
+            held = function
+        _held_calls[key] = held
+    return held
+
+
+_MAIN_THREAD = threading.main_thread().ident
+_held_calls: dict[tuple[Any, Any], Any] = {}  # (library, call): the same call holding the GIL
+
+
 def _raw_list(nv: Any, device: Device, function: Any) -> tuple[bytes, int]:
     """The list's entries as bytes, and the size of one; grows the buffer when NVML says so."""
     for _attempt in range(3):
@@ -113,7 +139,8 @@ def own_process_list(
     """
     entries: list[tuple[int, int | None]] = []
     for kind in _KINDS:
-        data, size = _raw_list(nv, device, _list_call(nv, session, kind, log_once))
+        function = _held_on_main_thread(nv, _list_call(nv, session, kind, log_once))
+        data, size = _raw_list(nv, device, function)
         entries += [(pid, _figure(raw)) for raw in _entries_of(data, size, _buffers.entry, pid)]
         if any(plausible(figure) is not None for _pid, figure in entries):
             # The first figure known is the one kept: a CUDA process (JAX's) is on the compute

@@ -176,7 +176,7 @@ class Ledger:
                     before = timed[1] if timed is not None else None
                 cell.before = before
             cell.samples_at_start = sampler.samples_taken
-            sampler.busy = True
+            sampler.busy, sampler.back_to_back = True, self._back_to_back
         except Exception as exc:
             self._remember(exc)
 

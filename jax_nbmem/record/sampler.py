@@ -74,12 +74,14 @@ class Sampler:
 
     What a cell hook reads and writes is kept in plain attributes, so that the hook pays no
     call for it: ``latest_sample`` (what :meth:`latest` returns), ``samples_taken`` (grows by
-    one per sample), ``busy`` (what :meth:`set_busy` sets), ``quick_gpus`` (False when a
-    quick reading is known to hold no GPU counters: JAX's devices were listed and none is a
-    GPU, or its backend is down; :meth:`quick_gpu_reading` need not be asked then),
-    ``serving`` (the thread serves requests), ``wake_after_at`` (from when a cell's end
-    wakes the thread, see :meth:`read_after_cells`; infinity while the thread polls for ended
-    cells itself, see :mod:`~jax_nbmem.record.pacing`), ``latest_timed``.
+    one per sample), ``busy`` (what :meth:`set_busy` sets), ``back_to_back`` (the latest cell
+    started right after the one before, and read its boundary: polls would only take the GIL
+    from such cells), ``quick_gpus`` (False when a quick reading is known to hold no GPU
+    counters: JAX's devices were listed and none is a GPU, or its backend is down;
+    :meth:`quick_gpu_reading` need not be asked then), ``serving`` (the thread serves
+    requests), ``wake_after_at`` (from when a cell's end wakes the thread, see
+    :meth:`read_after_cells`; infinity while the thread polls for ended cells itself, see
+    :mod:`~jax_nbmem.record.pacing`), ``latest_timed``.
 
     Attributes (read them; change the rates with :meth:`configure`): ``interval``,
     ``process_interval``, ``busy_process_interval``, ``live_array_interval`` in seconds;
@@ -112,12 +114,10 @@ class Sampler:
         self._wake = threading.Event()
         self._callbacks: list[Callable[[Sample], Any]] = []
         self._trackers: list[PeakTracker] = []
-        # Appended by cell hooks and emptied by the thread, both without a lock (a deque's
-        # append and popleft are atomic).
+        # Appended by cell hooks, emptied by the thread, without a lock (both are atomic).
         self._after_requests: deque[Callable[[Sample, float], Any]] = deque()
-        # The thread is woken once for a reading after cells (infinity until that reading
-        # begins; then the time it began): every wake costs a cell a GIL hand-over, and the
-        # cells that end before the reading begins share it.
+        # Woken once for a reading after cells (infinity until it begins, then when it began):
+        # a wake costs a cell a GIL hand-over; the cells that end before it begins share it.
         self.wake_after_at = -math.inf
         # Whether the thread serves requests: set by start(), cleared by stop() and by the
         # thread's own end (it may die). A cell's request reads it instead of asking the
@@ -129,15 +129,14 @@ class Sampler:
         # (monotonic time its reading began, latest_sample), published together, so that a
         # cell's start can tell whether the latest reading began after the previous cell ended.
         self.latest_timed: tuple[float, Sample] | None = None
-        # When the reading under way began (monotonic; None when none is), and how long the
-        # last two took: a cell's start takes a reading itself only while they are quick (one
-        # slow reading is not enough: the first one imports and starts NVML).
+        # When the reading under way began (monotonic; None when none is), and how long the last
+        # two took: a cell's start reads only while they are quick (the first starts NVML).
         self.reading_since: float | None = None
         self.last_reading_s = 0.0
         self._reading_before_last_s = 0.0
         self.quick_gpus = True
         self.samples_taken = 0  # grows by one per sample: tells whether any came meanwhile
-        self.busy = False  # a cell runs: see set_busy
+        self.busy = self.back_to_back = False  # see set_busy; and the class's docstring
         self._gpu_indices: Sequence[int] | None = None
         self._gpu_indices_due = -math.inf
         self._gpu_set_final = False
@@ -587,8 +586,9 @@ class Sampler:
                 deadline = now + self.interval
             elif now >= deadline:
                 deadline = next_deadline(deadline, now, self.interval)
+            running = self.busy or self.back_to_back  # a poll would take the GIL from cells
             began = self._pacing.after_pass(now, read_for_cells=served and self._read_for_cells,
-                woken=woken, polled=polled, cell_running=self.busy)  # fmt: skip
+                woken=woken, polled=polled, cell_running=running)  # fmt: skip
             if began is False:  # polling ends: a cell that ended unwoken before that is read now
                 self.wake_after_at, woken, polled = -math.inf, False, True
                 continue

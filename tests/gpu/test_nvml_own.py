@@ -201,3 +201,31 @@ def test_a_whole_list_is_two_columns_of_ints_and_a_tuple_to_its_readers(simgpu_i
     assert kept[0] == kept[-1]
     empty = nvml.ProcessTable(1, [], [])  # a GPU without processes: falsy, as () is
     assert not empty and empty == () and list(empty) == []
+
+
+def test_own_entries_are_read_holding_the_gil_on_the_main_thread_only(simgpu_in_process):
+    """A cell's boundary reads on the main thread: released there, the GIL would go to
+    IPython's history writer and the cell would wait for it. The sampler's thread releases it.
+    """
+    import ctypes
+    import threading
+
+    from jax_nbmem.gpu import nvml_own
+
+    state, me = simgpu_in_process, os.getpid()
+    state.gpu(0, total=80 * GIB).process(0, me, GIB).write()
+    assert own(me) == [(0, (nvml.GpuProcess(me, 0, GIB),), None)]
+    nv, session = nvml._nvml.session()
+    plain = nvml_own._list_call(nv, session, "Compute", nvml._nvml.log_once)
+    held = nvml_own._held_on_main_thread(nv, plain)
+    assert (
+        held._flags_ & ctypes._FUNCFLAG_PYTHONAPI and not plain._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+    )
+    assert held.__name__ == plain.__name__ and nvml_own._held_on_main_thread(nv, plain) is held
+    elsewhere = []
+    thread = threading.Thread(
+        target=lambda: elsewhere.append((nvml_own._held_on_main_thread(nv, plain), own(me)))
+    )
+    thread.start()
+    thread.join(30)
+    assert elsewhere == [(plain, [(0, (nvml.GpuProcess(me, 0, GIB),), None)])]
