@@ -41,13 +41,17 @@ class Pacing:
         self._running_polls = 0  # polls in a row that found a cell running
 
     def after_pass(
-        self, now: float, *, read_for_cells: bool, woken: bool, polled: bool, cell_running: bool
-    ) -> bool | None:
+        self, now: float, *, read_for_cells: bool, woken: bool, polled: bool, cell_running: bool,
+        back_to_back: bool = False,
+    ) -> bool | None:  # fmt: skip
         """Update after one pass of the thread's loop: True if polling began, False if it ended.
 
         *read_for_cells*: the pass took the reading cells waited for; *woken*: a cell's end
         (or a request) woke the thread for it; *polled*: the pass was a poll, not a tick;
-        *cell_running*: a cell is running now. None: as it was.
+        *cell_running*: a cell is running now; *back_to_back*: the latest cell started right
+        after the one before (each start reads its own boundary, so a poll only takes the GIL
+        from them: one such poll ends the polling, not chance as a running cell is). None: as
+        it was.
         """
         if not self.active:
             if read_for_cells and woken:  # a cell that did not run back to back woke the thread
@@ -58,7 +62,7 @@ class Pacing:
             self._running_polls = self._running_polls + 1 if cell_running else 0
         if read_for_cells:
             self.until = now + WINDOW_S
-        if self._running_polls >= 2 or now >= self.until:
+        if self._running_polls >= 2 or now >= self.until or (polled and back_to_back):
             self.active = False
             return False
         return None

@@ -586,9 +586,9 @@ class Sampler:
                 deadline = now + self.interval
             elif now >= deadline:
                 deadline = next_deadline(deadline, now, self.interval)
-            running = self.busy or self.back_to_back  # a poll would take the GIL from cells
             began = self._pacing.after_pass(now, read_for_cells=served and self._read_for_cells,
-                woken=woken, polled=polled, cell_running=running)  # fmt: skip
+                woken=woken, polled=polled, cell_running=self.busy,
+                back_to_back=self.back_to_back)  # fmt: skip
             if began is False:  # polling ends: a cell that ended unwoken before that is read now
                 self.wake_after_at, woken, polled = -math.inf, False, True
                 continue

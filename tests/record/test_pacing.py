@@ -50,3 +50,14 @@ def test_a_poll_that_lands_on_a_short_cell_is_chance_and_two_in_a_row_end_it():
     assert passes(pacing, 1.020, cell_running=True) is None  # a tick is no poll
     assert passes(pacing, 1.025, polled=True, cell_running=True) is False  # long or back to back
     assert not pacing.active
+
+
+def test_a_poll_while_cells_come_back_to_back_ends_the_polling_at_once():
+    # A kernel's round trip: each start reads its own boundary, so a poll would only take the
+    # GIL and a core from the cells; a tick (no poll) leaves the polling as it is.
+    pacing = Pacing()
+    passes(pacing, 1.0, read_for_cells=True, woken=True)
+    assert passes(pacing, 1.005, back_to_back=True) is None and pacing.active
+    assert passes(pacing, 1.010, polled=True, back_to_back=False, read_for_cells=True) is None
+    assert passes(pacing, 1.020, polled=True, back_to_back=True, read_for_cells=True) is False
+    assert not pacing.active
