@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from jax_nbmem.gpu.mig import NO_ROOT_NOTE
 from jax_nbmem.gpu.nvml_errors import device_problem, error_name, gpu_problem, unlisted
-from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memory, unreadable
+from jax_nbmem.gpu.nvml_memory import GpuMemory, read_memories, read_memory, unreadable
 from jax_nbmem.gpu.nvml_own import own_process_list, whole_process_list
 from jax_nbmem.gpu.nvml_processes import (
     GpuProcess,
@@ -143,8 +143,12 @@ def _memory(indices: Iterable[int] | None) -> list[GpuMemory]:
         nv, session = _nvml.session()  # a GPU was split anew: list its instances again
     if session is None:
         return []
+    devices = session.select(indices)
+    readings = read_memories(nv, session, devices)  # the common case, in one pass
+    if readings is not None:
+        return readings
     result = []
-    for device in session.select(indices):
+    for device in devices:
         if device.handle is None:
             result.append(unreadable(device, device.problem))
             continue

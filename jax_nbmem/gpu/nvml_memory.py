@@ -12,7 +12,7 @@ import ctypes
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,14 @@ from jax_nbmem.gpu.mig import MigInstance, gpu_label
 from jax_nbmem.gpu.nvml_errors import error_name
 from jax_nbmem.gpu.nvml_session import Device, Session
 
-__all__ = ["MAX_PLAUSIBLE_BYTES", "GpuMemory", "plausible", "read_memory", "unreadable"]
+__all__ = [
+    "MAX_PLAUSIBLE_BYTES",
+    "GpuMemory",
+    "plausible",
+    "read_memories",
+    "read_memory",
+    "unreadable",
+]
 
 _log = logging.getLogger("jax_nbmem.gpu.nvml")
 _MAIN_THREAD = threading.main_thread().ident
@@ -94,6 +101,38 @@ def read_memory(
     # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
     reserved = getattr(info, "reserved", None)
     return _checked_memory(device, info.total, info.used, info.free, reserved)
+
+
+def read_memories(nv: Any, session: Session, devices: Sequence[Device]) -> list[GpuMemory] | None:
+    """Every device's reading in one pass: :func:`read_memory`'s v2 case, resolved once a pass.
+
+    A cell's boundary reads each of the kernel's GPUs (eight, on a node); per GPU this is the
+    call and a comparison with the figures it gave last, which give that reading again. None
+    where a device is not that case (no handle, a problem of its own, no v2 call resolved yet,
+    an error): then :func:`read_memory`, device by device, says what there is.
+    """
+    fast = session.memory_v2_call
+    if not fast or not session.memory_v2:
+        return None
+    function, held, _check, layout, version = fast
+    if held is not None and threading.get_ident() == _MAIN_THREAD:
+        function = held  # as in _raw_v2: a cell's boundary holds the GIL
+    structs = _structs
+    if structs.layout is not layout:
+        _memory_struct(layout)
+    memory, ref = structs.memory, structs.ref
+    memory.version = version  # NVML reads it and never writes it
+    readings = []
+    for device in devices:
+        handle = device.handle
+        if handle is None or device.problem or function(handle, ref):
+            return None
+        raw = (memory.total, memory.used, memory.free, memory.reserved)
+        seen = device.memory_seen
+        if seen is None or seen[0] != raw:
+            seen = device.memory_seen = (raw, _checked_memory(device, *raw))
+        readings.append(seen[1])
+    return readings
 
 
 def _raw_v2(

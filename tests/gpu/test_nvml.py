@@ -237,6 +237,34 @@ def test_memory_reuses_handles_names_and_uuids(simgpu_in_process, monkeypatch):
     assert calls == []
 
 
+def test_memory_read_again_in_one_pass_is_each_gpus_reading_as_one_by_one(
+    simgpu_in_process, monkeypatch
+):
+    """After the first reading, the GPUs are read in one pass (read_memories): the same figures
+    give the same reading objects, new figures a new reading, checked as ever, and a GPU with
+    a problem of its own (or an error) sends the pass back to the reading one by one."""
+    state = simgpu_in_process
+    state.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB).process(0, 4242, GIB).write()
+    first = nvml.memory()
+    one_by_one = []
+    real = nvml.read_memory
+    monkeypatch.setattr(nvml, "read_memory", lambda *a: one_by_one.append(a) or real(*a))
+    again = nvml.memory()
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    assert one_by_one == []  # one pass
+    state.process(1, 4343, 2 * GIB).write()
+    moved = nvml.memory()
+    assert moved[0] is first[0] and moved[1] is not first[1]
+    assert moved[1].used_bytes == 2 * GIB + first[1].used_bytes and moved[1].problem is None
+    state.gpu(1, total=80 * GIB, used=90 * GIB, raw=True).write()  # more than it has: said
+    [_, impossible] = nvml.memory()
+    assert impossible.used_bytes is None and "cannot be" in impossible.problem
+    state.gpu(1, total=80 * GIB).fail("memory", "GPU_IS_LOST", 1).write()
+    [kept, lost] = nvml.memory()
+    assert kept is first[0] and lost.used_bytes is None and lost.problem
+    assert len(one_by_one) == 2  # the error sent that pass back to the GPUs one by one
+
+
 def test_threads_share_one_session(simgpu_in_process):
     state = simgpu_in_process.gpu(0, total=80 * GIB).gpu(1, total=80 * GIB)
     state.write()
