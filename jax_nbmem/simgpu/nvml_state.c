@@ -614,10 +614,28 @@ static void check_state(sim_state *state, sim_parse *parse) {
 
 static void free_state(sim_state *state) {
     if (!state) return;
+    free(state->by_gpu);
     free(state->procs);
     free(state->path);
     free(state->text);
     free(state);
+}
+
+/* Each whole GPU's lines in the file's order (a counting sort); none where memory runs out:
+ * then every call walks every line, as before the index. */
+static void index_by_gpu(sim_state *state) {
+    unsigned int counts[SIM_MAX_GPUS + 1] = {0}, next[SIM_MAX_GPUS], i, gpu;
+    state->by_gpu = NULL;
+    if (!state->proc_count) return;
+    for (i = 0; i < state->proc_count; i++) {
+        if (state->procs[i].gpu >= SIM_MAX_GPUS) return; /* parse_proc never lets one by */
+        counts[state->procs[i].gpu + 1]++;
+    }
+    for (gpu = 0; gpu < SIM_MAX_GPUS; gpu++) counts[gpu + 1] += counts[gpu];
+    if (!(state->by_gpu = malloc(state->proc_count * sizeof *state->by_gpu))) return;
+    memcpy(state->gpu_first, counts, sizeof state->gpu_first);
+    memcpy(next, counts, sizeof next);
+    for (i = 0; i < state->proc_count; i++) state->by_gpu[next[state->procs[i].gpu]++] = i;
 }
 
 /* Whether a line of TEXT is `end` (its first word, before any comment). */
@@ -710,6 +728,7 @@ static sim_state *parse_state(char *text, size_t length, sim_parse *parse) {
     state->text = text;
     state->length = length;
     fix_used(state);
+    index_by_gpu(state);
     return state;
 }
 

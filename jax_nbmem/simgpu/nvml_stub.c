@@ -164,6 +164,11 @@ typedef struct {
      * the moment (a line that ends when its process exits): a driver answers from memory. */
     unsigned long long used_known[SIM_MAX_GPUS];
     unsigned char used_fixed[SIM_MAX_GPUS];
+    /* Each whole GPU's lines, in the file's order, found once per parse: a list call walks its
+     * own GPU's (as a driver keeps a list a GPU), not the node's. GPU g's are
+     * by_gpu[gpu_first[g]] to by_gpu[gpu_first[g + 1] - 1]; NULL: walk them all. */
+    unsigned int *by_gpu;
+    unsigned int gpu_first[SIM_MAX_GPUS + 1];
 } sim_state;
 
 typedef struct {
@@ -253,6 +258,8 @@ static void keep_live_lines(sim_state *state) {
         if (!proc_gone(&state->procs[i])) state->procs[kept++] = state->procs[i];
     }
     state->proc_count = kept;
+    free(state->by_gpu); /* the lines moved: walk them all */
+    state->by_gpu = NULL;
 }
 
 /* Not NVML: parses TEXT as jaxNbmemSimCheck does, and renders in OUT the state less the lines
@@ -603,13 +610,25 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
 }
 #endif
 
+/* The lines of GPU `gpu` (indices into state->procs, *count of them), or NULL and every line
+ * (*count = proc_count) where the state has no index: the caller still checks each line. */
+static const unsigned int *gpu_lines(const sim_state *state, unsigned int gpu, unsigned int *count) {
+    if (!state->by_gpu || gpu >= SIM_MAX_GPUS) {
+        *count = state->proc_count;
+        return NULL;
+    }
+    *count = state->gpu_first[gpu + 1] - state->gpu_first[gpu];
+    return state->by_gpu + state->gpu_first[gpu];
+}
+
 /* NVML's two-call protocol: a short (or NULL) array gets INSUFFICIENT_SIZE and the count.
  * `size` is the caller's struct: v1 (pid, bytes) or later (with the instance ids). */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
                                    unsigned int graphics, size_t size) {
     nvmlReturn_t ret;
     sim_state *state;
-    unsigned int i, found = 0;
+    unsigned int i, found = 0, line_count;
+    const unsigned int *lines;
     if (!begin_device_call(device, &state, &ret)) return ret;
     if ((ret = sim_enter(&state, CALL_PROCESSES, (int)device->index)) != NVML_SUCCESS) {
         /* A persistent INSUFFICIENT_SIZE, as when processes come and go between the calls. */
@@ -624,8 +643,9 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
         release_state(state);
         return NVML_ERROR_NO_PERMISSION;
     }
-    for (i = 0; i < state->proc_count; i++) {
-        const sim_proc *proc = &state->procs[i];
+    lines = gpu_lines(state, device->index, &line_count);
+    for (i = 0; i < line_count; i++) {
+        const sim_proc *proc = &state->procs[lines ? lines[i] : i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
         if (device->mig >= 0 && proc->mig != device->mig) continue;
         if (proc_gone(proc)) continue;
@@ -638,8 +658,8 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
     }
     *count = found;
     found = 0;
-    for (i = 0; i < state->proc_count && found < *count; i++) {
-        const sim_proc *proc = &state->procs[i];
+    for (i = 0; i < line_count && found < *count; i++) {
+        const sim_proc *proc = &state->procs[lines ? lines[i] : i];
         if (proc->gpu != device->index || proc->graphics != graphics) continue;
         if (device->mig >= 0 && proc->mig != device->mig) continue;
         if (proc_gone(proc)) continue;
