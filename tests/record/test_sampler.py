@@ -614,16 +614,23 @@ def own_entries(world, asked):
     return read
 
 
+def own_entries_sampler(world, clock):
+    """A sampler whose boundaries read this process's own entries through ``own_entries``,
+    after a first complete reading; and the list of the GPUs each such read asked for."""
+    asked = []
+    source = dataclasses.replace(world.source(), own_processes=own_entries(world, asked))
+    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
+    sampler.sample_now()
+    return sampler, asked
+
+
 def test_a_cells_boundary_reads_its_own_entries_on_the_gpus_that_moved_and_no_list(clock):
     world = GpuWorld(clock, gpus=(0, 1, 2))
     ours, theirs = {"bytes": GIB}, {"bytes": 2 * GIB}
     world.hold(1, OUR_PID, lambda now: ours["bytes"])
     world.hold(0, OTHER_PID, lambda now: theirs["bytes"])
     world.hold(2, OTHER_PID + 1, 4 * GIB)
-    asked = []
-    source = dataclasses.replace(world.source(), own_processes=own_entries(world, asked))
-    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
-    sampler.sample_now()
+    sampler, asked = own_entries_sampler(world, clock)
     lists = world.calls["processes"]
 
     ours["bytes"], theirs["bytes"] = 3 * GIB, 5 * GIB  # the cell and a neighbour allocate
@@ -857,10 +864,7 @@ def test_a_boundary_whose_figures_moved_asks_nvml_for_the_gpus_memory_once(clock
     ours, theirs = {"bytes": GIB}, {"bytes": 2 * GIB}
     world.hold(0, OUR_PID, lambda now: ours["bytes"])
     world.hold(1, OTHER_PID, lambda now: theirs["bytes"])
-    asked = []
-    source = dataclasses.replace(world.source(), own_processes=own_entries(world, asked))
-    sampler = Sampler(source, clock=lambda: 1.7e9 + clock.now, monotonic=clock)
-    sampler.sample_now()
+    sampler, asked = own_entries_sampler(world, clock)
     before = world.calls["memory"]
     ours["bytes"], theirs["bytes"] = 3 * GIB, 5 * GIB  # the cell and a neighbour allocate
     clock.now += 0.01
