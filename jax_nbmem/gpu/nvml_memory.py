@@ -24,6 +24,7 @@ __all__ = [
     "MAX_PLAUSIBLE_BYTES",
     "GpuMemory",
     "plausible",
+    "gil_holding",
     "read_memories",
     "read_memory",
     "unreadable",
@@ -90,12 +91,7 @@ def read_memory(
             raw = None
             log_once("memory_v2", "NVML has no v2 memory info; using v1 (no reserved)")
         if raw is not None:
-            seen = device.memory_seen
-            if seen is not None and seen[0] == raw:
-                return seen[1]  # the same figures: the same reading (a cell's boundary's case)
-            reading = _checked_memory(device, *raw)
-            device.memory_seen = (raw, reading)  # one attribute: a reader sees both or neither
-            return reading
+            return _reading_of(device, raw)
         session.memory_v2 = False
     info = nv.nvmlDeviceGetMemoryInfo(device.handle)
     # A replacement of pynvml's function (gpustat's) may itself have asked for v2.
@@ -114,25 +110,42 @@ def read_memories(nv: Any, session: Session, devices: Sequence[Device]) -> list[
     fast = session.memory_v2_call
     if not fast or not session.memory_v2:
         return None
-    function, held, _check, layout, version = fast
-    if held is not None and threading.get_ident() == _MAIN_THREAD:
-        function = held  # as in _raw_v2: a cell's boundary holds the GIL
-    structs = _structs
-    if structs.layout is not layout:
-        _memory_struct(layout)
-    memory, ref = structs.memory, structs.ref
-    memory.version = version  # NVML reads it and never writes it
+    function, memory, ref = _v2_call(fast)
     readings = []
     for device in devices:
         handle = device.handle
         if handle is None or device.problem or function(handle, ref):
             return None
         raw = (memory.total, memory.used, memory.free, memory.reserved)
-        seen = device.memory_seen
-        if seen is None or seen[0] != raw:
-            seen = device.memory_seen = (raw, _checked_memory(device, *raw))
-        readings.append(seen[1])
+        readings.append(_reading_of(device, raw))
     return readings
+
+
+def _reading_of(device: Device, raw: tuple[Any, Any, Any, Any]) -> GpuMemory:
+    """The reading of NVML's v2 figures *raw*: the same figures as last time, the same reading."""
+    seen = device.memory_seen
+    if seen is not None and seen[0] == raw:
+        return seen[1]  # a cell's boundary's case: nothing moved
+    reading = _checked_memory(device, *raw)
+    device.memory_seen = (raw, reading)  # one attribute: a reader sees both or neither
+    return reading
+
+
+def _v2_call(fast: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    """What a v2 reading passes NVML: the call for this thread, and this thread's struct.
+
+    The call holds the GIL on the main thread (see _fast_v2); the struct has its version set,
+    and comes with its reference.
+    """
+    function, held, _check, layout, version = fast
+    if held is not None and threading.get_ident() == _MAIN_THREAD:
+        function = held  # a cell's boundary: see _fast_v2
+    structs = _structs
+    if structs.layout is not layout:
+        _memory_struct(layout)
+    memory = structs.memory
+    memory.version = version  # NVML reads it and never writes it
+    return function, memory, structs.ref
 
 
 def _raw_v2(
@@ -150,17 +163,10 @@ def _raw_v2(
     if not fast:
         info = _memory_v2(nv, handle, log_once)
         return None if info is None else (info.total, info.used, info.free, info.reserved)
-    function, held, check, layout, version = fast
-    if held is not None and threading.get_ident() == _MAIN_THREAD:
-        function = held  # a cell's boundary: see _fast_v2
-    structs = _structs
-    if structs.layout is not layout:
-        _memory_struct(layout)
-    memory = structs.memory
-    memory.version = version
-    result = function(handle, structs.ref)
+    function, memory, ref = _v2_call(fast)
+    result = function(handle, ref)
     if result:
-        check(result)  # raises NVML's error
+        fast[2](result)  # pynvml's check: raises NVML's error
     return (memory.total, memory.used, memory.free, memory.reserved)
 
 
@@ -185,13 +191,31 @@ def _fast_v2(nv: Any) -> tuple[Any, ...]:
     # while the last readings were quick (the sampler's budget); a hung call blocks the main
     # thread either way. Other threads (the sampler's) release it: a hang there never holds
     # up a cell.
-    try:
-        held = ctypes.PyDLL(nv.nvmlLib._name).nvmlDeviceGetMemoryInfo_v2
-        held.restype = function.restype
-    except Exception:  # a pynvml without its library's name: the call as pynvml makes it
-        _log.debug("NVML's memory call is made releasing the GIL", exc_info=True)
-        held = None
-    return (function, held, check, struct, version)
+    return (function, gil_holding(nv, function), check, struct, version)
+
+
+def gil_holding(nv: Any, function: Any) -> Any | None:
+    """The same NVML call as pynvml's *function*, made holding the GIL; None where it cannot be.
+
+    For a cell's boundary, on the main thread (see _fast_v2). None for a pynvml without its
+    library's name or the call's: then the call is made as pynvml makes it. Made once per
+    library and call.
+    """
+    key = (getattr(getattr(nv, "nvmlLib", None), "_name", None), getattr(function, "__name__", ""))
+    if key not in _gil_holding:
+        try:
+            if not key[0] or not key[1]:  # never the process's own symbols (a None name's)
+                raise LookupError("no library or call name")
+            held = getattr(ctypes.PyDLL(key[0]), key[1])
+            held.restype = function.restype
+        except Exception:
+            _log.debug("NVML's %s is called releasing the GIL", key[1], exc_info=True)
+            held = None
+        _gil_holding[key] = held
+    return _gil_holding[key]
+
+
+_gil_holding: dict[tuple[Any, str], Any] = {}  # (library, call): the call holding the GIL
 
 
 def _memory_v2(nv: Any, handle: Any, log_once: Callable[[str, str], None]) -> Any:

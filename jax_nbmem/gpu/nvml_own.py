@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, plausible
+from jax_nbmem.gpu.nvml_memory import MAX_PLAUSIBLE_BYTES, gil_holding, plausible
 from jax_nbmem.gpu.nvml_processes import (
     GpuProcesses,
     ProcessTable,
@@ -80,20 +80,10 @@ def _held_on_main_thread(nv: Any, function: Any) -> Any:
     """
     if threading.get_ident() != _MAIN_THREAD:
         return function
-    key = (getattr(nv.nvmlLib, "_name", None), getattr(function, "__name__", None))
-    held = _held_calls.get(key)
-    if held is None:
-        try:
-            held = getattr(ctypes.PyDLL(key[0]), key[1])
-            held.restype = function.restype
-        except Exception:  # no library name or symbol to hold: the call as pynvml makes it
-            held = function
-        _held_calls[key] = held
-    return held
+    return gil_holding(nv, function) or function
 
 
 _MAIN_THREAD = threading.main_thread().ident
-_held_calls: dict[tuple[Any, Any], Any] = {}  # (library, call): the same call holding the GIL
 
 
 def _raw_list(nv: Any, device: Device, function: Any) -> tuple[bytes, int]:
