@@ -108,4 +108,4 @@ class BoundaryPlan:
             host = HostSample(source.host_rss_bytes(), *self.live)
             return Sample(t=clock(), gpus=self.gpus, host=host), None
         except Exception:
-            return None, None if memory is None else (self.indices, memory)
+            return None, (None if memory is None else (self.indices, memory))

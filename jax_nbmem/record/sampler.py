@@ -371,7 +371,7 @@ class Sampler:
         args = (self._source, began, self._lists.state, self._own_pid, self._clock, cell_path)
         sample, read = (None, None) if plan is None else plan.sample(*args)
         if sample is None:  # what moved was read just now: the complete reading takes it
-            return self._record(force=True, boundary=True, cell_path=cell_path, memory=read)
+            return self._record(force=True, boundary=True, cell_path=cell_path, taken=read)
         self._publish(began, sample)
         return sample
 
@@ -440,11 +440,11 @@ class Sampler:
                 self._remember(exc)
 
     def _record(self, force: bool, force_live: bool = False, boundary: bool = False,
-                cell_path: bool = False, memory: tuple | None = None) -> Sample:  # fmt: skip
+                cell_path: bool = False, taken: tuple | None = None) -> Sample:  # fmt: skip
         began = self._monotonic()
         self.reading_since = began
         try:
-            sample = self._collect(began, force, force_live, boundary, cell_path, memory)
+            sample = self._collect(began, force, force_live, boundary, cell_path, taken)
         except Exception as exc:  # a source broke its contract: an empty sample, said
             self._remember(exc)
             sample = Sample(t=self._clock(), gpus=(), host=None)
