@@ -117,6 +117,13 @@ class Judging:
     def _apply(self, connection: Connection, verdict) -> None:
         if not isinstance(verdict, Verdict):  # the look-up failed (logged by the worker)
             verdict = Verdict("the agent could not judge this line", close=False)
+        crowded = self._crowded_pid(connection)
+        if crowded is not None:
+            verdict = Verdict(crowded, close=True)
+            if self.registry.drop(connection.number):  # proven on the worker, not kept
+                connection.proven = False
+                self._changed()
+            connection.pid = connection.counted_pid  # counted under none new
         self._count_pid(connection)
         if verdict.reason is not None:
             if connection.proven and self.registry.drop(connection.number):
@@ -130,6 +137,20 @@ class Judging:
             self._changed()
         else:
             self._send_parts(connection, *self._answer_parts(verdict))
+
+    def _crowded_pid(self, connection: Connection) -> str | None:
+        """Why a TCP caller's newly learnt host PID may not have this connection, or None.
+
+        The worker's look-up checked the count too, but the count is the serving thread's:
+        a look-up started before the verdict of the same process's previous connection was
+        applied saw one too few (and let a fifth connection in).
+        """
+        pid = connection.pid
+        if pid <= 0 or pid == connection.counted_pid:
+            return None
+        if self._per_pid[pid] < self.max_per_pid:
+            return None
+        return f"host PID {pid} has {self._per_pid[pid]} connections already"
 
     def _watch_ending(self, connection: Connection) -> None:
         """Over TCP: a pidfd for the proven holder, to close the connection when it ends."""

@@ -11,8 +11,10 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,48 @@ def test_an_address_already_taken_is_a_said_error_and_nothing_is_left_listening(
         assert not (share / "agent" / "agent.sock").exists()  # the Unix socket was undone
     finally:
         first.stop()
+
+
+def test_one_process_s_fifth_tcp_connection_is_refused_when_its_look_ups_outrun_the_verdicts():
+    """The per-PID count is the serving thread's: a look-up done before the verdict of the same
+    process's previous connection was applied sees one too few. Held back here until all five
+    look-ups are done, the fifth verdict is refused where it is applied."""
+    agent = AgentServer(None, Registry(), tcp=("127.0.0.1", 0), first_line_s=600)
+    looked_up = threading.Semaphore(0)
+    holders = agent.peers.holders
+
+    def counted_holders(*peer):
+        found = holders(*peer)
+        looked_up.release()
+        return found
+
+    applying = agent._apply
+    all_looked_up = threading.Event()
+
+    def held_apply(connection, verdict):
+        all_looked_up.wait(60)
+        applying(connection, verdict)
+
+    agent.peers.holders, agent._apply = counted_holders, held_apply
+    agent.start()
+    socks = []
+    try:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", agent.tcp_address[1]), timeout=30)
+            sock.sendall(b'{"request": "resolution"}\n')
+            socks.append(sock)
+        for _ in range(5):
+            assert looked_up.acquire(timeout=30)
+        all_looked_up.set()
+        reasons = sorted(json.loads(s.makefile("rb").readline())["reason"] for s in socks)
+        assert (
+            reasons
+            == [f"host PID {os.getpid()} has 4 connections already"]
+            + ["the agent has no resolution yet"] * 4
+        )
+        assert agent._per_pid[os.getpid()] == 4
+    finally:
+        all_looked_up.set()
+        for sock in socks:
+            sock.close()
+        agent.stop()

@@ -35,25 +35,32 @@ def test_an_idle_connection_flood_leaves_room_for_an_honest_kernel(users, reacha
     limits = {"max_connections": 48, "max_per_group": 16, "reserved": 8, "first_line_s": 600}
     with serving(reachable_share, **limits) as agent:
         flood = as_user(mallory, IDLE, agent.path, 200, 50)  # 50 processes, 4 connections each
-        with (
-            running(flood) as on_host,
-            contained(flood, hostname="m1") as in_ns,
-            contained(flood, hostname="m2") as in_other_ns,
-        ):
+        # Her user's flood first, judged before her namespaces start: started together, they
+        # could take the room first and her user's refusals would name the reserve instead.
+        with running(flood) as on_host:
             said = _reasons(on_host.stdout, 50, "connections to the agent already")
             assert f"your user (uid {mallory.uid}) has 16 connections" in said[-1]
-            said = _reasons(in_ns.popen.stdout, 50, "")
-            said += _reasons(in_other_ns.popen.stdout, 50, "")
-            wait_for("the agent to judge every connection of the flood",
-                     lambda: agent.refused + agent.connections >= 600)  # fmt: skip
-            assert agent.admission.open_in(("uid", mallory.uid)) == 16  # her user's share
-            assert agent.connections == 40  # two namespaces more: the second up to the reserve
-            # Bob's kernel, in a container of his own, finds a slot kept for callers with none.
-            with contained(client_args(agent.path), hostname="bob-box") as box:
-                assert json.loads(box.line()) == {"ok": True, "pid": box.host_pid}
-                assert box.host_pid in agent.registry.proven()
-            # and his connection was let go with him (once the agent saw it close)
-            wait_for("bob's connection to close", lambda: agent.connections == 40)
+            with (
+                contained(flood, hostname="m1") as in_ns,
+                contained(flood, hostname="m2") as in_other_ns,
+            ):
+                _flooded_namespaces(agent, mallory, in_ns, in_other_ns)
+
+
+def _flooded_namespaces(agent, mallory, in_ns, in_other_ns) -> None:
+    """While her user and two of her namespaces hold all they may, bob's container registers."""
+    _reasons(in_ns.popen.stdout, 50, "")
+    _reasons(in_other_ns.popen.stdout, 50, "")
+    wait_for("the agent to judge every connection of the flood",
+             lambda: agent.refused + agent.connections >= 600)  # fmt: skip
+    assert agent.admission.open_in(("uid", mallory.uid)) == 16  # her user's share
+    assert agent.connections == 40  # two namespaces more: the second up to the reserve
+    # Bob's kernel, in a container of his own, finds a slot kept for callers with none.
+    with contained(client_args(agent.path), hostname="bob-box") as box:
+        assert json.loads(box.line()) == {"ok": True, "pid": box.host_pid}
+        assert box.host_pid in agent.registry.proven()
+    # and his connection was let go with him (once the agent saw it close)
+    wait_for("bob's connection to close", lambda: agent.connections == 40)
 
 
 class _HeldUp(PeerFinder):
