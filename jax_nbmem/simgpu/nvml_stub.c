@@ -75,8 +75,9 @@ enum {
 /* A state file larger than this is refused: 8 GPUs x 1,000 processes take half a MiB. */
 #define SIM_MAX_STATE_BYTES (16u << 20)
 /* A file's mtime comes from the kernel's coarse clock (a tick: 1 to 10 ms): a state read less
- * than this after its mtime could be rewritten, in place and at the same size, within the same
- * tick, so its unchanged stat proves nothing until its text is compared once more. */
+ * than two ticks after its mtime could be rewritten, in place and at the same size, within the
+ * same tick, so its unchanged stat proves nothing until its text is compared once more. Two
+ * ticks as clock_getres tells them (racy_ns), at most this. */
 #define SIM_RACY_NS 20000000LL
 
 /* The calls a fault or a delay can target, in the state's (alphabetical) rendering order. */
@@ -145,7 +146,7 @@ typedef struct {
     char *path, *text;
     size_t length;
     sim_identity seen; /* the file it was last read or compared from */
-    int trusted;       /* that read came SIM_RACY_NS or more after the file's mtime */
+    int trusted;       /* that read came racy_ns() or more after the file's mtime */
     int nodriver, unprivileged;
     unsigned int mig_count;
     sim_mig migs[SIM_MAX_MIGS];

@@ -67,6 +67,10 @@ GOOD = [
     f"gpu 0 {UUID} total=18446744073709551615 raw\nend\n",
     # a registrar's lines: host PIDs, of the namespace they belong to
     f"{HEAD}proc 0 7 pidns=4026531836 used=5 ends=exit\nproc 0 8 used=1 pidns=12\nend\n",
+    # a key given twice: the last one counts; processes out of order, one GPU's between another's
+    f"{HEAD}proc 0 7 used=5 kind=graphics used=6 kind=compute\nend\n",
+    f"gpu 0 {UUID} total=9\ngpu 1 U1 total=9\nproc 1 9 used=1\nproc 0 7 used=2\nproc 1 3 used=3\n"
+    "proc 0 7 used=2 kind=graphics\nend\n",
 ]
 BAD = [
     ("", "no end line: the file is incomplete"),
@@ -89,6 +93,10 @@ BAD = [
         "line 3: proc: PID 7 has two figures on GPU 0",
     ),
     (f"{HEAD}proc 0 7 used=5\nproc 0 7 used=5\nend\n", "line 3: proc: PID 7 listed twice on GPU 0"),
+    (  # twins apart, in a list out of order
+        f"{HEAD}proc 0 9 used=1\nproc 0 7 used=5\nproc 0 9 used=1\nend\n",
+        "line 4: proc: PID 9 listed twice on GPU 0",
+    ),
     (f"{HEAD}proc 1 7 used=5\nend\n", "line 2: proc: no GPU 1"),
     (f"gpu 0 {UUID} used=5\nend\n", "line 1: gpu: missing total="),
     (f"gpu 0 {UUID} total=5GB\nend\n", "line 1: gpu: bad total= '5GB'"),
