@@ -182,22 +182,32 @@ def keep_extreme(choose: Callable[[int, int], int], old: int | None, new: int | 
 
 def _merge(first: Sample, second: Sample, span_s: float) -> Sample:
     """One point summarizing two: maxima of every series, minimum of free memory."""
-    by_index = {g.index: g for g in first.gpus}
-    merged = []
-    for gpu in second.gpus:
-        old = by_index.pop(gpu.index, None)
-        # The same sample of a GPU that did not move (see readings.gpu_samples) is its merge.
-        merged.append(gpu if old is None or old is gpu else _merge_gpu(old, gpu))
-    merged.extend(by_index.values())
-    merged.sort(key=lambda g: g.index)
+    if first.gpus is second.gpus:
+        # A cell's boundary where nothing moved reuses the last reading's GPU samples (see
+        # record/boundary.py): in a long session every boundary folds one such sample.
+        gpus = first.gpus
+    else:
+        gpus = _merged_gpus(first.gpus, second.gpus)
     host = second.host or first.host
-    if first.host is not None and second.host is not None:
+    if first.host is not None and second.host is not None and first.host != second.host:
         host = HostSample(
             keep_extreme(max, first.host.rss_bytes, second.host.rss_bytes),
             keep_extreme(max, first.host.live_array_bytes, second.host.live_array_bytes),
             keep_extreme(max, first.host.live_array_at, second.host.live_array_at),
         )
-    return Sample(t=first.t, gpus=tuple(merged), host=host, span_s=span_s)
+    return Sample(t=first.t, gpus=gpus, host=host, span_s=span_s)
+
+
+def _merged_gpus(first: tuple[GpuSample, ...], second: tuple[GpuSample, ...]) -> tuple:
+    by_index = {g.index: g for g in first}
+    merged = []
+    for gpu in second:
+        old = by_index.pop(gpu.index, None)
+        # The same sample of a GPU that did not move (see readings.gpu_samples) is its merge.
+        merged.append(gpu if old is None or old is gpu else _merge_gpu(old, gpu))
+    merged.extend(by_index.values())
+    merged.sort(key=lambda g: g.index)
+    return tuple(merged)
 
 
 def _merge_gpu(old: GpuSample, new: GpuSample) -> GpuSample:

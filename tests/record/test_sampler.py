@@ -434,6 +434,20 @@ def test_a_tiny_history_coarsens_over_and_over_but_never_grows():
     assert max(p.gpus[0].used_bytes for p in history.samples()) == 50 * GIB
 
 
+def test_samples_sharing_their_gpu_readings_fold_into_one_point_with_the_host_s_peak():
+    # A cell's boundary where no GPU moved reuses the last reading's GPU samples: folded, the
+    # bucket keeps them as they are, and the host's figures still merge to their maxima.
+    history = SampleHistory(recent_s=1, bucket_s=10, max_points=40)
+    gpus = (gpu_reading(10 * GIB, 70 * GIB, 4 * GIB),)
+    for step, rss in enumerate((5, 9, 7, 3)):
+        host = HostSample(rss * GIB, None if step < 2 else GIB, None)
+        history.add(Sample(t=float(step), gpus=gpus, host=host))
+    history.add(Sample(t=20.0, gpus=gpus, host=None))  # the four age out into one bucket
+    (bucket,) = [p for p in history.samples() if p.span_s > 0]
+    assert bucket.gpus is gpus
+    assert bucket.host == HostSample(9 * GIB, GIB, None)
+
+
 def test_the_sampler_history_holds_what_it_sampled(world, clock):
     sampler = make_sampler(world, clock, history=SampleHistory(recent_s=1, max_points=10))
     run_ticks(sampler, clock, 5.0)
