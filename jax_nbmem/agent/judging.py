@@ -148,9 +148,7 @@ class Judging:
         pid = connection.pid
         if pid <= 0 or pid == connection.counted_pid:
             return None
-        if self._per_pid[pid] < self.max_per_pid:
-            return None
-        return f"host PID {pid} has {self._per_pid[pid]} connections already"
+        return self._pid_full(pid)
 
     def _watch_ending(self, connection: Connection) -> None:
         """Over TCP: a pidfd for the proven holder, to close the connection when it ends."""

@@ -301,10 +301,7 @@ class AgentServer(TcpSide, Judging):
         if connection.pid <= 0:
             return "your PID is not visible from the agent's PID namespace"
         connection.group = unix_group(self.registry.viewer.proc, connection.pid, connection.uid)
-        reason = self.admission.refusal(connection.group)
-        if reason is None and self._per_pid[connection.pid] >= self.max_per_pid:
-            reason = f"host PID {connection.pid} has {self.max_per_pid} connections already"
-        return reason
+        return self.admission.refusal(connection.group) or self._pid_full(connection.pid)
 
     def _open(self, connection: Connection, reason: str | None) -> None:
         """Serve ``connection``, or refuse it with ``reason`` (counted in no limit)."""
@@ -319,6 +316,17 @@ class AgentServer(TcpSide, Judging):
         if connection.binding is not None and connection.binding.pidfd is not None:
             self._selector.register(connection.binding.pidfd, selectors.EVENT_READ,
                                     Ended(connection))  # fmt: skip
+
+    def _pid_full(self, pid: int) -> str | None:
+        """Why host PID *pid* may open no more connections (it has ``max_per_pid``), or None.
+
+        The count is the serving thread's: a look-up worker that asks may be one behind, and
+        the serving thread asks again where it applies the verdict (Judging._crowded_pid).
+        """
+        held = self._per_pid[pid]
+        if held < self.max_per_pid:
+            return None
+        return f"host PID {pid} has {held} connections already"
 
     def _count_pid(self, connection: Connection) -> None:
         """Keep ``_per_pid`` right after the connection's host PID was learnt or changed."""

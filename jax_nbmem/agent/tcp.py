@@ -115,9 +115,9 @@ class TcpSide:
         if reason is not None:
             return reason
         pid = held[0]
-        same = self._per_pid[pid]
-        if same >= self.max_per_pid:
-            return f"host PID {pid} has {same} connections already"
+        full = self._pid_full(pid)  # early, before binding: applied, the verdict is checked again
+        if full is not None:
+            return full
         bound = tuple(b for b in (bind_tcp(p, viewer, pidfd=False) for p in held) if b)
         if not bound:
             return "no process holds the connecting socket any more"
