@@ -37,6 +37,12 @@ static long long racy_ns(long long mtime) {
     return 2 * found < SIM_RACY_NS ? 2 * found : SIM_RACY_NS;
 }
 
+/* Whether a read that began at BEGAN (ns) of a file whose mtime was MTIME makes its stat
+ * proof: the same stat later, the same text (a state is then "trusted"). */
+static int read_settles(long long began, long long mtime) {
+    return began - mtime >= racy_ns(mtime);
+}
+
 static long long now_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
@@ -218,7 +224,7 @@ static int still_current(sim_state *state, const char *path) {
     if (same) {
         pthread_mutex_lock(&sim_lock);
         state->seen = seen;
-        state->trusted = began - seen.mtime_ns >= racy_ns(seen.mtime_ns);
+        state->trusted = read_settles(began, seen.mtime_ns);
         pthread_mutex_unlock(&sim_lock);
     }
     return same;

@@ -847,7 +847,7 @@ static sim_state *load_state(nvmlReturn_t *ret) {
     if (got == READ_OK && sim_good && same_text(text, length, sim_good->text, sim_good->length)) {
         free(text);
         sim_good->seen = seen;
-        sim_good->trusted = began - seen.mtime_ns >= racy_ns(seen.mtime_ns);
+        sim_good->trusted = read_settles(began, seen.mtime_ns);
     } else if (got == READ_OK && same_text(text, length, sim_bad_text, sim_bad_length) &&
                sim_bad_path && strcmp(sim_bad_path, path) == 0) {
         free(text);
@@ -860,7 +860,7 @@ static sim_state *load_state(nvmlReturn_t *ret) {
             parsed->path = own_path;
             parsed->refs = 1;
             parsed->seen = seen;
-            parsed->trusted = began - seen.mtime_ns >= racy_ns(seen.mtime_ns);
+            parsed->trusted = read_settles(began, seen.mtime_ns);
             if (sim_good && --sim_good->refs == 0) free_state(sim_good);
             sim_good = parsed;
         } else if (parsed) {

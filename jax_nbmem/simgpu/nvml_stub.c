@@ -146,7 +146,7 @@ typedef struct {
     char *path, *text;
     size_t length;
     sim_identity seen; /* the file it was last read or compared from */
-    int trusted;       /* that read came racy_ns() or more after the file's mtime */
+    int trusted;       /* that read settled its stat (read_settles) */
     int nodriver, unprivileged;
     unsigned int mig_count;
     sim_mig migs[SIM_MAX_MIGS];
