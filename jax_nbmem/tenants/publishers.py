@@ -54,8 +54,9 @@ _MAX_BYTES = 256 * 1024
 # A claim is good for this many of its own intervals, and never less than _MIN_FRESH_S.
 _FRESH_INTERVALS = 3
 _MIN_FRESH_S = 5.0
-# The claim files this process wrote, each with a shared flock held on it (see _write_held).
-_held: dict[str, int] = {}
+# The claim files this process wrote, each with a shared flock held on its newest two
+# generations (see _write_held).
+_held: dict[str, tuple[int, ...]] = {}
 _held_lock = threading.Lock()
 
 
@@ -101,7 +102,10 @@ def _write_held(path: str, text: str) -> None:
     """Write ``path`` atomically, and hold a shared flock on the new file while it stands.
 
     The lock is the file's proof of its writer: a reader defers only for a server that holds
-    a lock on the very file (``/proc/locks``), which no other process can make it hold.
+    a lock on the very file (``/proc/locks``), which no other process can make it hold. The
+    file it replaces stays locked until the next write: a reader that opened it just before
+    the replacement looks for its lock just after, and would otherwise find none and take
+    this server's kernels back for one of its snapshots (each counted twice meanwhile).
     """
     fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
     try:
@@ -116,8 +120,9 @@ def _write_held(path: str, text: str) -> None:
             os.unlink(partial)
         raise
     with _held_lock:
-        old, _held[path] = _held.get(path), fd
-    if old is not None:
+        kept = _held.get(path, ())
+        _held[path] = (fd, *kept[:1])
+    for old in kept[1:]:
         os.close(old)
 
 
@@ -130,8 +135,8 @@ def remove_claim(directories: Iterable[str]) -> None:
         except OSError:
             pass
         with _held_lock:
-            fd = _held.pop(path, None)
-        if fd is not None:
+            fds = _held.pop(path, ())
+        for fd in fds:
             os.close(fd)
 
 
@@ -169,17 +174,33 @@ def published_pids(directories: Iterable[str], now: float | None = None) -> dict
         for entry in entries:
             if entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX):
                 key = entry.name[len(_PREFIX) : -_LEN]
-                found.update(_read_claim(entry.path, now, key, holders))
+                read: list[int] = []
+                claimed = _read_claim(entry.path, now, key, holders, read)
+                if not claimed and read and _replaced(entry.path, read[0]):
+                    # Rewritten while it was read: the file read may have lost its lock, or
+                    # the lock list be older than the new file. Once more, with a fresh list.
+                    holders = functools.cache(_lock_holders)
+                    claimed = _read_claim(entry.path, now, key, holders, [])
+                found.update(claimed)
     return found
 
 
-def _read_claim(path: str, now: float, key: str, holders) -> dict[int, str]:
+def _replaced(path: str, inode: int) -> bool:
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino != inode
+    except OSError:
+        return False
+
+
+def _read_claim(path: str, now: float, key: str, holders, read: list[int]) -> dict[int, str]:
+    """The PIDs a claim file defers (none if it cannot be trusted); its inode into *read*."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return {}
     try:
         info = os.fstat(fd)
+        read.append(info.st_ino)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
             return {}
         content = json.loads(os.read(fd, _MAX_BYTES + 1))

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jax_nbmem.tenants import publishers
 from jax_nbmem.tenants.publishers import published_pids, remove_claim, write_claim
 
 
@@ -39,6 +40,57 @@ def test_a_claim_of_a_dead_server_or_with_a_wrong_start_time_is_ignored(tmp_path
     assert published_pids([str(tmp_path)]) == {}
     (tmp_path / "jax_nbmem-publisher-x.json").write_text("{not json")
     assert published_pids([str(tmp_path), str(tmp_path / "absent")]) == {}
+
+
+def rewritten_while_read(monkeypatch, directory: Path, sleeper: int, times: int) -> list[int]:
+    """Make the next reader's look at the lock list come after *times* rewrites of the claim.
+
+    As when the server rewrites its claim (after each of its snapshots) between the exporter's
+    open of the file and its read of ``/proc/locks``. Returns the count of lock-list reads.
+    """
+    real, reads = publishers._lock_holders, []
+
+    def late_holders():
+        if not reads:
+            for _ in range(times):
+                write_claim([str(directory)], url="u", pids=[sleeper], interval_s=2)
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(publishers, "_lock_holders", late_holders)
+    return reads
+
+
+def test_a_claim_rewritten_while_it_is_read_still_defers(tmp_path, sleeper, monkeypatch):
+    # Its server keeps the lock of the file it replaced until its next write: a reader that
+    # opened that file just before finds the lock, at once.
+    write_claim([str(tmp_path)], url="u", pids=[sleeper], interval_s=2)
+    reads = rewritten_while_read(monkeypatch, tmp_path, sleeper, times=1)
+    assert published_pids([str(tmp_path)]) == {sleeper: "u"}
+    assert len(reads) == 1
+
+
+def test_a_claim_rewritten_twice_while_it_is_read_is_read_again(tmp_path, sleeper, monkeypatch):
+    # Two generations on, the file read has lost its lock: the reader sees that the name now
+    # holds another file and reads that one, with a fresh lock list.
+    write_claim([str(tmp_path)], url="u", pids=[sleeper], interval_s=2)
+    reads = rewritten_while_read(monkeypatch, tmp_path, sleeper, times=2)
+    assert published_pids([str(tmp_path)]) == {sleeper: "u"}
+    assert len(reads) == 2
+
+
+def test_a_server_holds_the_locks_of_two_claim_files_at_most(tmp_path, sleeper):
+    def mine() -> set[int]:
+        return {inode for pid, inode in publishers._lock_holders() if pid == os.getpid()}
+
+    before = mine()  # other tests' claims, in folders of their own
+    for _ in range(20):
+        write_claim([str(tmp_path)], url="u", pids=[sleeper], interval_s=2)
+    claim = tmp_path / f"jax_nbmem-publisher-{os.getpid()}.json"
+    held = mine() - before
+    assert claim.stat().st_ino in held and len(held) == 2
+    remove_claim([str(tmp_path)])
+    assert mine() == before
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
