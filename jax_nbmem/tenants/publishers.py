@@ -174,33 +174,32 @@ def published_pids(directories: Iterable[str], now: float | None = None) -> dict
         for entry in entries:
             if entry.name.startswith(_PREFIX) and entry.name.endswith(_SUFFIX):
                 key = entry.name[len(_PREFIX) : -_LEN]
-                read: list[int] = []
-                claimed = _read_claim(entry.path, now, key, holders, read)
-                if not claimed and read and _replaced(entry.path, read[0]):
-                    # Rewritten while it was read: the file read may have lost its lock, or
-                    # the lock list be older than the new file. Once more, with a fresh list.
+                claimed = _read_claim(entry.path, now, key, holders)
+                if not claimed and _replaced(entry):
+                    # Rewritten since it was listed: the file read may have lost its lock, or
+                    # the lock list be older than it. Once more, with a fresh list.
                     holders = functools.cache(_lock_holders)
-                    claimed = _read_claim(entry.path, now, key, holders, [])
+                    claimed = _read_claim(entry.path, now, key, holders)
                 found.update(claimed)
     return found
 
 
-def _replaced(path: str, inode: int) -> bool:
+def _replaced(entry: os.DirEntry) -> bool:
+    """Whether *entry*'s name holds another file now than when its folder was listed."""
     try:
-        return os.stat(path, follow_symlinks=False).st_ino != inode
+        return os.stat(entry.path, follow_symlinks=False).st_ino != entry.inode()
     except OSError:
         return False
 
 
-def _read_claim(path: str, now: float, key: str, holders, read: list[int]) -> dict[int, str]:
-    """The PIDs a claim file defers (none if it cannot be trusted); its inode into *read*."""
+def _read_claim(path: str, now: float, key: str, holders) -> dict[int, str]:
+    """The PIDs a claim file defers: none if it cannot be trusted."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return {}
     try:
         info = os.fstat(fd)
-        read.append(info.st_ino)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:
             return {}
         content = json.loads(os.read(fd, _MAX_BYTES + 1))
